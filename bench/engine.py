@@ -1,0 +1,158 @@
+"""Engine benchmark: prints ratios measured in one run. Not a test.
+
+    python bench/engine.py                 # everything (about 10 minutes on 2 CPU cores)
+    python bench/engine.py --skip-study    # only the step-rate part
+    python bench/engine.py --device cuda   # on a GPU machine
+
+Part 1, Simple-CNN (62,346 parameters) on MNIST-shaped random data with a 90% mask and momentum,
+batches rotating through a device-resident tensor by index:
+  - one trial: the engine's fast path against a plain PyTorch loop (nn.Module in NCHW,
+    torch.optim.SGD, the mask re-applied to the weights after each step, same thread count);
+  - packed K = 8 and 32 trials in lockstep against K sequential single trials (trial-steps/s).
+Part 2, the digits workload: wall time of the default study (bs 256) with exact early stopping
+against full_trials=true, and their steps-to-result (which must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edps_mlflow.cli import ALLOCATOR_ENVIRONMENT  # noqa: E402  (no torch import yet)
+
+if any(k not in os.environ for k in ALLOCATOR_ENVIRONMENT) or "OMP_NUM_THREADS" not in os.environ:
+    os.execve(sys.executable, [sys.executable, *sys.argv],
+              {**os.environ, **ALLOCATOR_ENVIRONMENT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from edps_mlflow.config import OptimizerKind, OptimizerSettings  # noqa: E402
+from edps_mlflow.engine import PackedTrainer, SingleTrainer, TrialSetup, configure_cpu_threads  # noqa: E402
+from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
+from edps_mlflow.pruning import Mask  # noqa: E402
+
+
+def _setup(index: int, sparsity: float = 0.9) -> TrialSetup:
+    model = SimpleCNN()
+    init_fan_in_truncated_normal(model, torch.Generator().manual_seed(index))
+    generator = torch.Generator().manual_seed(1000 + index)
+    mask = Mask({n: (torch.rand(p.shape, generator=generator) >= sparsity).float() for n, p in model.named_parameters()})
+    params = {n: p.detach() * mask.tensors[n] for n, p in model.named_parameters()}
+    return TrialSetup(index, params, mask, OptimizerSettings(OptimizerKind.MOMENTUM, 0.01, 0.9))
+
+
+def _rate(step, batches: list[tuple[torch.Tensor, torch.Tensor]], budget: float, device: torch.device) -> float:
+    """Steps per second, rotating through ``batches``, for at least ``budget`` seconds (>= 3 steps)."""
+    step(*batches[0])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    count, started = 0, time.perf_counter()
+    while True:
+        step(*batches[count % len(batches)])
+        count += 1
+        if device.type == "cuda" and count % 10 == 0:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        if count >= 3 and elapsed >= budget:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                elapsed = time.perf_counter() - started
+            return count / elapsed
+
+
+def step_rates(device: torch.device, batch_sizes: list[int], budget: float, pack_sizes: list[int],
+               pack_limit: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(8192, 1, 28, 28, generator=generator).to(device)
+    labels = torch.randint(0, 10, (8192,), generator=generator).to(device)
+    print(f"device {device}, threads {torch.get_num_threads()}, Simple-CNN, 90% mask, momentum")
+    print(f"{'batch':>6} {'plain steps/s':>14} {'engine steps/s':>15} {'engine/plain':>13}   "
+          + "  ".join(f"{'packed K=' + str(k) + ' /seq':>17}" for k in pack_sizes))
+    for batch_size in batch_sizes:
+        order = torch.randperm(8192, generator=generator).to(device)
+        batches = [(images[order[i:i + batch_size]], labels[order[i:i + batch_size]])
+                   for i in range(0, 8192 - batch_size + 1, batch_size)][:16]
+
+        # The plain loop a careful user would write.
+        setup = _setup(0)
+        model = SimpleCNN().to(device)
+        model.load_state_dict(setup.initial_parameters)
+        masks = [setup.mask.tensors[n].to(device) for n, _ in model.named_parameters()]
+        params = list(model.parameters())
+        optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+        def plain_step(x: torch.Tensor, y: torch.Tensor) -> None:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                torch._foreach_mul_(params, masks)
+
+        plain = _rate(plain_step, batches, budget, device)
+        engine = SingleTrainer(SimpleCNN(), _setup(0), device, channels_last=batch_size >= 32)
+        single = _rate(lambda x, y: engine.step(x, y, None), batches, budget, device)
+        cells = []
+        for k in pack_sizes:
+            if k * batch_size > pack_limit:
+                cells.append(f"{'skipped':>17}")
+                continue
+            packed = PackedTrainer(SimpleCNN(), [_setup(i) for i in range(k)], device)
+            rate = _rate(lambda x, y: packed.step(x, y, None), batches, budget, device)
+            cells.append(f"{rate * k / single:>16.2f}x")
+        print(f"{batch_size:>6} {plain:>14.1f} {single:>15.1f} {single / plain:>12.2f}x   " + "  ".join(cells),
+              flush=True)
+
+
+def study_times(device: str | None) -> None:
+    from edps_mlflow.config import StudySpec
+    from edps_mlflow.study import ExecutionOptions, run_study
+    from edps_mlflow.workloads import get_workload
+
+    workload = get_workload("digits-simple-cnn")
+    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 32, workload.goal_error, workload.max_steps,
+                     100, 0)
+    results = {}
+    for full in (False, True):
+        with tempfile.TemporaryDirectory() as directory:
+            os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory}/mlflow.db"
+            started = time.perf_counter()
+            outcome = run_study(spec, ExecutionOptions(full_trials=full, device=device, log_interval=1e9),
+                                out=open(os.devnull, "w"))
+            results[full] = (time.perf_counter() - started, outcome.steps_to_result, outcome.trial_steps)
+    (early, early_steps, early_work), (full, full_steps, full_work) = results[False], results[True]
+    print(f"digits study bs=256, 32 trials: exact early stopping {early:.1f} s ({early_work} trial-steps), "
+          f"full_trials {full:.1f} s ({full_work} trial-steps): {full / early:.1f}x cheaper; "
+          f"steps_to_result {early_steps} vs {full_steps} ({'equal' if early_steps == full_steps else 'DIFFERENT'})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-sizes", default="2,16,128,1024")
+    parser.add_argument("--pack-sizes", default="8,32")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--pack-limit", type=int, default=8192, help="skip packs with K x batch above this")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-study", action="store_true")
+    parser.add_argument("--skip-steps", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        configure_cpu_threads(args.threads)
+    if not args.skip_steps:
+        step_rates(device, [int(b) for b in args.batch_sizes.split(",")], args.budget,
+                   [int(k) for k in args.pack_sizes.split(",")], args.pack_limit)
+    if not args.skip_study:
+        study_times(args.device)
+
+
+if __name__ == "__main__":
+    main()

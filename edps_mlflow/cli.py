@@ -1,0 +1,166 @@
+"""The ``edps`` command: parse, validate, call; no logic.
+
+    edps study --bs 256
+    edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
+    edps workloads
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from edps_mlflow import __version__
+from edps_mlflow.errors import EdpsError
+
+# PERF.md: glibc's allocator maps and unmaps every large activation (1.5-1.9x at batch >= 128);
+# these are read when a process starts, so the launcher re-executes itself with them set.
+ALLOCATOR_ENVIRONMENT = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+_REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
+
+
+def _optional_float(value: str, name: str) -> float | None:
+    if value.strip().lower() in ("", "default", "workload", "none"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise EdpsError(f"{name} must be a number or 'default', got {value!r}") from None
+
+
+def _optional_int(value: str, name: str) -> int | None:
+    number = _optional_float(value, name)
+    if number is None:
+        return None
+    if number != int(number):
+        raise EdpsError(f"{name} must be an integer or 'default', got {value!r}")
+    return int(number)
+
+
+def _parse_bool(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off", ""):
+        return False
+    raise EdpsError(f"{name} must be true or false, got {value!r}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edps")
+def cli() -> None:
+    """Measure steps-to-result against batch size and sparsity, tracked in MLflow."""
+
+
+@cli.command()
+@click.option("--bs", "batch_size", type=int, default=256, show_default=True, help="Batch size.")
+@click.option("--workload", default="digits-simple-cnn", show_default=True, help="Workload name (see `edps workloads`).")
+@click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum or nesterov.")
+@click.option("--sparsity", type=float, default=0.0, show_default=True, help="Fraction pruned by SNIP, in [0, 1).")
+@click.option("--trials", type=int, default=32, show_default=True, help="Quasi-random trials (Sobol order).")
+@click.option("--goal-error", default="default", show_default=True, help="Goal validation error; 'default': the workload's.")
+@click.option("--max-steps", default="default", show_default=True, help="Step cap; 'default': the workload's.")
+@click.option("--check-interval", type=int, default=100, show_default=True, help="Steps between validation checks.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Study seed (data order and trial seeds).")
+@click.option("--full-trials", default="false", show_default=True,
+              help="true: run every trial to its own end instead of exact early stopping (same result).")
+@click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache).")
+@click.option("--experiment", default=None, help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>/<optimizer>).")
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available).")
+@click.option("--workers", type=int, default=None, help="Worker processes on CPU (default: one per core).")
+@click.option("--pack-size", type=int, default=None, help="Trials trained in lockstep (default: per device and batch size).")
+@click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
+@click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines when not on a terminal.")
+def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trials: int, goal_error: str,
+          max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
+          experiment: str | None, device: str | None, workers: int | None, pack_size: int | None,
+          full_evaluation: bool, log_interval: float) -> None:
+    """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
+    from edps_mlflow.config import OptimizerKind, StudySpec
+    from edps_mlflow.study import ExecutionOptions, run_study
+    from edps_mlflow.workloads import get_workload
+
+    spec_workload = get_workload(workload)
+    kind = OptimizerKind.parse(optimizer)
+    goal = _optional_float(goal_error, "goal error")
+    cap = _optional_int(max_steps, "max steps")
+    spec = StudySpec(
+        workload=workload, optimizer=kind, sparsity=sparsity, batch_size=batch_size, trials=trials,
+        goal_error=goal if goal is not None else spec_workload.goal_error,
+        max_steps=cap if cap is not None else spec_workload.max_steps,
+        check_interval=check_interval, seed=seed,
+    )
+    options = ExecutionOptions(
+        full_trials=_parse_bool(full_trials, "full trials"), device=device, workers=workers,
+        pack_size=pack_size, early_abort_evaluation=not full_evaluation, experiment=experiment,
+        data_dir=data_dir or None, log_interval=log_interval,
+    )
+    run_study(spec, options)
+
+
+@cli.command()
+def workloads() -> None:
+    """List the workloads with their goals, caps and data needs."""
+    from edps_mlflow.workloads import WORKLOADS
+
+    for item in WORKLOADS.values():
+        data = "needs --data-dir" if item.needs_data_dir else "built in"
+        click.echo(f"{item.name:<22} goal {item.goal_error:<5g} cap {item.max_steps:<6} {data:<16} {item.description}")
+
+
+def _training_environment_missing() -> dict[str, str]:
+    missing = {k: v for k, v in ALLOCATOR_ENVIRONMENT.items() if k not in os.environ}
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Set before torch is imported; the engine sets the real count per process.
+        missing["OMP_NUM_THREADS"] = "1"
+    return missing
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, and the allocator settings of PERF.md for training."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    missing = _training_environment_missing()
+    if args[:1] == ["study"] and missing and not os.environ.get(_REEXEC_MARK):
+        environment = {**os.environ, **missing, _REEXEC_MARK: "1"}
+        os.execve(sys.executable, [sys.executable, "-m", "edps_mlflow.cli", *args], environment)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        cli.main(args=args, prog_name="edps", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("edps: interrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("edps: interrupted; open runs were marked KILLED", err=True)
+        sys.exit(130)
+    except click.UsageError as error:
+        click.echo(f"edps: error: {error.format_message()}", err=True)
+        sys.exit(2)
+    except EdpsError as error:
+        click.echo(f"edps: error: {error}", err=True)
+        _mark_launcher_run(str(error))
+        sys.exit(2)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
+    raise KeyboardInterrupt
+
+
+def _mark_launcher_run(message: str) -> None:
+    """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
+    if os.environ.get("MLFLOW_RUN_ID"):
+        from edps_mlflow.tracking import mark_refused
+
+        mark_refused(os.environ["MLFLOW_RUN_ID"], message)
+
+
+if __name__ == "__main__":
+    main()

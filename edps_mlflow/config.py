@@ -1,0 +1,153 @@
+"""Frozen configuration of a study and its trials, validation, and content keys.
+
+A key is the sha256 of the canonical JSON of everything that changes a result, plus the package
+version, so that a measurement can always be found again and is never trained twice by accident.
+Fields that change only the cost (the early-stopping mode, the number of worker processes, the
+packing factor) are deliberately left out of the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from edps_mlflow import __version__
+from edps_mlflow.errors import EdpsError
+
+
+class OptimizerKind(str, Enum):
+    """PAPER.md: heavy-ball momentum as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf)."""
+
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    NESTEROV = "nesterov"
+
+    @classmethod
+    def parse(cls, name: str) -> "OptimizerKind":
+        try:
+            return cls(name)
+        except ValueError:
+            known = ", ".join(kind.value for kind in cls)
+            raise EdpsError(f"unknown optimizer {name!r}; known optimizers: {known}") from None
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """One trial's optimizer: kind, metaparameters and learning-rate schedule.
+
+    ``decay_steps`` set means a linear decay from ``learning_rate`` to
+    ``learning_rate * end_learning_rate_factor`` over ``decay_steps`` steps, constant afterwards.
+    """
+
+    kind: OptimizerKind
+    learning_rate: float
+    momentum: float = 0.0
+    decay_steps: int | None = None
+    end_learning_rate_factor: float = 1.0
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate used for the update that produces step ``step + 1``."""
+        if self.decay_steps is None:
+            return self.learning_rate
+        fraction = min(step, self.decay_steps) / self.decay_steps
+        return self.learning_rate * (1.0 - (1.0 - self.end_learning_rate_factor) * fraction)
+
+    @classmethod
+    def from_point(cls, kind: OptimizerKind, point: dict[str, float]) -> "OptimizerSettings":
+        decay = point.get("decay_steps")
+        return cls(
+            kind=kind,
+            learning_rate=float(point["learning_rate"]),
+            momentum=float(point.get("momentum", 0.0)) if kind is not OptimizerKind.SGD else 0.0,
+            decay_steps=int(decay) if decay is not None else None,
+            end_learning_rate_factor=float(point.get("end_learning_rate_factor", 1.0)),
+        )
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """Everything that defines one study: (workload, optimizer, sparsity, batch size) and its search."""
+
+    workload: str
+    optimizer: OptimizerKind
+    sparsity: float
+    batch_size: int
+    trials: int
+    goal_error: float
+    max_steps: int
+    check_interval: int
+    seed: int
+
+    def validate(self) -> None:
+        """Raise EdpsError with one clear sentence for the first bad value."""
+        if self.batch_size <= 0:
+            raise EdpsError(f"batch size must be a positive integer, got {self.batch_size}")
+        if not (0.0 <= self.sparsity < 1.0) or math.isnan(self.sparsity):
+            raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if not (0.0 < self.goal_error < 1.0):
+            raise EdpsError(f"goal error must be in (0, 1), got {self.goal_error}")
+        if self.trials <= 0:
+            raise EdpsError(f"trials must be a positive integer, got {self.trials}")
+        if self.check_interval <= 0:
+            raise EdpsError(f"check interval must be a positive integer, got {self.check_interval}")
+        if self.max_steps < self.check_interval:
+            raise EdpsError(
+                f"max steps ({self.max_steps}) must be at least the check interval ({self.check_interval})"
+            )
+        if self.seed < 0:
+            raise EdpsError(f"seed must be a non-negative integer, got {self.seed}")
+
+    def key_fields(self) -> dict[str, Any]:
+        fields = asdict(self)
+        fields["optimizer"] = self.optimizer.value
+        return fields
+
+    @property
+    def study_key(self) -> str:
+        return content_key({"kind": "study", **self.key_fields()})
+
+    def trial_seed(self, trial_index: int) -> int:
+        """Each trial has its own initialisation seed (hence its own SNIP mask)."""
+        return int(np.random.SeedSequence([self.seed, trial_index]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One point of the search with its seed, inside a study."""
+
+    study: StudySpec
+    index: int
+    metaparameters: dict[str, float] = field(hash=False)
+
+    @property
+    def init_seed(self) -> int:
+        return self.study.trial_seed(self.index)
+
+    @property
+    def optimizer(self) -> OptimizerSettings:
+        return OptimizerSettings.from_point(self.study.optimizer, self.metaparameters)
+
+    @property
+    def trial_key(self) -> str:
+        # The trial count is not part of a trial's identity: a study with more trials reuses the
+        # trials of a smaller one with the same settings.
+        study_fields = {k: v for k, v in self.study.key_fields().items() if k != "trials"}
+        return content_key(
+            {
+                "kind": "trial",
+                **study_fields,
+                "metaparameters": {k: float(v) for k, v in sorted(self.metaparameters.items())},
+                "init_seed": self.init_seed,
+            }
+        )
+
+
+def content_key(fields: dict[str, Any]) -> str:
+    canonical = json.dumps({**fields, "version": __version__}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

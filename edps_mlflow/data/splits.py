@@ -1,0 +1,61 @@
+"""The seeded train/validation split shared by every workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# PAPER.md: 10% of the training set, chosen by a fixed seeded shuffle. The seed is part of the
+# workload definition, not of a study: every study of a workload sees the same split.
+VALIDATION_FRACTION = 0.1
+SPLIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class DataSplits:
+    """Normalised NCHW float32 images and int64 labels, on the CPU until the engine moves them."""
+
+    train_images: Tensor
+    train_labels: Tensor
+    validation_images: Tensor
+    validation_labels: Tensor
+
+    @property
+    def train_size(self) -> int:
+        return int(self.train_labels.shape[0])
+
+    @property
+    def validation_size(self) -> int:
+        return int(self.validation_labels.shape[0])
+
+    def to(self, device: torch.device) -> "DataSplits":
+        return DataSplits(*(t.to(device) for t in (self.train_images, self.train_labels,
+                                                    self.validation_images, self.validation_labels)))
+
+
+def split_train_validation(
+    images: np.ndarray, labels: np.ndarray, mean: float | None = None, std: float | None = None
+) -> DataSplits:
+    """Split off the validation 10% by a fixed shuffle, then normalise by (mean, std).
+
+    ``images`` are NCHW floats in [0, 1]. Without a given mean/std, the training split's own
+    global statistics are used.
+    """
+    count = labels.shape[0]
+    order = np.random.default_rng(SPLIT_SEED).permutation(count)
+    validation_count = int(round(count * VALIDATION_FRACTION))
+    validation, train = order[:validation_count], order[validation_count:]
+    train_images = images[train]
+    if mean is None or std is None:
+        mean, std = float(train_images.mean()), float(train_images.std())
+    def normalise(x: np.ndarray) -> Tensor:
+        return torch.from_numpy(((x - mean) / std).astype(np.float32))
+    return DataSplits(
+        train_images=normalise(train_images),
+        train_labels=torch.from_numpy(labels[train].astype(np.int64)),
+        validation_images=normalise(images[validation]),
+        validation_labels=torch.from_numpy(labels[validation].astype(np.int64)),
+    )

@@ -1,0 +1,401 @@
+"""The training engine: trains the trials of a study and returns one result per trial.
+
+It knows nothing about MLflow: it reports checks and finished trials to an ``Observer`` and reads
+the best step found so far from a ``StepBound``.
+
+- A single trial takes the plain fast path: an ``nn.Module`` in channels-last, ``torch.optim.SGD``
+  (foreach), the mask applied to the gradients before the update, so pruned weights *and* their
+  momentum buffers stay exactly zero.
+- K trials can be packed in lockstep: parameters stacked along a leading trial axis, a ``vmap``-ed
+  functional model, per-trial learning rate, momentum and schedule, all trials on the same batch.
+- Data live on the device as tensors; batches are drawn by index, reshuffled every epoch.
+- Exact early stopping: the study's result is the minimum over trials, so no trial trains past
+  the best reached step minus one check interval (status ``superseded``). It never changes the
+  study's steps-to-result.
+- Exact early-abort evaluation: the goal test stops counting validation errors as soon as they
+  exceed what the goal allows. Such a check has no validation error (``None``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Protocol, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional as F
+
+from edps_mlflow.config import OptimizerKind, OptimizerSettings
+from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.pruning import Mask
+
+
+class TrialStatus(str, Enum):
+    REACHED = "reached"
+    NOT_REACHED = "not_reached"
+    DIVERGED = "diverged"
+    SUPERSEDED = "superseded"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    batch_size: int
+    max_steps: int
+    check_interval: int
+    # Most misclassified validation examples that still meet the goal (the workload decides).
+    allowed_errors: int
+    # Seed of the data order; the same for every trial of a study, as in the original.
+    data_seed: int
+    early_abort_evaluation: bool = True
+    evaluation_batch_size: int = 1000
+    channels_last: bool = True
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What the engine needs for one trial: masked initial parameters, the mask, the optimizer."""
+
+    index: int
+    initial_parameters: dict[str, Tensor]
+    mask: Mask
+    optimizer: OptimizerSettings
+
+
+@dataclass(frozen=True)
+class Check:
+    step: int
+    train_loss: float  # mean over the steps since the previous check
+    validation_error: float | None  # None when the pass was cut short by early abort
+    learning_rate: float
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    index: int
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+    best_validation_error: float | None
+    checks: int
+    checks_cut_short: int
+    seconds: float
+
+
+class StepBound(Protocol):
+    """The best reached step of the study so far, shared by every trial that is training."""
+
+    def limit(self) -> int:
+        """No trial needs to train past this step (it could only tie or lose)."""
+
+    def offer(self, step: int) -> None:
+        """Record that a trial reached the goal at ``step``."""
+
+
+class Observer(Protocol):
+    def on_check(self, trial_index: int, check: Check) -> None: ...
+
+    def on_finish(self, result: TrialResult) -> None: ...
+
+
+class LocalStepBound:
+    """A StepBound for one process. ``exact_early_stopping=False`` never limits (full trials)."""
+
+    def __init__(self, max_steps: int, check_interval: int, exact_early_stopping: bool = True,
+                 best_step: int | None = None) -> None:
+        self.max_steps = max_steps
+        self.check_interval = check_interval
+        self.exact_early_stopping = exact_early_stopping
+        self.best_step = best_step
+
+    def limit(self) -> int:
+        if not self.exact_early_stopping or self.best_step is None:
+            return self.max_steps
+        return min(self.max_steps, self.best_step - self.check_interval)
+
+    def offer(self, step: int) -> None:
+        if self.best_step is None or step < self.best_step:
+            self.best_step = step
+
+
+class NullObserver:
+    def on_check(self, trial_index: int, check: Check) -> None:
+        pass
+
+    def on_finish(self, result: TrialResult) -> None:
+        pass
+
+
+def configure_cpu_threads(threads: int) -> None:
+    """One thread per worker process on CPU (PERF.md), and flushed denormals (free, up to 1.5x)."""
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+
+
+def choose_pack_size(device: torch.device, batch_size: int, trials: int) -> int:
+    """How many trials to train in lockstep (PERF.md: on a CPU only up to batch ~4 pays)."""
+    if device.type == "cpu":
+        wanted = 32 if batch_size <= 4 else 1
+    else:
+        wanted = 32 if batch_size <= 128 else 8 if batch_size <= 1024 else 1
+    return max(1, min(wanted, trials))
+
+
+class BatchStream:
+    """An endless stream of batch indices, reshuffled every epoch; incomplete tails are dropped."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, device: torch.device) -> None:
+        if batch_size > size:
+            raise ValueError(f"batch size {batch_size} exceeds the {size} training examples")
+        self.size, self.batch_size, self.device = size, batch_size, device
+        self.generator = torch.Generator().manual_seed(seed)
+        self.per_epoch = size // batch_size
+        self.position = self.per_epoch
+        self.order = torch.empty(0, dtype=torch.long)
+
+    def next(self) -> Tensor:
+        if self.position == self.per_epoch:
+            self.order = torch.randperm(self.size, generator=self.generator).to(self.device)
+            self.position = 0
+        start = self.position * self.batch_size
+        self.position += 1
+        return self.order[start:start + self.batch_size]
+
+
+class _Trainer(Protocol):
+    def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor: ...
+
+    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
+                     batch_size: int) -> tuple[list[int], list[bool]]: ...
+
+    def keep(self, positions: Sequence[int]) -> None: ...
+
+
+class SingleTrainer:
+    """The plain fast path for one trial."""
+
+    def __init__(self, model: nn.Module, setup: TrialSetup, device: torch.device, channels_last: bool) -> None:
+        model.load_state_dict(setup.initial_parameters)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = model.to(device=device, memory_format=self.memory_format)
+        self.parameters = list(self.model.parameters())
+        names = [name for name, _ in self.model.named_parameters()]
+        self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in names]
+        settings = setup.optimizer
+        self.optimizer = torch.optim.SGD(
+            self.parameters, lr=settings.learning_rate,
+            momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
+            nesterov=settings.kind is OptimizerKind.NESTEROV, foreach=True,
+        )
+
+    def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
+        if learning_rates is not None:
+            self.optimizer.param_groups[0]["lr"] = learning_rates[0]
+        loss = F.cross_entropy(self.model(images.contiguous(memory_format=self.memory_format)), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.masks is not None:
+            # Masking the gradient keeps pruned weights and their momentum buffers exactly zero.
+            torch._foreach_mul_([p.grad for p in self.parameters], self.masks)
+        self.optimizer.step()
+        return loss.detach().reshape(1)
+
+    @torch.no_grad()
+    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
+                     batch_size: int) -> tuple[list[int], list[bool]]:
+        if skip[0]:
+            return [0], [False]
+        errors = 0
+        for start in range(0, labels.shape[0], batch_size):
+            chunk = images[start:start + batch_size].contiguous(memory_format=self.memory_format)
+            errors += int((self.model(chunk).argmax(1) != labels[start:start + batch_size]).sum().item())
+            if allowed is not None and errors > allowed:
+                return [errors], [False]
+        return [errors], [True]
+
+    def keep(self, positions: Sequence[int]) -> None:
+        pass
+
+    def parameters_of(self, position: int) -> dict[str, Tensor]:
+        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+
+
+class PackedTrainer:
+    """K trials in lockstep: stacked parameters and a vmap-ed functional model on shared batches."""
+
+    def __init__(self, template: nn.Module, setups: Sequence[TrialSetup], device: torch.device) -> None:
+        self.template = template.to(device)
+        self.names = [name for name, _ in self.template.named_parameters()]
+        self.params = {n: torch.stack([s.initial_parameters[n] for s in setups]).to(device) for n in self.names}
+        dense = all(s.mask.is_dense for s in setups)
+        self.masks = None if dense else {
+            n: torch.stack([s.mask.tensors[n] for s in setups]).to(device) for n in self.names}
+        kinds = {s.optimizer.kind for s in setups}
+        if len(kinds) != 1:
+            raise ValueError("packed trials must share one optimizer kind")
+        self.kind = kinds.pop()
+        self.device = device
+        self.learning_rates = torch.tensor([s.optimizer.learning_rate for s in setups], device=device)
+        self.momenta = torch.tensor([s.optimizer.momentum for s in setups], device=device)
+        self.buffers = ({n: torch.zeros_like(p) for n, p in self.params.items()}
+                        if self.kind is not OptimizerKind.SGD else None)
+
+        def loss_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
+            return F.cross_entropy(functional_call(self.template, params, (images,)), labels)
+
+        def logits_of(params: dict[str, Tensor], images: Tensor) -> Tensor:
+            return functional_call(self.template, params, (images,))
+
+        self._gradients = vmap(grad_and_value(loss_of), in_dims=(0, None, None))
+        self._logits = vmap(logits_of, in_dims=(0, None))
+
+    def _per_trial(self, values: Tensor, like: Tensor) -> Tensor:
+        return values.reshape((-1,) + (1,) * (like.dim() - 1))
+
+    @torch.no_grad()
+    def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
+        gradients, losses = self._gradients(self.params, images, labels)
+        if learning_rates is not None:
+            self.learning_rates = torch.tensor(learning_rates, device=self.device)
+        for name in self.names:
+            gradient = gradients[name]
+            if self.masks is not None:
+                gradient = gradient * self.masks[name]
+            if self.buffers is not None:
+                momentum = self._per_trial(self.momenta, gradient)
+                buffer = self.buffers[name]
+                buffer.mul_(momentum).add_(gradient)
+                # PyTorch/TF Nesterov: w -= lr (g + m buf), with buf already updated.
+                gradient = gradient + momentum * buffer if self.kind is OptimizerKind.NESTEROV else buffer
+            self.params[name].sub_(self._per_trial(self.learning_rates, gradient) * gradient)
+        return losses
+
+    @torch.no_grad()
+    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
+                     batch_size: int) -> tuple[list[int], list[bool]]:
+        count = len(skip)
+        errors = torch.zeros(count, dtype=torch.long, device=self.device)
+        # Activations grow with K; keep one evaluation chunk's memory about constant.
+        chunk_size = max(50, batch_size // count)
+        skipped = torch.tensor(list(skip), device=self.device)
+        for start in range(0, labels.shape[0], chunk_size):
+            logits = self._logits(self.params, images[start:start + chunk_size])
+            errors += (logits.argmax(-1) != labels[start:start + chunk_size]).sum(1)
+            if allowed is not None and bool(((errors > allowed) | skipped).all()):
+                values = errors.tolist()
+                return values, [False] * count
+        values = errors.tolist()
+        return values, [not s for s in skip]
+
+    def keep(self, positions: Sequence[int]) -> None:
+        index = torch.tensor(list(positions), device=self.device)
+        self.params = {n: p.index_select(0, index) for n, p in self.params.items()}
+        if self.masks is not None:
+            self.masks = {n: m.index_select(0, index) for n, m in self.masks.items()}
+        if self.buffers is not None:
+            self.buffers = {n: b.index_select(0, index) for n, b in self.buffers.items()}
+        self.learning_rates = self.learning_rates.index_select(0, index)
+        self.momenta = self.momenta.index_select(0, index)
+
+    def parameters_of(self, position: int) -> dict[str, Tensor]:
+        return {n: p[position].clone() for n, p in self.params.items()}
+
+
+def make_trainer(model_factory: Callable[[], nn.Module], setups: Sequence[TrialSetup], device: torch.device,
+                 channels_last: bool) -> SingleTrainer | PackedTrainer:
+    if len(setups) == 1:
+        return SingleTrainer(model_factory(), setups[0], device, channels_last)
+    return PackedTrainer(model_factory(), setups, device)
+
+
+def train_trials(
+    model_factory: Callable[[], nn.Module],
+    data: DataSplits,
+    setups: Sequence[TrialSetup],
+    settings: EngineSettings,
+    bound: StepBound,
+    observer: Observer | None = None,
+    trainer: SingleTrainer | PackedTrainer | None = None,
+) -> list[TrialResult]:
+    """Train ``setups`` in lockstep (one setup: the plain fast path). ``data`` must be on the device."""
+    observer = observer or NullObserver()
+    device = data.train_images.device
+    trainer = trainer or make_trainer(model_factory, setups, device, settings.channels_last)
+    stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
+    scheduled = any(s.optimizer.decay_steps is not None for s in setups)
+    started = time.perf_counter()
+    active = list(range(len(setups)))
+    best_errors: list[float | None] = [None] * len(setups)
+    checks = [0] * len(setups)
+    cut_short = [0] * len(setups)
+    results: list[TrialResult | None] = [None] * len(setups)
+
+    def finish(position: int, status: TrialStatus, step: int, reached_at: int | None) -> None:
+        result = TrialResult(
+            index=setups[position].index, status=status, steps_to_result=reached_at, steps_trained=step,
+            best_validation_error=best_errors[position], checks=checks[position],
+            checks_cut_short=cut_short[position], seconds=time.perf_counter() - started,
+        )
+        results[position] = result
+        observer.on_finish(result)
+
+    if bound.limit() < settings.check_interval:
+        for position in active:
+            finish(position, TrialStatus.SUPERSEDED, 0, None)
+        return [r for r in results if r is not None]
+
+    loss_sums = torch.zeros(len(active), device=device)
+    steps_since_check = 0
+    step = 0
+    while active:
+        step += 1
+        learning_rates = [setups[p].optimizer.learning_rate_at(step - 1) for p in active] if scheduled else None
+        batch = stream.next()
+        loss_sums += trainer.step(data.train_images[batch], data.train_labels[batch], learning_rates)
+        steps_since_check += 1
+        if step % settings.check_interval != 0 and step < settings.max_steps:
+            continue
+
+        mean_losses = (loss_sums / steps_since_check).tolist()
+        loss_sums.zero_()
+        steps_since_check = 0
+        diverged = [not math.isfinite(loss) for loss in mean_losses]
+        allowed = settings.allowed_errors if settings.early_abort_evaluation else None
+        errors, complete = trainer.count_errors(
+            data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
+        reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
+        if any(reached):
+            bound.offer(step)
+        limit = bound.limit()
+
+        survivors = []
+        for k, position in enumerate(active):
+            checks[position] += 1
+            validation_error = errors[k] / data.validation_size if complete[k] else None
+            if not complete[k] and not diverged[k]:
+                cut_short[position] += 1
+            if validation_error is not None:
+                previous = best_errors[position]
+                best_errors[position] = validation_error if previous is None else min(previous, validation_error)
+            observer.on_check(setups[position].index, Check(
+                step=step, train_loss=mean_losses[k], validation_error=validation_error,
+                learning_rate=setups[position].optimizer.learning_rate_at(step - 1)))
+            if diverged[k]:
+                finish(position, TrialStatus.DIVERGED, step, None)
+            elif reached[k]:
+                finish(position, TrialStatus.REACHED, step, step)
+            elif step >= settings.max_steps:
+                finish(position, TrialStatus.NOT_REACHED, step, None)
+            elif step >= limit:
+                finish(position, TrialStatus.SUPERSEDED, step, None)
+            else:
+                survivors.append(k)
+        if len(survivors) < len(active):
+            if survivors:
+                trainer.keep(survivors)
+                loss_sums = loss_sums[torch.tensor(survivors, device=device)]
+            active = [active[k] for k in survivors]
+    return [r for r in results if r is not None]

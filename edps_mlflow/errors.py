@@ -1,0 +1,5 @@
+"""The one exception type that the command line turns into a one-line error."""
+
+
+class EdpsError(Exception):
+    """A user-facing error: bad input, missing data. Printed as one line, exit code 2."""

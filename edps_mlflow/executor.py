@@ -1,0 +1,198 @@
+"""Where the trials of a study train: in this process, or in single-thread worker processes.
+
+Workers never touch MLflow. They send events (trial started with its mask, check, finished) to
+the parent, which is the only writer to the tracking store. The best reached step lives in shared
+memory so that exact early stopping works across workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from edps_mlflow.config import StudySpec, TrialSpec
+from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.engine import (
+    Check,
+    EngineSettings,
+    StepBound,
+    TrialResult,
+    TrialStatus,
+    configure_cpu_threads,
+    train_trials,
+)
+from edps_mlflow.pruning import Mask
+from edps_mlflow.trials import prepare_trial
+from edps_mlflow.workloads import get_workload
+
+
+class TrainingSink(Protocol):
+    def trial_started(self, trial_index: int, mask: Mask | None) -> None: ...
+
+    def on_check(self, trial_index: int, check: Check) -> None: ...
+
+    def on_finish(self, result: TrialResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """Everything a worker needs, picklable."""
+
+    spec: StudySpec
+    points: tuple[dict[str, float], ...]
+    settings: EngineSettings
+    data_dir: str | None
+    device: str
+    threads: int
+    exact_early_stopping: bool
+
+
+class SharedStepBound:
+    """A StepBound in shared memory. The stored value is the best reached step; before any trial
+    has reached, it holds ``max_steps + check_interval``, which makes the limit ``max_steps``."""
+
+    def __init__(self, value: Any, max_steps: int, check_interval: int, exact_early_stopping: bool) -> None:
+        self.value = value
+        self.max_steps = max_steps
+        self.check_interval = check_interval
+        self.exact_early_stopping = exact_early_stopping
+
+    @staticmethod
+    def initial_value(max_steps: int, check_interval: int, best_step: int | None) -> int:
+        return best_step if best_step is not None else max_steps + check_interval
+
+    def limit(self) -> int:
+        if not self.exact_early_stopping:
+            return self.max_steps
+        return min(self.max_steps, self.value.value - self.check_interval)
+
+    def offer(self, step: int) -> None:
+        with self.value.get_lock():
+            if step < self.value.value:
+                self.value.value = step
+
+    @property
+    def best_step(self) -> int | None:
+        value = self.value.value
+        return value if value <= self.max_steps else None
+
+
+def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound: StepBound,
+                sink: TrainingSink) -> None:
+    """Prepare (seeded init + SNIP) and train one chunk of trials in lockstep."""
+    workload = get_workload(job.spec.workload)
+    if bound.limit() < job.settings.check_interval:
+        # The study already has a result no trial of this chunk could beat: skip SNIP too.
+        for index in chunk:
+            sink.trial_started(index, None)
+            sink.on_finish(TrialResult(index, TrialStatus.SUPERSEDED, None, 0, None, 0, 0, 0.0))
+        return
+    setups = [prepare_trial(workload, data, TrialSpec(job.spec, index, job.points[index])) for index in chunk]
+    for setup in setups:
+        sink.trial_started(setup.index, setup.mask)
+    train_trials(workload.build_model, data, setups, job.settings, bound, sink)
+
+
+def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
+                 sink: TrainingSink) -> None:
+    if job.device == "cpu":
+        configure_cpu_threads(job.threads)
+    for chunk in chunks:
+        train_chunk(job, chunk, data, bound, sink)
+
+
+class _QueueSink:
+    def __init__(self, events: Any) -> None:
+        self.events = events
+
+    def trial_started(self, trial_index: int, mask: Mask | None) -> None:
+        arrays = None if mask is None else {n: t.numpy().astype(bool) for n, t in mask.tensors.items()}
+        self.events.put(("started", trial_index, arrays))
+
+    def on_check(self, trial_index: int, check: Check) -> None:
+        self.events.put(("check", trial_index, check))
+
+    def on_finish(self, result: TrialResult) -> None:
+        self.events.put(("finished", result))
+
+
+def _worker_main(job: TrainingJob, tasks: Any, events: Any, best_value: Any, worker_id: int) -> None:
+    # The parent decides what an interrupt means; workers just get terminated.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if job.device == "cpu":
+            configure_cpu_threads(job.threads)
+        workload = get_workload(job.spec.workload)
+        data = workload.load_data(job.data_dir).to(torch.device(job.device))
+        bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,
+                                job.exact_early_stopping)
+        sink = _QueueSink(events)
+        while True:
+            chunk = tasks.get()
+            if chunk is None:
+                break
+            train_chunk(job, chunk, data, bound, sink)
+        events.put(("done", worker_id))
+    except BaseException:  # reported to the parent, which fails the study
+        events.put(("error", worker_id, traceback.format_exc()))
+
+
+def train_in_processes(job: TrainingJob, chunks: Sequence[Sequence[int]], workers: int, best_step: int | None,
+                       sink: TrainingSink) -> None:
+    """Train ``chunks`` in ``workers`` spawned processes; events reach ``sink`` in this process."""
+    context = mp.get_context("spawn")
+    best_value = context.Value("q", SharedStepBound.initial_value(
+        job.settings.max_steps, job.settings.check_interval, best_step))
+    tasks, events = context.Queue(), context.Queue()
+    for chunk in chunks:
+        tasks.put(list(chunk))
+    for _ in range(workers):
+        tasks.put(None)
+    processes = [context.Process(target=_worker_main, args=(job, tasks, events, best_value, w), daemon=True,
+                                 name=f"edps-worker-{w}") for w in range(workers)]
+    for process in processes:
+        process.start()
+    running = set(range(workers))
+    last_liveness_check = time.monotonic()
+    try:
+        while running:
+            if time.monotonic() - last_liveness_check > 1.0:
+                # A worker killed from outside sends nothing; the others may keep the queue busy.
+                last_liveness_check = time.monotonic()
+                dead = [w for w in running if processes[w].exitcode is not None]
+                if dead:
+                    raise RuntimeError(f"worker process {dead[0]} exited with code {processes[dead[0]].exitcode}")
+            try:
+                event = events.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "started":
+                arrays = event[2]
+                mask = None if arrays is None else Mask(
+                    {n: torch.from_numpy(a.astype(np.float32)) for n, a in arrays.items()})
+                sink.trial_started(event[1], mask)
+            elif kind == "check":
+                sink.on_check(event[1], event[2])
+            elif kind == "finished":
+                sink.on_finish(event[1])
+            elif kind == "done":
+                running.discard(event[1])
+            elif kind == "error":
+                raise RuntimeError(f"worker process {event[1]} failed:\n{event[2]}")
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(timeout=10)
+        tasks.cancel_join_thread()
+        events.cancel_join_thread()

@@ -1,0 +1,27 @@
+"""Turning a TrialSpec into what the engine trains: seeded initialisation and the SNIP mask."""
+
+from __future__ import annotations
+
+import torch
+
+from edps_mlflow.config import TrialSpec
+from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.engine import TrialSetup
+from edps_mlflow.models import init_fan_in_truncated_normal
+from edps_mlflow.pruning import snip_mask
+from edps_mlflow.workloads import Workload
+
+
+def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec) -> TrialSetup:
+    """Initialise with the trial's own seed, prune at initialisation, and mask the initial weights.
+
+    ``data`` may be on any device; SNIP runs where the data are.
+    """
+    model = workload.build_model()
+    init_fan_in_truncated_normal(model, torch.Generator().manual_seed(trial.init_seed))
+    model.to(data.train_images.device)
+    mask = snip_mask(model, data.train_images, data.train_labels, trial.study.sparsity)
+    with torch.no_grad():
+        initial = {name: (p.detach() * mask.tensors[name].to(p.device)).cpu()
+                   for name, p in model.named_parameters()}
+    return TrialSetup(index=trial.index, initial_parameters=initial, mask=mask, optimizer=trial.optimizer)

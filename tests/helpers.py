@@ -1,0 +1,76 @@
+"""Small builders shared by the engine and pruning tests (real torch, real digits data)."""
+
+from __future__ import annotations
+
+import torch
+
+from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
+from edps_mlflow.engine import EngineSettings, TrialSetup
+from edps_mlflow.trials import prepare_trial
+from edps_mlflow.workloads import get_workload
+
+DIGITS = get_workload("digits-simple-cnn")
+_DATA = None
+
+
+def digits_data():
+    global _DATA
+    if _DATA is None:
+        _DATA = DIGITS.load_data(None)
+    return _DATA
+
+
+def study_spec(optimizer: str = "sgd", sparsity: float = 0.0, batch_size: int = 64, trials: int = 4,
+               goal_error: float = 0.05, max_steps: int = 1000, check_interval: int = 100, seed: int = 0) -> StudySpec:
+    return StudySpec("digits-simple-cnn", OptimizerKind(optimizer), sparsity, batch_size, trials, goal_error,
+                     max_steps, check_interval, seed)
+
+
+def setups_for(spec: StudySpec, points: list[dict[str, float]]) -> list[TrialSetup]:
+    data = digits_data()
+    return [prepare_trial(DIGITS, data, TrialSpec(spec, index, point)) for index, point in enumerate(points)]
+
+
+def engine_settings(spec: StudySpec, early_abort: bool = True) -> EngineSettings:
+    data = digits_data()
+    return EngineSettings(spec.batch_size, spec.max_steps, spec.check_interval,
+                          DIGITS.allowed_errors(spec.goal_error, data.validation_size), spec.seed,
+                          early_abort_evaluation=early_abort, channels_last=spec.batch_size >= 32)
+
+
+def noise_data():
+    """Digits-shaped Gaussian images with random labels: no exactly tied pixels, so max-pool and ReLU
+    never sit on a tie that float rounding could flip between two equivalent computations."""
+    from edps_mlflow.data.splits import DataSplits
+
+    generator = torch.Generator().manual_seed(7)
+    images = torch.randn(600, 1, 8, 8, generator=generator)
+    labels = torch.randint(0, 10, (600,), generator=generator)
+    return DataSplits(images[:500], labels[:500], images[500:], labels[500:])
+
+
+def reference_sgd_run(setup: TrialSetup, batch_size: int, steps: int, seed: int, data=None) -> dict[str, torch.Tensor]:
+    """Separate single-trial training with torch.optim.SGD: the ground truth for packed trials."""
+    from torch.nn import functional as F
+
+    from edps_mlflow.engine import BatchStream
+
+    data = data or digits_data()
+    model = DIGITS.build_model()
+    model.load_state_dict(setup.initial_parameters)
+    settings = setup.optimizer
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
+                                momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
+                                nesterov=settings.kind is OptimizerKind.NESTEROV)
+    masks = [setup.mask.tensors[name] for name, _ in model.named_parameters()]
+    stream = BatchStream(data.train_size, batch_size, seed, torch.device("cpu"))
+    for step in range(steps):
+        optimizer.param_groups[0]["lr"] = settings.learning_rate_at(step)
+        batch = stream.next()
+        loss = F.cross_entropy(model(data.train_images[batch]), data.train_labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        for parameter, mask in zip(model.parameters(), masks):
+            parameter.grad.mul_(mask)
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -1,0 +1,74 @@
+"""Bad input: one clear line on stderr, a non-zero exit, no traceback, nothing in the tracking store."""
+
+import os
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from edps_mlflow.cli import main
+
+from conftest import run_edps
+
+CASES = [
+    (["--bs", "0"], "batch size must be a positive integer"),
+    (["--bs", "-4"], "batch size must be a positive integer"),
+    (["--bs", "5000"], "exceeds the 1617 training examples"),
+    (["--sparsity", "1.0"], "sparsity must be in [0, 1)"),
+    (["--sparsity", "-0.1"], "sparsity must be in [0, 1)"),
+    (["--goal-error", "1.5"], "goal error must be in (0, 1)"),
+    (["--goal-error", "0"], "goal error must be in (0, 1)"),
+    (["--goal-error", "abc"], "goal error must be a number"),
+    (["--workload", "imagenet"], "unknown workload 'imagenet'; known workloads: digits-simple-cnn, mnist-simple-cnn"),
+    (["--optimizer", "adam"], "unknown optimizer 'adam'; known optimizers: sgd, momentum, nesterov"),
+    (["--full-trials", "maybe"], "full trials must be true or false"),
+    (["--bs", "abc"], "'abc' is not a valid integer"),
+    (["--trials", "0"], "trials must be a positive integer"),
+    (["--max-steps", "50"], "max steps (50) must be at least the check interval (100)"),
+    (["--device", "cuda:0"], "no CUDA device is available"),
+]
+
+
+def _runs_in_store(uri: str) -> int:
+    client = MlflowClient(uri)
+    experiments = client.search_experiments(view_type=ViewType.ALL)
+    return sum(len(client.search_runs([e.experiment_id], run_view_type=ViewType.ALL)) for e in experiments)
+
+
+@pytest.mark.parametrize("arguments,message", CASES)
+def test_bad_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkeypatch, capsys):
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")  # no re-exec: we run in this process
+    if arguments[:1] == ["--device"]:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["study", *arguments])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("edps: error: ") and message in lines[0], lines[0]
+    db = Path(sqlite_uri.removeprefix("sqlite:///"))
+    assert not db.exists() or _runs_in_store(sqlite_uri) == 0
+
+
+def test_missing_data_directory_is_refused_by_the_real_command(tmp_path):
+    """The console entry point in a real process (it re-executes itself with the allocator settings)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    missing = tmp_path / "no-mnist-here"
+    result = run_edps(["study", "--workload", "mnist-simple-cnn", "--data-dir", str(missing), "--bs", "128"],
+                      cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0] and "train-images-idx3-ubyte" in lines[0]
+    assert not (tmp_path / "mlflow.db").exists() or _runs_in_store(uri) == 0
+
+
+def test_help_and_workloads(capsys):
+    main(["workloads"])
+    out = capsys.readouterr().out
+    assert "digits-simple-cnn" in out and "mnist-simple-cnn" in out

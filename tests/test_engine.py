@@ -1,0 +1,174 @@
+import math
+
+import pytest
+import torch
+
+from edps_mlflow.config import OptimizerKind, OptimizerSettings
+from edps_mlflow.engine import (
+    BatchStream,
+    LocalStepBound,
+    PackedTrainer,
+    TrialStatus,
+    choose_pack_size,
+    train_trials,
+)
+
+from helpers import DIGITS, digits_data, engine_settings, noise_data, reference_sgd_run, setups_for, study_spec
+
+
+@pytest.mark.parametrize("optimizer,sparsity", [("sgd", 0.0), ("momentum", 0.5), ("nesterov", 0.9)])
+def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
+    data = noise_data()
+    spec = study_spec(optimizer=optimizer, sparsity=sparsity, batch_size=16)
+    points = [{"learning_rate": lr, "momentum": m} for lr, m in [(0.1, 0.9), (0.03, 0.99), (0.01, 0.95)]]
+    setups = setups_for(spec, points)
+    trainer = PackedTrainer(DIGITS.build_model(), setups, torch.device("cpu"))
+    stream = BatchStream(data.train_size, 16, spec.seed, torch.device("cpu"))
+    steps = 60
+    for _ in range(steps):
+        batch = stream.next()
+        trainer.step(data.train_images[batch], data.train_labels[batch], None)
+    for position, setup in enumerate(setups):
+        expected = reference_sgd_run(setup, 16, steps, spec.seed, data)
+        got = trainer.parameters_of(position)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_packed_linear_decay_matches_reference():
+    data = noise_data()
+    spec = study_spec(optimizer="momentum", batch_size=8)
+    points = [{"learning_rate": 0.1, "momentum": 0.9, "decay_steps": 20, "end_learning_rate_factor": 0.01},
+              {"learning_rate": 0.05, "momentum": 0.95, "decay_steps": 30, "end_learning_rate_factor": 0.1}]
+    setups = setups_for(spec, points)
+    trainer = PackedTrainer(DIGITS.build_model(), setups, torch.device("cpu"))
+    stream = BatchStream(data.train_size, 8, spec.seed, torch.device("cpu"))
+    for step in range(40):
+        batch = stream.next()
+        rates = [s.optimizer.learning_rate_at(step) for s in setups]
+        trainer.step(data.train_images[batch], data.train_labels[batch], rates)
+    for position, setup in enumerate(setups):
+        expected = reference_sgd_run(setup, 8, 40, spec.seed, data)
+        for name, value in trainer.parameters_of(position).items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_linear_schedule_reaches_end_value_and_stays():
+    settings = OptimizerSettings(OptimizerKind.MOMENTUM, 0.5, 0.9, decay_steps=100, end_learning_rate_factor=0.01)
+    assert settings.learning_rate_at(0) == 0.5
+    assert settings.learning_rate_at(50) == pytest.approx(0.5 * (1 - 0.99 * 0.5))
+    assert settings.learning_rate_at(100) == pytest.approx(0.005)
+    assert settings.learning_rate_at(10_000) == pytest.approx(0.005)
+
+
+def test_batch_stream_covers_each_epoch_and_reshuffles():
+    stream = BatchStream(10, 3, seed=0, device=torch.device("cpu"))
+    first = torch.cat([stream.next() for _ in range(3)])
+    second = torch.cat([stream.next() for _ in range(3)])
+    assert len(set(first.tolist())) == 9 and len(set(second.tolist())) == 9
+    assert not torch.equal(first, second)
+    with pytest.raises(ValueError):
+        BatchStream(10, 11, seed=0, device=torch.device("cpu"))
+
+
+def _study_result(results):
+    reached = [r.steps_to_result for r in results if r.status is TrialStatus.REACHED]
+    return min(reached) if reached else None
+
+
+@pytest.mark.parametrize("pack", [1, 4])
+def test_exact_early_stopping_gives_the_full_trials_result(pack):
+    spec = study_spec(optimizer="sgd", batch_size=32, goal_error=0.06, max_steps=1500)
+    points = DIGITS.search_space("sgd").points(8)
+    setups = setups_for(spec, points)
+    settings = engine_settings(spec)
+    data = digits_data()
+
+    def run(exact: bool):
+        bound = LocalStepBound(spec.max_steps, spec.check_interval, exact_early_stopping=exact)
+        results = []
+        for start in range(0, len(setups), pack):
+            results += train_trials(DIGITS.build_model, data, setups[start:start + pack], settings, bound)
+        return results
+
+    full = run(exact=False)
+    early = run(exact=True)
+    assert _study_result(full) is not None
+    assert _study_result(early) == _study_result(full)
+    assert all(r.status is not TrialStatus.SUPERSEDED for r in full)
+    assert any(r.status is TrialStatus.SUPERSEDED for r in early)
+    assert sum(r.steps_trained for r in early) < sum(r.steps_trained for r in full)
+    # Every trial that reached earlier than the others' stop agrees between the modes.
+    by_index = {r.index: r for r in full}
+    for result in early:
+        if result.status is TrialStatus.REACHED:
+            assert by_index[result.index].steps_to_result == result.steps_to_result
+
+
+def test_packed_and_single_paths_agree_on_outcomes():
+    spec = study_spec(optimizer="momentum", batch_size=4, goal_error=0.1, max_steps=600)
+    points = DIGITS.search_space("momentum").points(4)
+    setups = setups_for(spec, points)
+    settings = engine_settings(spec)
+    data = digits_data()
+    packed = train_trials(DIGITS.build_model, data, setups, settings, LocalStepBound(600, 100, False))
+    single = []
+    for setup in setups:
+        single += train_trials(DIGITS.build_model, data, [setup],
+                               settings.__class__(**{**settings.__dict__, "channels_last": False}),
+                               LocalStepBound(600, 100, False))
+    assert [(r.index, r.status, r.steps_to_result) for r in sorted(packed, key=lambda r: r.index)] == \
+           [(r.index, r.status, r.steps_to_result) for r in single]
+
+
+def test_huge_learning_rate_diverges():
+    spec = study_spec(optimizer="momentum", batch_size=32, max_steps=300)
+    setups = setups_for(spec, [{"learning_rate": 1e6, "momentum": 0.9999}])
+    result = train_trials(DIGITS.build_model, digits_data(), setups, engine_settings(spec),
+                          LocalStepBound(300, 100))[0]
+    assert result.status is TrialStatus.DIVERGED
+    assert result.steps_to_result is None and result.steps_trained == 100
+
+
+def test_early_abort_evaluation_is_exact_for_steps_to_result():
+    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=800)
+    setups = setups_for(spec, DIGITS.search_space("sgd").points(3))
+    data = digits_data()
+    checks = {True: [], False: []}
+
+    class Recorder:
+        def __init__(self, key):
+            self.key = key
+
+        def on_check(self, index, check):
+            checks[self.key].append((index, check.step, check.validation_error))
+
+        def on_finish(self, result):
+            pass
+
+    outcomes = {}
+    for abort in (True, False):
+        outcomes[abort] = [
+            (r.status, r.steps_to_result) for setup in setups
+            for r in train_trials(DIGITS.build_model, data, [setup], engine_settings(spec, early_abort=abort),
+                                  LocalStepBound(800, 100, False), Recorder(abort))]
+    assert outcomes[True] == outcomes[False]
+    assert all(error is not None for _, _, error in checks[False])
+    cut = [c for c in checks[True] if c[2] is None]
+    assert cut, "the goal is hard enough that some early checks are cut short"
+    complete = {(i, s): e for i, s, e in checks[False]}
+    for index, step, error in checks[True]:
+        if error is not None:
+            assert error == complete[(index, step)]
+        else:
+            assert complete[(index, step)] > spec.goal_error
+
+
+def test_pack_size_choice():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert choose_pack_size(cpu, 2, 100) == 32
+    assert choose_pack_size(cpu, 16, 100) == 1
+    assert choose_pack_size(cpu, 2, 5) == 5
+    assert choose_pack_size(gpu, 128, 100) == 32
+    assert choose_pack_size(gpu, 512, 100) == 8
+    assert choose_pack_size(gpu, 4096, 100) == 1
