@@ -79,8 +79,9 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
     return found
 
 
-def neighbour_best_point(client: MlflowClient, experiment_id: str, spec: StudySpec) -> dict[str, float] | None:
-    """The best metaparameters of the finished study at the nearest other batch size, if any.
+def neighbour_best_point(client: MlflowClient, experiment_id: str,
+                         spec: StudySpec) -> tuple[int, dict[str, float]] | None:
+    """(batch size, best metaparameters) of the finished study at the nearest batch size, if any.
 
     Used only to order trials (promising ones first); it changes the cost, never the result.
     """
@@ -103,4 +104,5 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str, spec: StudySp
             candidates.append((abs(math.log2(batch_size) - math.log2(spec.batch_size)), batch_size, point))
     if not candidates:
         return None
-    return min(candidates, key=lambda c: (c[0], c[1]))[2]
+    _, batch_size, point = min(candidates, key=lambda c: (c[0], c[1]))
+    return batch_size, point

@@ -189,8 +189,11 @@ def _run_tracked(spec: StudySpec, options: ExecutionOptions, workload: Workload,
                  tracker: StudyTracker, out: TextIO, started: float) -> StudyOutcome:
     stored = finished_trials(tracker.client, tracker.experiment_id, spec)
     reused = plan_reuse(trials, stored, options.full_trials)
+    neighbour = neighbour_best_point(tracker.client, tracker.experiment_id, spec)
     to_train = order_trials([t for t in trials if t.index not in reused], workload,
-                            neighbour_best_point(tracker.client, tracker.experiment_id, spec))
+                            neighbour[1] if neighbour else None)
+    trial_order = f"nearest to the best trial at batch size {neighbour[0]}" if neighbour else "sobol"
+
     pack = options.pack_size or choose_pack_size(device, spec.batch_size, max(1, len(to_train)))
     chunks = [[t.index for t in to_train[i:i + pack]] for i in range(0, len(to_train), pack)]
     cores = available_cores()
@@ -199,7 +202,7 @@ def _run_tracked(spec: StudySpec, options: ExecutionOptions, workload: Workload,
     threads = max(1, cores // workers)
     run_settings = {"full_trials": options.full_trials, "device": str(device), "workers": workers,
                     "threads_per_worker": threads, "pack_size": pack,
-                    "early_abort_evaluation": options.early_abort_evaluation}
+                    "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order}
     tracker.log_study_start(spec, run_settings, reused=len(reused))
 
     print(f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g} "
@@ -210,7 +213,8 @@ def _run_tracked(spec: StudySpec, options: ExecutionOptions, workload: Workload,
               f"{len(to_train)}", file=out)
     print(f"training {len(to_train)} trials on {device} in {len(chunks)} chunks of up to {pack}, "
           f"{workers} worker(s) x {threads} thread(s), "
-          f"{'full trials' if options.full_trials else 'exact early stopping'}", file=out, flush=True)
+          f"{'full trials' if options.full_trials else 'exact early stopping'}, trial order: {trial_order}",
+          file=out, flush=True)
 
     reached = [s.steps_to_result for s in reused.values() if s.steps_to_result is not None]
     best_known = min(reached) if reached else None
