@@ -3,6 +3,8 @@
     edps study --bs 256
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
     edps workloads
+    edps data list
+    edps data download mnist
 """
 
 from __future__ import annotations
@@ -107,6 +109,61 @@ def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trial
 
 
 @cli.command()
+@click.option("--workload", default="digits-simple-cnn", show_default=True, help="Workload name.")
+@click.option("--optimizers", default="sgd", show_default=True, help="Comma-separated: sgd,momentum,nesterov.")
+@click.option("--batch-sizes", default=None, help="2..1024 (powers of two) or 16,64,256; default 2..largest <= train size.")
+@click.option("--sparsities", default="0", show_default=True, help="Comma-separated, each in [0, 1).")
+@click.option("--trials", type=int, default=32, show_default=True, help="Trials per study.")
+@click.option("--goal-error", default="default", show_default=True, help="Goal validation error; 'default': the workload's.")
+@click.option("--max-steps", default="default", show_default=True, help="Step cap; 'default': the workload's.")
+@click.option("--check-interval", type=int, default=100, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--full-trials", default="false", show_default=True, help="true: every trial runs to its own end.")
+@click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
+@click.option("--experiment", default=None, help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--workers", type=int, default=None, help="Local: study processes (default one per core, or per GPU).")
+@click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines.")
+def sweep(workload: str, optimizers: str, batch_sizes: str | None, sparsities: str, trials: int, goal_error: str,
+          max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
+          experiment: str | None, executor: str, workers: int | None, ray_address: str | None, device: str | None,
+          log_interval: float) -> None:
+    """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
+    from edps_mlflow.config import OptimizerKind
+    from edps_mlflow.sweep import SweepOptions, SweepSpec, parse_batch_sizes, parse_numbers, run_sweep
+    from edps_mlflow.workloads import get_workload
+
+    item = get_workload(workload)
+    kinds = tuple(OptimizerKind.parse(name.strip()) for name in optimizers.split(","))
+    goal = _optional_float(goal_error, "goal error")
+    cap = _optional_int(max_steps, "max steps")
+    if workers is not None and workers < 1:
+        raise EdpsError(f"workers must be a positive integer, got {workers}")
+    if device not in (None, "cpu", "cuda"):
+        raise EdpsError(f"sweep device must be cpu or cuda, got {device!r}")
+    train_size = item.load_data(data_dir or None).train_size
+    spec = SweepSpec(
+        workload=workload, optimizers=kinds, batch_sizes=parse_batch_sizes(batch_sizes, train_size),
+        sparsities=parse_numbers(sparsities, "sparsities"), trials=trials,
+        goal_error=goal if goal is not None else item.goal_error,
+        max_steps=cap if cap is not None else item.max_steps, check_interval=check_interval, seed=seed)
+    run_sweep(spec, SweepOptions(
+        experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
+        data_dir=data_dir or None, full_trials=_parse_bool(full_trials, "full trials"), log_interval=log_interval))
+
+
+@cli.command()
+@click.option("--experiment", required=True, help="MLflow experiment name.")
+def status(experiment: str) -> None:
+    """The grid of an experiment (batch size x sparsity per optimizer) from the tracking store."""
+    from edps_mlflow.status import format_status, status_tables
+
+    click.echo(format_status(status_tables(experiment)))
+
+
+@cli.command()
 def workloads() -> None:
     """List the workloads with their goals, caps and data needs."""
     from edps_mlflow.workloads import WORKLOADS
@@ -114,6 +171,45 @@ def workloads() -> None:
     for item in WORKLOADS.values():
         data = "needs --data-dir" if item.needs_data_dir else "built in"
         click.echo(f"{item.name:<22} goal {item.goal_error:<5g} cap {item.max_steps:<6} {data:<16} {item.description}")
+
+
+@cli.group()
+def data() -> None:
+    """Datasets: status and download (with the published checksums)."""
+
+
+@data.command("list")
+@click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
+def data_list(data_dir: str | None) -> None:
+    """Every workload with its dataset's status: present, missing or corrupt."""
+    from edps_mlflow.data.catalog import dataset_report
+    from edps_mlflow.workloads import WORKLOADS
+
+    for item in WORKLOADS.values():
+        if not item.needs_data_dir:
+            click.echo(f"{item.name:<26} {item.dataset:<14} present   bundled with scikit-learn")
+            continue
+        report = dataset_report(item.dataset, data_dir)
+        click.echo(f"{item.name:<26} {item.dataset:<14} {report.status.value:<9} {report.directory}: {report.detail}")
+
+
+@data.command("download")
+@click.argument("name")
+@click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
+def data_download(name: str, data_dir: str | None) -> None:
+    """Fetch a dataset (mnist, fashion-mnist, cifar10, or a workload name) and verify its checksums."""
+    from edps_mlflow.data.catalog import SOURCES, download, get_source
+    from edps_mlflow.workloads import WORKLOADS
+
+    if name in WORKLOADS:
+        if not WORKLOADS[name].needs_data_dir:
+            click.echo(f"{name} needs no download: its data are bundled")
+            return
+        name = WORKLOADS[name].dataset
+    if name not in SOURCES:
+        raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)} (or a workload name)")
+    directory = download(get_source(name), data_dir, report=click.echo)
+    click.echo(f"{name}: ready in {directory}")
 
 
 def _training_environment_missing() -> dict[str, str]:
@@ -128,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, and the allocator settings of PERF.md for training."""
     args = list(sys.argv[1:] if argv is None else argv)
     missing = _training_environment_missing()
-    if args[:1] == ["study"] and missing and not os.environ.get(_REEXEC_MARK):
+    if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
         environment = {**os.environ, **missing, _REEXEC_MARK: "1"}
         os.execve(sys.executable, [sys.executable, "-m", "edps_mlflow.cli", *args], environment)
     signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -145,23 +145,28 @@ def choose_pack_size(device: torch.device, batch_size: int, trials: int) -> int:
 
 
 class BatchStream:
-    """An endless stream of batch indices, reshuffled every epoch; incomplete tails are dropped."""
+    """An endless stream of batch indices, reshuffled every epoch.
+
+    As in the original, the stream is one endless sequence of examples: a batch that runs past the
+    end of an epoch is completed from the start of the next (reshuffled) one; nothing is dropped.
+    """
 
     def __init__(self, size: int, batch_size: int, seed: int, device: torch.device) -> None:
         if batch_size > size:
             raise ValueError(f"batch size {batch_size} exceeds the {size} training examples")
         self.size, self.batch_size, self.device = size, batch_size, device
         self.generator = torch.Generator().manual_seed(seed)
-        self.per_epoch = size // batch_size
-        self.position = self.per_epoch
-        self.order = torch.empty(0, dtype=torch.long)
+        self.position = 0
+        self.order = torch.empty(0, dtype=torch.long, device=device)
 
     def next(self) -> Tensor:
-        if self.position == self.per_epoch:
-            self.order = torch.randperm(self.size, generator=self.generator).to(self.device)
+        if self.position + self.batch_size > self.order.shape[0]:
+            rest = self.order[self.position:]
+            epoch = torch.randperm(self.size, generator=self.generator).to(self.device)
+            self.order = torch.cat([rest, epoch])
             self.position = 0
-        start = self.position * self.batch_size
-        self.position += 1
+        start = self.position
+        self.position += self.batch_size
         return self.order[start:start + self.batch_size]
 
 

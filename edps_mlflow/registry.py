@@ -15,6 +15,7 @@ from edps_mlflow.config import StudySpec
 from edps_mlflow.engine import TrialStatus
 from edps_mlflow.tracking import (
     KIND_STUDY,
+    KIND_SWEEP,
     KIND_TRIAL,
     METRIC_BEST_VALIDATION_ERROR,
     METRIC_STEPS_TO_RESULT,
@@ -25,6 +26,8 @@ from edps_mlflow.tracking import (
     TAG_SPARSITY,
     TAG_STATUS,
     TAG_STUDY_FAMILY,
+    TAG_STUDY_KEY,
+    TAG_SWEEP_KEY,
     TAG_TRIAL_KEY,
     TAG_WORKLOAD,
     sparsity_tag,
@@ -106,3 +109,70 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str,
         return None
     _, batch_size, point = min(candidates, key=lambda c: (c[0], c[1]))
     return batch_size, point
+
+
+@dataclass(frozen=True)
+class StoredStudy:
+    run_id: str
+    study_key: str
+    status: str  # MLflow run status: FINISHED, RUNNING, FAILED, KILLED
+    parent_run_id: str | None
+    steps_to_result: int | None
+
+
+def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[StoredStudy]:
+    """Every study run of a workload in the experiment (one paged search)."""
+    runs = _search_all(client, experiment_id,
+                       f"tags.`{TAG_KIND}` = '{KIND_STUDY}' and tags.`{TAG_WORKLOAD}` = '{workload}'")
+    stored = []
+    for run in runs:
+        steps = run.data.metrics.get(METRIC_STEPS_TO_RESULT)
+        stored.append(StoredStudy(
+            run_id=run.info.run_id, study_key=run.data.tags.get(TAG_STUDY_KEY, ""), status=run.info.status,
+            parent_run_id=run.data.tags.get("mlflow.parentRunId"),
+            steps_to_result=int(steps) if steps is not None else None))
+    return stored
+
+
+def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: str) -> dict[str, int]:
+    """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
+    runs = _search_all(client, experiment_id,
+                       f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_WORKLOAD}` = '{workload}' "
+                       f"and attributes.status = 'FINISHED'")
+    counts: dict[str, int] = {}
+    for run in runs:
+        key = run.data.tags.get(TAG_STUDY_KEY)
+        if key:
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def sweep_run_id(client: MlflowClient, experiment_id: str, sweep_key: str) -> str | None:
+    runs = _search_all(client, experiment_id,
+                       f"tags.`{TAG_KIND}` = '{KIND_SWEEP}' and tags.`{TAG_SWEEP_KEY}` = '{sweep_key}'")
+    return min(runs, key=lambda r: r.info.start_time or 0).info.run_id if runs else None
+
+
+def running_runs_of_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> list[str]:
+    """Study and trial runs of a sweep still marked RUNNING (left behind by a killed process)."""
+    runs = _search_all(client, experiment_id,
+                       f"tags.`{TAG_SWEEP_KEY}` = '{sweep_key}' and attributes.status = 'RUNNING'")
+    return [r.info.run_id for r in runs if r.data.tags.get(TAG_KIND) != KIND_SWEEP]
+
+
+def study_table_rows(client: MlflowClient, experiment_id: str) -> list[dict]:
+    """One row per study run (any workload), with what ``edps status`` shows."""
+    rows = []
+    for run in _search_all(client, experiment_id, f"tags.`{TAG_KIND}` = '{KIND_STUDY}'"):
+        tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+        try:
+            rows.append({
+                "workload": tags[TAG_WORKLOAD], "optimizer": tags[TAG_OPTIMIZER],
+                "sparsity": float(tags[TAG_SPARSITY]), "batch_size": int(tags[TAG_BATCH_SIZE]),
+                "study_key": tags.get(TAG_STUDY_KEY, ""), "status": run.info.status,
+                "steps_to_result": metrics.get(METRIC_STEPS_TO_RESULT),
+                "trials": int(params.get("spec.trials", 0)), "start_time": run.info.start_time or 0,
+            })
+        except (KeyError, ValueError):
+            continue  # a study run refused before it logged anything
+    return rows

@@ -35,15 +35,19 @@ class Dimension:
     integer: bool = False
 
     def value(self, unit: float) -> float:
-        """Map a coordinate in [0, 1] onto the range (0 -> low, 1 -> high)."""
+        """Map a coordinate in [0, 1] onto the range as the original code does.
+
+        Linear and log: 0 -> low, 1 -> high. Reverse log: 1 - value is log-uniform and, as in the
+        original, 0 -> high (momentum 0.9999), 1 -> low (0.9). Integers are truncated, as ``int()``.
+        """
         if self.scale is Scale.LINEAR:
             value = self.low + unit * (self.high - self.low)
         elif self.scale is Scale.LOG:
             value = math.exp(math.log(self.low) + unit * (math.log(self.high) - math.log(self.low)))
         else:
             low_gap, high_gap = 1.0 - self.low, 1.0 - self.high
-            value = 1.0 - math.exp(math.log(low_gap) + unit * (math.log(high_gap) - math.log(low_gap)))
-        return float(round(value)) if self.integer else value
+            value = 1.0 - math.exp(math.log(high_gap) + unit * (math.log(low_gap) - math.log(high_gap)))
+        return float(int(value)) if self.integer else value
 
     def unit(self, value: float) -> float:
         """The inverse of :meth:`value`: where a value lies in the unit interval."""
@@ -52,7 +56,7 @@ class Dimension:
         if self.scale is Scale.LOG:
             return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
         low_gap, high_gap = 1.0 - self.low, 1.0 - self.high
-        return (math.log(1.0 - value) - math.log(low_gap)) / (math.log(high_gap) - math.log(low_gap))
+        return (math.log(1.0 - value) - math.log(high_gap)) / (math.log(low_gap) - math.log(high_gap))
 
 
 @dataclass(frozen=True)

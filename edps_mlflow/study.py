@@ -44,6 +44,12 @@ class ExecutionOptions:
     experiment: str | None = None
     data_dir: str | None = None
     log_interval: float = 10.0
+    # Set by a sweep: where the study run goes and which stale run of this study it continues.
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+    attach_run_id: str | None = None
+    sweep_key: str | None = None
+    threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,9 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         channels_last=spec.batch_size >= 32,
     )
 
-    tracker = StudyTracker.open(spec, options.experiment)
+    tracker = StudyTracker.open(spec, options.experiment, tracking_uri=options.tracking_uri,
+                                parent_run_id=options.parent_run_id, attach_run_id=options.attach_run_id,
+                                sweep_key=options.sweep_key)
     try:
         return _run_tracked(spec, options, workload, data, trials, settings, device, tracker, out, started)
     except KeyboardInterrupt:
@@ -199,7 +207,7 @@ def _run_tracked(spec: StudySpec, options: ExecutionOptions, workload: Workload,
     cores = available_cores()
     workers = 1 if device.type != "cpu" else (options.workers or max(1, min(cores, len(chunks))))
     workers = min(workers, max(1, len(chunks)))
-    threads = max(1, cores // workers)
+    threads = options.threads or max(1, cores // workers)
     run_settings = {"full_trials": options.full_trials, "device": str(device), "workers": workers,
                     "threads_per_worker": threads, "pack_size": pack,
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order}

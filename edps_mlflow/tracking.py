@@ -4,8 +4,10 @@ Layout in the tracking store (one module holds these names):
 
 - Experiment: ``MLFLOW_EXPERIMENT_NAME`` / ``--experiment`` if given, else one per workload and
   optimizer (``edps/<workload>/<optimizer>``). Under ``mlflow run`` the run it created is the study run.
+- Sweep run (``edps sweep``): tags ``edps.kind=sweep``, ``edps.sweep_key``; the parent of its studies.
 - Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
-  ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``; params ``spec.*`` (the resolved study)
+  ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``, ``edps.run.*`` (execution settings,
+  which do not change the result); params ``spec.*`` (the resolved study)
   and ``best.*`` (the best trial's metaparameters); metrics ``steps_to_result`` (absent when no trial
   reached), ``trials/<status>``, ``trials/total``, ``trials/reused``, ``batch_size``, ``sparsity``,
   ``goal_error``, ``best/learning_rate`` ...; artifacts ``study.json`` and ``trials.csv``.
@@ -51,6 +53,8 @@ TAG_BATCH_SIZE = "edps.batch_size"
 TAG_VERSION = "edps.version"
 TAG_STOPPING = "edps.early_stopping"
 TAG_REUSED = "edps.trials_reused"
+TAG_SWEEP_KEY = "edps.sweep_key"
+KIND_SWEEP = "sweep"
 KIND_STUDY = "study"
 KIND_TRIAL = "trial"
 
@@ -90,37 +94,52 @@ class StudyTracker:
         self.study_run_id = study_run_id
         self.created_run = created_run
         self.trial_runs: dict[int, str] = {}
+        self.sweep_key: str | None = None
         self._scratch = Path(tempfile.mkdtemp(prefix="edps-artifacts-"))
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
-    def open(cls, spec: StudySpec, experiment_name: str | None) -> "StudyTracker":
-        """Attach to ``MLFLOW_RUN_ID`` (``mlflow run``) or create a study run in the experiment."""
-        client = MlflowClient()
-        attached = os.environ.get("MLFLOW_RUN_ID")
+    def open(cls, spec: StudySpec, experiment_name: str | None, tracking_uri: str | None = None,
+             parent_run_id: str | None = None, attach_run_id: str | None = None,
+             sweep_key: str | None = None) -> "StudyTracker":
+        """The study run: ``attach_run_id`` (resuming a sweep's study), else ``MLFLOW_RUN_ID`` when not in a
+        sweep (``mlflow run``), else a new run, nested under ``parent_run_id`` when given."""
+        client = MlflowClient(tracking_uri)
+        attached = attach_run_id or (None if parent_run_id else os.environ.get("MLFLOW_RUN_ID"))
         try:
             if attached:
                 run = client.get_run(attached)
-                return cls(client, run.info.experiment_id, attached, created_run=False)
-            experiment_id = resolve_experiment(client, experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME"),
-                                               spec)
-            run = client.create_run(experiment_id, tags={MLFLOW_RUN_NAME: study_run_name(spec)})
+                if run.info.status != "RUNNING":
+                    client.update_run(attached, status="RUNNING")
+                tracker = cls(client, run.info.experiment_id, attached, created_run=False)
+            else:
+                experiment_id = resolve_experiment(
+                    client, experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME"), default_experiment_name(spec))
+                tags = {MLFLOW_RUN_NAME: study_run_name(spec)}
+                if parent_run_id:
+                    tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+                run = client.create_run(experiment_id, tags=tags)
+                tracker = cls(client, experiment_id, run.info.run_id, created_run=True)
         except MlflowException as error:
             raise EdpsError(f"tracking store {client.tracking_uri}: {error.message.splitlines()[0]}") from None
-        return cls(client, experiment_id, run.info.run_id, created_run=True)
+        tracker.sweep_key = sweep_key
+        return tracker
 
     # ---- the study -------------------------------------------------------------------------
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {f"spec.{k}": v for k, v in spec.key_fields().items()}
-        params.update({f"run.{k}": v for k, v in settings.items()})
-        tags = {
+        # Execution settings are tags, not params: a resumed study may run with other settings.
+        tags = {f"edps.run.{k}": str(v) for k, v in settings.items()}
+        tags.update({
             TAG_KIND: KIND_STUDY, TAG_STUDY_KEY: spec.study_key, TAG_STUDY_FAMILY: study_family(spec),
             TAG_WORKLOAD: spec.workload, TAG_OPTIMIZER: spec.optimizer.value,
             TAG_SPARSITY: sparsity_tag(spec.sparsity), TAG_BATCH_SIZE: str(spec.batch_size),
             TAG_VERSION: __version__,
             TAG_STOPPING: "full_trials" if settings.get("full_trials") else "exact",
             TAG_REUSED: str(reused),
-        }
+        })
+        if self.sweep_key:
+            tags[TAG_SWEEP_KEY] = self.sweep_key
         if not self.created_run:
             tags[MLFLOW_RUN_NAME] = study_run_name(spec)
         metrics = {"batch_size": spec.batch_size, "sparsity": spec.sparsity, "goal_error": spec.goal_error}
@@ -170,6 +189,8 @@ class StudyTracker:
                 TAG_STUDY_FAMILY: study_family(spec), TAG_WORKLOAD: spec.workload,
                 TAG_OPTIMIZER: spec.optimizer.value, TAG_SPARSITY: sparsity_tag(spec.sparsity),
                 TAG_BATCH_SIZE: str(spec.batch_size), TAG_VERSION: __version__}
+        if self.sweep_key:
+            tags[TAG_SWEEP_KEY] = self.sweep_key
         metrics = {f"hp/{k}": v for k, v in trial.metaparameters.items()}
         metrics.update({"batch_size": spec.batch_size, "sparsity": spec.sparsity})
         self._log(run_id, params=params, tags=tags, metrics=metrics)
@@ -201,19 +222,11 @@ class StudyTracker:
     # ---- plumbing --------------------------------------------------------------------------
     def _log(self, run_id: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
              metrics: dict[str, float] | None = None, step: int = 0) -> None:
-        timestamp = _now_ms()
-        metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
-        param_list = [Param(k, str(v)) for k, v in (params or {}).items()]
-        tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        # MLflow's limits per call: 1,000 metrics, 100 params, 100 tags.
-        while metric_list or param_list or tag_list:
-            self.client.log_batch(run_id, metrics=metric_list[:_BATCH_LIMIT], params=param_list[:100],
-                                  tags=tag_list[:100])
-            metric_list, param_list, tag_list = metric_list[_BATCH_LIMIT:], param_list[100:], tag_list[100:]
+        _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
 
 
-def resolve_experiment(client: MlflowClient, name: str | None, spec: StudySpec) -> str:
-    name = name or default_experiment_name(spec)
+def resolve_experiment(client: MlflowClient, name: str | None, default_name: str) -> str:
+    name = name or default_name
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage != "active":
@@ -248,3 +261,77 @@ def mark_refused(run_id: str, message: str) -> None:
         MlflowClient().set_tag(run_id, "edps.error", message[:5000])
     except MlflowException:
         pass
+
+
+class SweepTracker:
+    """The sweep run: the parent of the sweep's study runs."""
+
+    def __init__(self, client: MlflowClient, experiment_id: str, run_id: str) -> None:
+        self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
+
+    @classmethod
+    def open(cls, client: MlflowClient, experiment_id: str, existing_run_id: str | None, name: str) -> "SweepTracker":
+        """Continue the sweep's existing run (a resumed sweep), else ``MLFLOW_RUN_ID``, else a new run."""
+        try:
+            run_id = existing_run_id or os.environ.get("MLFLOW_RUN_ID")
+            if run_id:
+                if client.get_run(run_id).info.status != "RUNNING":
+                    client.update_run(run_id, status="RUNNING")
+            else:
+                run_id = client.create_run(experiment_id, tags={MLFLOW_RUN_NAME: name}).info.run_id
+        except MlflowException as error:
+            raise EdpsError(f"tracking store {client.tracking_uri}: {error.message.splitlines()[0]}") from None
+        return cls(client, experiment_id, run_id)
+
+    def log_start(self, sweep_key: str, workload: str, params: dict[str, Any], plan: dict[str, int]) -> None:
+        tags = {TAG_KIND: KIND_SWEEP, TAG_SWEEP_KEY: sweep_key, TAG_WORKLOAD: workload, TAG_VERSION: __version__}
+        existing = self.client.get_run(self.run_id).data.params
+        # A resumed sweep keeps its params; only new ones are written (MLflow forbids changing one).
+        new_params = {f"sweep.{k}": str(v) for k, v in params.items() if f"sweep.{k}" not in existing}
+        _log_batch(self.client, self.run_id, params=new_params, tags=tags,
+                   metrics={f"plan/{k}": v for k, v in plan.items()})
+
+    def mark_failed(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+    def finish(self, metrics: dict[str, float]) -> None:
+        _log_batch(self.client, self.run_id, metrics=metrics)
+        self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    def abort(self, interrupted: bool) -> None:
+        try:
+            self.client.set_terminated(self.run_id, RunStatus.to_string(
+                RunStatus.KILLED if interrupted else RunStatus.FAILED))
+        except MlflowException:
+            pass
+
+
+def _log_batch(client: MlflowClient, run_id: str, params: dict[str, Any] | None = None,
+               tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
+    timestamp = _now_ms()
+    metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
+    param_list = [Param(k, str(v)) for k, v in (params or {}).items()]
+    tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    # MLflow's limits per call: 1,000 metrics, 100 params, 100 tags.
+    while metric_list or param_list or tag_list:
+        client.log_batch(run_id, metrics=metric_list[:_BATCH_LIMIT], params=param_list[:100], tags=tag_list[:100])
+        metric_list, param_list, tag_list = metric_list[_BATCH_LIMIT:], param_list[100:], tag_list[100:]
+
+
+def client_for(tracking_uri: str | None) -> MlflowClient:
+    return MlflowClient(tracking_uri)
+
+
+def resolved_tracking_uri() -> str:
+    """The URI MLflow resolves right now (env var, else the default local store), made explicit
+    so that worker processes and other machines write to the same store."""
+    from mlflow.tracking import get_tracking_uri
+
+    return get_tracking_uri()
+
+
+def initialise_store(tracking_uri: str) -> None:
+    """Touch the store once so that its schema exists before parallel workers open it
+    (several processes creating a new sqlite store at once crash in MLflow's migration)."""
+    MlflowClient(tracking_uri).search_experiments(max_results=1)

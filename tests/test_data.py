@@ -113,7 +113,7 @@ def test_data_dir_resolution(tmp_path, monkeypatch):
 
 def test_digits_split_is_fixed_and_normalised():
     first, second = load_digits_splits(), load_digits_splits()
-    assert first.train_size == 1617 and first.validation_size == 180
+    assert first.train_size == 1618 and first.validation_size == 179
     assert torch.equal(first.validation_labels, second.validation_labels)
     assert abs(float(first.train_images.mean())) < 1e-4 and abs(float(first.train_images.std()) - 1) < 1e-3
 

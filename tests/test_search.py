@@ -27,9 +27,11 @@ def test_space_dimensions_per_optimizer():
 
 
 def test_ranges_and_inverse():
+    assert LEARNING_RATE.value(0.0) == pytest.approx(1e-4) and LEARNING_RATE.value(1.0) == pytest.approx(1.0)
+    # The original's reverse-log scale maps 0 to the top of the range.
+    assert MOMENTUM.value(0.0) == pytest.approx(0.9999) and MOMENTUM.value(1.0) == pytest.approx(0.9)
+    assert MOMENTUM.value(0.75) == pytest.approx(1 - 10 ** (0.75 * (-1 + 4) - 4))
     for dimension in (LEARNING_RATE, MOMENTUM):
-        assert dimension.value(0.0) == pytest.approx(dimension.low)
-        assert dimension.value(1.0) == pytest.approx(dimension.high)
         for unit in np.linspace(0, 1, 7):
             assert dimension.unit(dimension.value(unit)) == pytest.approx(unit, abs=1e-9)
     # 1 - momentum is log-uniform: the midpoint is the geometric mean of the gaps.

@@ -87,10 +87,15 @@ def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tupl
     return images, labels
 
 
-def load_mnist_splits(data_dir: str | Path | None, mean: float, std: float) -> DataSplits:
-    directory = resolve_data_dir(data_dir)
-    images, labels = load_idx_pair(directory, MNIST_TRAIN_FILES, "MNIST")
+def load_idx_splits(directory: Path, dataset: str, mean: float, std: float) -> DataSplits:
+    """MNIST-format training files (MNIST, Fashion-MNIST): /255, one global mean/std, 10% validation."""
+    images, labels = load_idx_pair(directory, MNIST_TRAIN_FILES, dataset)
     if images.shape[1:] != (28, 28):
-        raise EdpsError(f"MNIST images must be 28x28 for Simple-CNN, found {images.shape[1]}x{images.shape[2]}")
+        raise EdpsError(f"{dataset} images must be 28x28 for Simple-CNN, found {images.shape[1]}x{images.shape[2]}")
     scaled = (images.astype(np.float32) / 255.0)[:, None, :, :]
     return split_train_validation(scaled, labels.astype(np.int64), mean=mean, std=std)
+
+
+def load_mnist_splits(data_dir: str | Path | None, mean: float, std: float) -> DataSplits:
+    """MNIST from ``data_dir`` itself (kept for callers that point straight at the files)."""
+    return load_idx_splits(resolve_data_dir(data_dir), "MNIST", mean, std)

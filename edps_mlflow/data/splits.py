@@ -45,16 +45,36 @@ def split_train_validation(
     global statistics are used.
     """
     count = labels.shape[0]
-    order = np.random.default_rng(SPLIT_SEED).permutation(count)
-    validation_count = int(round(count * VALIDATION_FRACTION))
+    # The original's split: numpy RandomState(0) shuffles the indices, the first 10% validate.
+    order = np.arange(count)
+    np.random.RandomState(SPLIT_SEED).shuffle(order)
+    validation_count = int(count * VALIDATION_FRACTION)
     validation, train = order[:validation_count], order[validation_count:]
     train_images = images[train]
     if mean is None or std is None:
         mean, std = float(train_images.mean()), float(train_images.std())
+    return _normalised_splits(images, labels, train, validation, np.float32(mean), np.float32(std))
+
+
+def split_train_validation_per_channel(images: np.ndarray, labels: np.ndarray) -> DataSplits:
+    """As :func:`split_train_validation`, normalised by the training split's per-channel mean/std."""
+    count = labels.shape[0]
+    order = np.arange(count)
+    np.random.RandomState(SPLIT_SEED).shuffle(order)
+    validation_count = int(count * VALIDATION_FRACTION)
+    validation, train = order[:validation_count], order[validation_count:]
+    train_images = images[train]
+    mean = train_images.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+    std = train_images.std(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+    return _normalised_splits(images, labels, train, validation, mean, std)
+
+
+def _normalised_splits(images: np.ndarray, labels: np.ndarray, train: np.ndarray, validation: np.ndarray,
+                       mean: np.ndarray | np.float32, std: np.ndarray | np.float32) -> DataSplits:
     def normalise(x: np.ndarray) -> Tensor:
         return torch.from_numpy(((x - mean) / std).astype(np.float32))
     return DataSplits(
-        train_images=normalise(train_images),
+        train_images=normalise(images[train]),
         train_labels=torch.from_numpy(labels[train].astype(np.int64)),
         validation_images=normalise(images[validation]),
         validation_labels=torch.from_numpy(labels[validation].astype(np.int64)),

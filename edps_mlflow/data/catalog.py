@@ -1,0 +1,202 @@
+"""The paper's datasets: where their files live, their published checksums, status and download.
+
+Layout: each dataset in its own folder under the data directory (``--data-dir``, else
+``$EDPS_DATA_DIR``, else ``~/.cache/edps-mlflow/data``): ``mnist/``, ``fashion-mnist/``,
+``cifar10/``. Files placed directly in the data directory are found too.
+
+    edps data list
+    edps data download mnist
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable
+
+from edps_mlflow.data.cifar import ARCHIVE, ARCHIVE_FOLDER, TRAIN_BATCHES, load_cifar10_splits
+from edps_mlflow.data.idx import MNIST_TRAIN_FILES, load_idx_splits, resolve_data_dir
+from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.errors import EdpsError
+
+# A base URL that replaces the official hosts (an institutional mirror, or a test server).
+MIRROR_ENV = "EDPS_DATA_MIRROR"
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    urls: tuple[str, ...]
+    md5: str  # as published with the dataset
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    name: str
+    title: str
+    files: tuple[RemoteFile, ...]
+    # The files that, when present, make the dataset usable (any one group is enough).
+    alternatives: tuple[tuple[str, ...], ...]
+    load: Callable[[Path], DataSplits]
+
+
+def _idx_files(base_urls: tuple[str, ...], md5s: tuple[str, str]) -> tuple[RemoteFile, ...]:
+    names = [f"{stem}.gz" for stem in MNIST_TRAIN_FILES]
+    return tuple(RemoteFile(name, tuple(base + name for base in base_urls), md5) for name, md5 in zip(names, md5s))
+
+
+SOURCES: dict[str, DatasetSource] = {
+    "mnist": DatasetSource(
+        name="mnist", title="MNIST",
+        files=_idx_files(("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
+                         ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432")),
+        alternatives=(tuple(f"{s}.gz" for s in MNIST_TRAIN_FILES), MNIST_TRAIN_FILES),
+        load=lambda directory: load_idx_splits(directory, "MNIST", 0.1307, 0.3081),
+    ),
+    "fashion-mnist": DatasetSource(
+        name="fashion-mnist", title="Fashion-MNIST",
+        files=_idx_files(("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+                         ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe")),
+        alternatives=(tuple(f"{s}.gz" for s in MNIST_TRAIN_FILES), MNIST_TRAIN_FILES),
+        load=lambda directory: load_idx_splits(directory, "Fashion-MNIST", 0.2860, 0.3530),
+    ),
+    "cifar10": DatasetSource(
+        name="cifar10", title="CIFAR-10 (binary version)",
+        files=(RemoteFile(ARCHIVE, ("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",),
+                          "c32a1d4ab5d03f1284b67883e8d87530"),),
+        alternatives=((ARCHIVE,), tuple(f"{ARCHIVE_FOLDER}/{n}" for n in TRAIN_BATCHES), TRAIN_BATCHES),
+        load=load_cifar10_splits,
+    ),
+}
+
+
+class DatasetStatus(str, Enum):
+    PRESENT = "present"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    status: DatasetStatus
+    directory: Path
+    detail: str
+
+
+def get_source(name: str) -> DatasetSource:
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)}") from None
+
+
+def dataset_directory(source: DatasetSource, data_dir: str | Path | None) -> Path:
+    """``<data dir>/<dataset>``, or the data directory itself when the files lie there."""
+    root = resolve_data_dir(data_dir)
+    for candidate in (root / source.name, root):
+        if any(all((candidate / f).is_file() for f in group) for group in source.alternatives):
+            return candidate
+    return root / source.name
+
+
+def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
+    source = get_source(name)
+    directory = dataset_directory(source, data_dir)
+    if not directory.is_dir():
+        expected = " or ".join(", ".join(group) for group in source.alternatives[:2])
+        raise EdpsError(f"{source.title} data directory {directory} does not exist; put {expected} there "
+                        f"(`edps data download {name}` fetches them), or pass --data-dir / set EDPS_DATA_DIR")
+    return source.load(directory)
+
+
+def md5_of(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dataset_report(name: str, data_dir: str | Path | None) -> DatasetReport:
+    """Missing, corrupt (does not load) or present; present says whether checksums were verified."""
+    source = get_source(name)
+    directory = dataset_directory(source, data_dir)
+    if not any(all((directory / f).is_file() for f in group) for group in source.alternatives):
+        return DatasetReport(DatasetStatus.MISSING, directory, "no files")
+    try:
+        splits = source.load(directory)
+    except EdpsError as error:
+        return DatasetReport(DatasetStatus.CORRUPT, directory, str(error))
+    published = [f for f in source.files if (directory / f.name).is_file()]
+    differing = [f.name for f in published if md5_of(directory / f.name) != f.md5]
+    if differing:
+        check = f"loads, but {', '.join(differing)} differ from the published files (checksum)"
+    elif published:
+        check = "published checksums verified"
+    else:
+        check = "extracted files, structure checked (no published checksum to compare)"
+    return DatasetReport(DatasetStatus.PRESENT, directory,
+                         f"{splits.train_size} train / {splits.validation_size} validation; {check}")
+
+
+def _urls(remote: RemoteFile) -> tuple[str, ...]:
+    mirror = os.environ.get(MIRROR_ENV)
+    if mirror:
+        return (mirror.rstrip("/") + "/" + remote.name,)
+    return remote.urls
+
+
+def download(source: DatasetSource, data_dir: str | Path | None, timeout: float = 60.0,
+             report: Callable[[str], None] = print) -> Path:
+    """Fetch the official files into ``<data dir>/<dataset>``, verifying published checksums.
+
+    A file is moved into place only after its checksum matched; nothing half-written is left.
+    """
+    directory = resolve_data_dir(data_dir) / source.name
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        _download_files(source, directory, timeout, report)
+    except EdpsError:
+        if created and not any(directory.iterdir()):
+            directory.rmdir()
+        raise
+    return directory
+
+
+def _download_files(source: DatasetSource, directory: Path, timeout: float, report: Callable[[str], None]) -> None:
+    for remote in source.files:
+        target = directory / remote.name
+        if target.is_file() and md5_of(target) == remote.md5:
+            report(f"{remote.name}: already present, checksum verified")
+            continue
+        errors = []
+        for url in _urls(remote):
+            handle, partial = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=directory)
+            os.close(handle)
+            partial_path = Path(partial)
+            try:
+                report(f"{remote.name}: downloading {url}")
+                with urllib.request.urlopen(url, timeout=timeout) as response, partial_path.open("wb") as out:
+                    shutil.copyfileobj(response, out, 1 << 20)
+                actual = md5_of(partial_path)
+                if actual != remote.md5:
+                    errors.append(f"{url}: checksum mismatch (expected md5 {remote.md5}, got {actual})")
+                    continue
+                partial_path.replace(target)
+                report(f"{remote.name}: checksum verified")
+                break
+            except (urllib.error.URLError, OSError, ValueError) as error:
+                errors.append(f"{url}: {getattr(error, 'reason', error)}")
+            finally:
+                partial_path.unlink(missing_ok=True)
+        else:
+            raise EdpsError(f"could not fetch {remote.name} ({'; '.join(errors)}); download it by hand from "
+                            f"{remote.urls[0]} (md5 {remote.md5}) and put it in {directory}")
