@@ -41,16 +41,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A real `mlflow server` process over HTTP with proxied artifacts; yields its URL."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+def start_mlflow_server(root: Path, backend_uri: str | None = None) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts."""
     port = _free_port()
     environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts")],
+         "--backend-store-uri", backend_uri or f"sqlite:///{root / 'server.db'}",
+         "--artifacts-destination", str(root / "artifacts")],
         stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
     )
     url = f"http://127.0.0.1:{port}"
@@ -59,20 +58,29 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> str:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
-                    break
+                    return process, url
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
-    yield url
+
+
+def stop_process(process: subprocess.Popen) -> None:
     process.terminate()
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
-    log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A real `mlflow server` process over HTTP, shared by the session; yields its URL."""
+    process, url = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+    yield url
+    stop_process(process)
 
 
 def run_edps(args: list[str], cwd: Path, timeout: float = 300, **environment: str) -> subprocess.CompletedProcess:

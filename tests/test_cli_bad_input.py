@@ -55,6 +55,37 @@ def test_bad_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkey
     assert not db.exists() or _runs_in_store(sqlite_uri) == 0
 
 
+SWEEP_CASES = [
+    (["--batch-sizes", "3..64"], "power-of-two range"),
+    (["--batch-sizes", "16,abc"], "batch sizes must be a list"),
+    (["--batch-sizes", "16,16"], "batch sizes repeat a value"),
+    (["--batch-sizes", "4096"], "batch size 4096 exceeds the 1618 training examples"),
+    (["--sparsities", "0,1.5"], "sparsity must be in [0, 1), got 1.5"),
+    (["--optimizers", "sgd,adam"], "unknown optimizer 'adam'"),
+    (["--executor", "spark"], "'spark' is not one of 'local', 'ray'"),
+    (["--workers", "0"], "workers must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("arguments,message", SWEEP_CASES)
+def test_bad_sweep_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkeypatch, capsys):
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", "--batch-sizes", "16", *arguments] if arguments[0] != "--batch-sizes" else ["sweep", *arguments])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edps: error: ") and message in lines[0], lines
+    db = Path(sqlite_uri.removeprefix("sqlite:///"))
+    assert not db.exists() or _runs_in_store(sqlite_uri) == 0
+
+
+def test_status_of_an_unknown_experiment(sqlite_uri, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--experiment", "nothing-here"])
+    assert exit_info.value.code == 2
+    assert "no experiment named 'nothing-here'" in capsys.readouterr().err
+
+
 def test_missing_data_directory_is_refused_by_the_real_command(tmp_path):
     """The console entry point in a real process (it re-executes itself with the allocator settings)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

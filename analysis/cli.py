@@ -1,0 +1,234 @@
+"""``edps-analyze``: tables, fits, figures and reports from the tracking store or a CSV. It never trains.
+
+    edps-analyze table  --experiment edps/digits-simple-cnn
+    edps-analyze fit    --experiment edps/digits-simple-cnn --format json
+    edps-analyze plot   --experiment 'edps/*' --out-dir figures
+    edps-analyze report --experiment edps/digits-simple-cnn --output report.html --log-to-mlflow
+    edps-analyze export --experiment edps/digits-simple-cnn --output steps.csv
+    edps-analyze fit    --csv steps.csv [--trials-csv trials.csv]
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import pandas as pd
+
+from edps_mlflow.errors import EdpsError
+
+
+def _source_options(command: Callable) -> Callable:
+    @click.option("--tracking-uri", default=None, help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db).")
+    @click.option("--experiment", "experiments", multiple=True, help="Experiment name or glob pattern (repeatable).")
+    @click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead.")
+    @click.option("--workload", default=None, help="Only this workload.")
+    @click.option("--optimizer", default=None, help="Only this optimizer.")
+    @click.option("--sparsity", "sparsities", multiple=True, type=float, help="Only these sparsities (repeatable).")
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def _load(tracking_uri: str | None, experiments: tuple[str, ...], csv_path: str | None, workload: str | None,
+          optimizer: str | None, sparsities: tuple[float, ...]) -> tuple[pd.DataFrame, str]:
+    from analysis.load import load_studies, read_csv
+
+    if csv_path:
+        table, source = read_csv(csv_path), f"CSV {csv_path}"
+    else:
+        table = load_studies(experiments, tracking_uri)
+        source = f"experiment(s) {', '.join(experiments)}"
+    # Numbers are filtered here, in pandas: MLflow compares params and tags only as strings.
+    if workload:
+        table = table[table["workload"] == workload]
+    if optimizer:
+        table = table[table["optimizer"] == optimizer]
+    if sparsities:
+        table = table[table["sparsity"].round(6).isin([round(s, 6) for s in sparsities])]
+    if table.empty:
+        raise EdpsError("no studies left after the filters")
+    return table.reset_index(drop=True), source
+
+
+def _trials(table: pd.DataFrame, tracking_uri: str | None, trials_csv: str | None, bootstrap: int) -> pd.DataFrame | None:
+    from analysis.load import TRIAL_COLUMNS, load_trials, read_csv
+
+    if bootstrap <= 0:
+        return None
+    if trials_csv:
+        return read_csv(trials_csv, columns=TRIAL_COLUMNS)
+    if table["study_run_id"].notna().any():
+        return load_trials(table, tracking_uri)
+    return None
+
+
+def _emit(frame: pd.DataFrame, output_format: str, human: str) -> None:
+    if output_format == "csv":
+        click.echo(frame.to_csv(index=False), nl=False)
+    elif output_format == "json":
+        click.echo(json.dumps(json.loads(frame.to_json(orient="records")), indent=2))
+    else:
+        click.echo(human)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Analyse steps-to-result measurements: regimes, fits, figures, reports."""
+
+
+@cli.command()
+@_source_options
+@click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
+def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, output_format) -> None:
+    """The steps-to-result grid (batch size x sparsity) per workload and optimizer."""
+    from analysis.report import steps_grids
+
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}" for (w, o), grid in steps_grids(studies).items())
+    _emit(studies, output_format, human)
+
+
+def _fit_options(command: Callable) -> Callable:
+    @click.option("--tolerance", type=float, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
+    @click.option("--bootstrap", type=int, default=200, show_default=True, help="Bootstrap resamples (0: no intervals).")
+    @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+    @click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes for intervals with --csv.")
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not 0 < kwargs["tolerance"] < 10:
+            raise EdpsError(f"tolerance must be a positive fraction such as 0.2, got {kwargs['tolerance']}")
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def _fits(studies: pd.DataFrame, tracking_uri, trials_csv, bootstrap, seed, tolerance) -> pd.DataFrame:
+    from analysis.regimes import fit_table
+
+    return fit_table(studies, _trials(studies, tracking_uri, trials_csv, bootstrap), tolerance, bootstrap, seed)
+
+
+@cli.command()
+@_source_options
+@_fit_options
+@click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--log-to-mlflow", is_flag=True, help="Record the fit table on an analysis run.")
+def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed, trials_csv,
+        output_format, log_to_mlflow) -> None:
+    """S_min, B_crit and the regime boundaries per curve, with bootstrap intervals."""
+    from analysis.report import fit_summary
+
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
+    _emit(fits, output_format, fit_summary(fits).to_string(index=False))
+    if log_to_mlflow:
+        _publish(tracking_uri, experiments, studies, {"fit": fits}, [])
+
+
+@cli.command()
+@_source_options
+@click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where figures go.")
+@click.option("--tolerance", type=float, default=0.2, show_default=True)
+@click.option("--log-to-mlflow", is_flag=True, help="Record the figures on an analysis run.")
+def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, out_dir, tolerance, log_to_mlflow) -> None:
+    """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity."""
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    figures = _figures(studies, Path(out_dir), tolerance)
+    for path in (p for paths in figures.values() for p in paths):
+        click.echo(str(path))
+    if log_to_mlflow:
+        _publish(tracking_uri, experiments, studies, {}, [p for paths in figures.values() for p in paths])
+
+
+def _figures(studies: pd.DataFrame, directory: Path, tolerance: float) -> dict[tuple[str, str], list[Path]]:
+    from analysis.plots import comparison_figures, steps_figure
+    from analysis.regimes import sparsity_comparison
+
+    comparison = sparsity_comparison(studies)
+    figures = {}
+    for (workload, optimizer), _ in studies.groupby(["workload", "optimizer"], sort=True):
+        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance)
+                                          + comparison_figures(comparison, workload, optimizer, directory))
+    return figures
+
+
+@cli.command()
+@_source_options
+@_fit_options
+@click.option("--output", default="report.md", show_default=True, type=click.Path(),
+              help="Report file: .md for Markdown, .html for HTML; figures go beside it.")
+@click.option("--log-to-mlflow", is_flag=True, help="Record the report, tables and figures on an analysis run.")
+def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
+           trials_csv, output, log_to_mlflow) -> None:
+    """One report file with the grids, the fits and the figures."""
+    from analysis.regimes import sparsity_comparison
+    from analysis.report import steps_grids, write_report
+
+    path = Path(output)
+    if path.suffix.lower() not in (".md", ".html", ".htm"):
+        raise EdpsError(f"report output must end in .md or .html, got {output!r}")
+    studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance)
+    write_report(path, steps_grids(studies), fits, figures, source, tolerance)
+    click.echo(f"report written to {path}")
+    if log_to_mlflow:
+        files = [path] + [p for paths in figures.values() for p in paths]
+        _publish(tracking_uri, experiments, studies,
+                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies)}, files)
+
+
+@cli.command()
+@_source_options
+@click.option("--output", default=None, type=click.Path(), help="CSV file (default: standard output).")
+def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, output) -> None:
+    """The study table as CSV (the columns that --csv reads back)."""
+    from analysis.load import write_csv
+
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    text = write_csv(studies, output)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo(f"{len(studies)} studies written to {output}")
+
+
+def _publish(tracking_uri, experiments, studies, tables, files) -> None:
+    import contextlib
+
+    from analysis.publish import log_analysis
+
+    # The analysis run goes next to its studies: their experiment when they share one.
+    names = [n for n in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
+    experiment = names[0] if len(names) == 1 else next(
+        (e for e in experiments if not any(c in e for c in "*?[")), "edps/analysis")
+    # MLflow prints links when a run ends; keep standard output clean for csv/json consumers.
+    with contextlib.redirect_stdout(sys.stderr):
+        run_id = log_analysis(tracking_uri, experiment, studies, tables, files)
+    click.echo(f"analysis logged to MLflow run {run_id} in experiment {experiment!r}", err=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="edps-analyze", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("edps-analyze: interrupted", err=True)
+        sys.exit(130)
+    except click.UsageError as error:
+        click.echo(f"edps-analyze: error: {error.format_message()}", err=True)
+        sys.exit(2)
+    except EdpsError as error:
+        click.echo(f"edps-analyze: error: {error}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Figures from tidy tables only (no MLflow, no training): PNG and SVG, readable in print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.regimes import InsufficientData, fit_hyperbola, regime_boundaries  # noqa: E402
+
+REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
+
+
+def _log2_axes(axis: plt.Axes, ylabel: str) -> None:
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set_xlabel("batch size (examples per step)")
+    axis.set_ylabel(ylabel)
+    axis.grid(True, which="major", alpha=0.3)
+
+
+def _save(figure: plt.Figure, directory: Path, stem: str) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for suffix in ("png", "svg"):
+        path = directory / f"{stem}.{suffix}"
+        figure.savefig(path, dpi=150 if suffix == "png" else None, bbox_inches="tight")
+        paths.append(path)
+    plt.close(figure)
+    return paths
+
+
+def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2) -> list[Path]:
+    """log2-log2 steps-to-result against batch size, one line per sparsity, fitted hyperbolas dashed,
+    regimes of the densest curve shaded."""
+    group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
+    figure, axis = plt.subplots(figsize=(6.4, 4.6))
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
+    shaded = False
+    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
+        curve = curve.sort_values("batch_size")
+        b = curve["batch_size"].to_numpy(dtype=float)
+        s = curve["steps_to_result"].to_numpy(dtype=float)
+        valid = np.isfinite(s)
+        axis.plot(b[valid], s[valid], "o-", color=colour, label=f"sparsity {sparsity:g}", linewidth=1.6)
+        try:
+            fit = fit_hyperbola(b, s)
+            grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
+            axis.plot(grid, fit.steps(grid), "--", color=colour, linewidth=1.0, alpha=0.8)
+        except InsufficientData:
+            pass
+        if not shaded:
+            try:
+                bounds = regime_boundaries(b, s, tolerance)
+            except InsufficientData:
+                continue
+            low, high = b[valid].min(), b[valid].max()
+            end = bounds.perfect_scaling_end or high
+            start = bounds.maximal_parallelism_start or high
+            axis.axvspan(low, end, color=REGIME_COLOURS["perfect scaling"], zorder=0, label="perfect scaling")
+            if start > end:
+                axis.axvspan(end, start, color=REGIME_COLOURS["diminishing returns"], zorder=0,
+                             label="diminishing returns")
+            if bounds.maximal_parallelism_start is not None:
+                axis.axvspan(start, high, color=REGIME_COLOURS["maximal data parallelism"], zorder=0,
+                             label="maximal data parallelism")
+            shaded = True
+    _log2_axes(axis, "steps to result")
+    axis.set_title(f"{workload}, {optimizer}: steps to reach the goal\n(dashed: fitted S_min (1 + B_crit / B); "
+                   f"shading: regimes of the densest curve)", fontsize=9)
+    axis.legend(fontsize=8, loc="upper right", framealpha=0.9)
+    return _save(figure, directory, f"steps_{workload}_{optimizer}")
+
+
+def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, directory: Path) -> list[Path]:
+    """Curves normalised by their first point, and steps relative to the dense curve."""
+    group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
+    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
+        curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
+        left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=f"sparsity {sparsity:g}")
+        right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=f"sparsity {sparsity:g}")
+    _log2_axes(left, "steps / steps at the smallest batch size")
+    left.set_title("normalised curves (same shape: same scaling)", fontsize=9)
+    right.set_xscale("log", base=2)
+    right.set_xlabel("batch size (examples per step)")
+    right.set_ylabel("steps relative to the dense network")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.grid(True, alpha=0.3)
+    right.set_title("cost of sparsity at each batch size", fontsize=9)
+    for axis in (left, right):
+        axis.legend(fontsize=8, framealpha=0.9)
+    figure.suptitle(f"{workload}, {optimizer}", fontsize=10)
+    figure.tight_layout()
+    return _save(figure, directory, f"sparsity_{workload}_{optimizer}")

@@ -1,0 +1,45 @@
+"""``--log-to-mlflow``: the analysis tables and figures as artifacts of an analysis run.
+
+The run (``edps.kind=analysis``) is tagged with the study runs it used (``edps.analysis.study_runs``,
+and the full list in ``used_study_runs.txt``), so the figures sit next to the runs in the MLflow UI.
+Under ``mlflow run -e analyze`` the run that MLflow created is the analysis run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+
+def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                 files: list[Path]) -> str:
+    from mlflow.entities import RunStatus
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    client = MlflowClient(tracking_uri)
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        run_id = client.create_run(experiment_id, tags={MLFLOW_RUN_NAME: "analysis"}).info.run_id
+    used = [r for r in studies.get("study_run_id", pd.Series(dtype=str)).dropna().astype(str)]
+    client.set_tag(run_id, "edps.kind", "analysis")
+    client.set_tag(run_id, "edps.analysis.study_runs", ",".join(used)[:4900])
+    client.set_tag(run_id, "edps.analysis.study_count", str(len(used)))
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, table in tables.items():
+            path = Path(scratch) / f"{name}.csv"
+            table.to_csv(path, index=False)
+            client.log_artifact(run_id, str(path))
+        listing = Path(scratch) / "used_study_runs.txt"
+        listing.write_text("\n".join(used) + "\n")
+        client.log_artifact(run_id, str(listing))
+    for path in files:
+        client.log_artifact(run_id, str(path), artifact_path="figures" if path.suffix in (".png", ".svg") else None)
+    if not os.environ.get("MLFLOW_RUN_ID"):
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run_id

@@ -1,0 +1,217 @@
+"""Fits of steps-to-result curves: the hyperbola, the regime boundaries, and their uncertainty.
+
+- Hyperbola S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018; the form of the paper's bound
+  K(B) ~ a/B + b with S_min = b, B_crit = a/b), fitted by least squares in log space.
+- Boundaries, model-free on the measured points: perfect scaling ends at the first batch size
+  whose steps exceed ideal linear scaling from the smallest batch size by more than ``tolerance``
+  (Zhang et al. 2024 use 20%); maximal data parallelism starts at the smallest batch size from
+  which every larger one stays within ``tolerance`` of the largest batch size's steps. In between:
+  diminishing returns. The local slope of log S against log B is reported too (about -1, then 0).
+- A bootstrap over trials: resample each study's trials with replacement, take the minimum over
+  the reaching ones, refit. The minimum's bootstrap distribution lies entirely above the estimate,
+  so S_min and B_crit get basic (reflected) intervals; boundaries, which are grid values, get
+  percentile intervals. Superseded trials (exact early stopping) are known only to be slower than
+  the best, so resamples without a reaching trial drop that point: use ``full_trials=true`` studies
+  for intervals that need every trial's outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+MIN_POINTS = 3
+CURVE_KEYS = ("workload", "optimizer", "sparsity")
+
+
+class InsufficientData(ValueError):
+    """A curve with too few points for a meaningful fit."""
+
+
+@dataclass(frozen=True)
+class HyperbolaFit:
+    s_min: float
+    b_crit: float
+    rmse_log: float  # root mean square residual of log S (natural log)
+    r2_log: float
+
+    def steps(self, batch_size: np.ndarray | float) -> np.ndarray | float:
+        return self.s_min * (1.0 + self.b_crit / np.asarray(batch_size, dtype=float))
+
+
+@dataclass(frozen=True)
+class Boundaries:
+    perfect_scaling_end: int | None  # first batch size beyond perfect scaling (None: never left)
+    maximal_parallelism_start: int | None  # None: no plateau within the measured range
+
+
+def _points(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    batch_sizes, steps = np.asarray(batch_sizes, dtype=float), np.asarray(steps, dtype=float)
+    keep = np.isfinite(steps) & (steps > 0)
+    order = np.argsort(batch_sizes[keep])
+    return batch_sizes[keep][order], steps[keep][order]
+
+
+def fit_hyperbola(batch_sizes: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
+    b, s = _points(batch_sizes, steps)
+    if len(b) < MIN_POINTS:
+        raise InsufficientData(f"{len(b)} batch sizes with a result; a fit needs at least {MIN_POINTS}")
+    log_b, log_s = np.log(b), np.log(s)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        log_s_min, log_b_crit = theta
+        return log_s_min + np.logaddexp(0.0, log_b_crit - log_b) - log_s
+
+    # Start from the plateau (largest batch) and the crossing of the two asymptotes.
+    start = np.array([log_s[-1], np.log(max(b[0], min(b[-1], s[0] * b[0] / s[-1])))])
+    result = least_squares(residuals, start, method="lm")
+    fitted = residuals(result.x)
+    total = float(np.sum((log_s - log_s.mean()) ** 2))
+    return HyperbolaFit(s_min=float(np.exp(result.x[0])), b_crit=float(np.exp(result.x[1])),
+                        rmse_log=float(np.sqrt(np.mean(fitted ** 2))),
+                        r2_log=float(1.0 - np.sum(fitted ** 2) / total) if total > 0 else float("nan"))
+
+
+def regime_boundaries(batch_sizes: np.ndarray, steps: np.ndarray, tolerance: float = 0.2) -> Boundaries:
+    b, s = _points(batch_sizes, steps)
+    if len(b) < 2:
+        raise InsufficientData(f"{len(b)} batch sizes with a result; boundaries need at least 2")
+    ideal = s[0] * b[0] / b
+    beyond = np.nonzero(s > (1.0 + tolerance) * ideal)[0]
+    perfect_end = int(b[beyond[0]]) if len(beyond) else None
+    plateau = s[-1]
+    within = s <= (1.0 + tolerance) * plateau
+    start = len(b) - 1
+    while start > 0 and within[start - 1]:
+        start -= 1
+    # A plateau needs at least two points in it; a single last point is not one.
+    maximal_start = int(b[start]) if start < len(b) - 1 else None
+    return Boundaries(perfect_end, maximal_start)
+
+
+def local_slopes(batch_sizes: np.ndarray, steps: np.ndarray) -> list[tuple[int, int, float]]:
+    """(B_i, B_i+1, d log S / d log B) between consecutive measured points."""
+    b, s = _points(batch_sizes, steps)
+    return [(int(b[i]), int(b[i + 1]), float(np.log(s[i + 1] / s[i]) / np.log(b[i + 1] / b[i])))
+            for i in range(len(b) - 1)]
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float | None
+    high: float | None
+
+
+def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: int = 0, tolerance: float = 0.2,
+              estimate: HyperbolaFit | None = None) -> dict[str, Interval]:
+    """95% intervals for S_min, B_crit and the boundaries by resampling each study's trials."""
+    rng = np.random.default_rng(seed)
+    samples: dict[str, list[float]] = {"s_min": [], "b_crit": [], "perfect_scaling_end": [],
+                                       "maximal_parallelism_start": []}
+    prepared = {}
+    for batch_size, trials in curve_trials.items():
+        reached = trials["status"].eq("reached").to_numpy()
+        steps = pd.to_numeric(trials["steps_to_result"], errors="coerce").to_numpy(dtype=float)
+        prepared[batch_size] = (reached, steps)
+    for _ in range(repeats):
+        sizes, minima = [], []
+        for batch_size, (reached, steps) in prepared.items():
+            if len(reached) == 0:
+                continue
+            pick = rng.integers(0, len(reached), len(reached))
+            chosen = steps[pick][reached[pick]]
+            if len(chosen):
+                sizes.append(batch_size)
+                minima.append(float(chosen.min()))
+        sizes_array, minima_array = np.array(sizes, dtype=float), np.array(minima)
+        try:
+            fit = fit_hyperbola(sizes_array, minima_array)
+            samples["s_min"].append(fit.s_min)
+            samples["b_crit"].append(fit.b_crit)
+        except InsufficientData:
+            pass
+        try:
+            bounds = regime_boundaries(sizes_array, minima_array, tolerance)
+            samples["perfect_scaling_end"].append(bounds.perfect_scaling_end or math.nan)
+            samples["maximal_parallelism_start"].append(bounds.maximal_parallelism_start or math.nan)
+        except InsufficientData:
+            pass
+    intervals = {}
+    for name, values in samples.items():
+        array = np.array(values, dtype=float)
+        array = array[np.isfinite(array)]
+        if len(array) < max(10, repeats // 4):
+            intervals[name] = Interval(None, None)
+            continue
+        if name in ("s_min", "b_crit"):
+            low, high = np.percentile(array, [2.5, 97.5])
+        else:  # grid values: keep the interval on the grid
+            low, high = np.percentile(array, 2.5, method="lower"), np.percentile(array, 97.5, method="higher")
+        if name in ("s_min", "b_crit") and estimate is not None:
+            # Basic (reflected) interval in log space: the statistic is a minimum (see module doc).
+            centre = math.log(getattr(estimate, name))
+            low, high = math.exp(2 * centre - math.log(high)), math.exp(2 * centre - math.log(low))
+        intervals[name] = Interval(float(low), float(high))
+    return intervals
+
+
+def curves(table: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """Study rows grouped per curve (workload, optimizer, sparsity), sorted by batch size."""
+    return {key: group.sort_values("batch_size") for key, group in table.groupby(list(CURVE_KEYS), sort=True)}
+
+
+def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance: float = 0.2,
+              repeats: int = 200, seed: int = 0) -> pd.DataFrame:
+    """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
+    rows = []
+    for (workload, optimizer, sparsity), group in curves(table).items():
+        row: dict = {"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                     "points": int(group["steps_to_result"].notna().sum()), "note": ""}
+        b, s = group["batch_size"].to_numpy(), group["steps_to_result"].to_numpy(dtype=float)
+        fit = None
+        try:
+            fit = fit_hyperbola(b, s)
+            row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "rmse_log": fit.rmse_log, "r2_log": fit.r2_log})
+        except InsufficientData as error:
+            row["note"] = f"no fit: {error}"
+        try:
+            bounds = regime_boundaries(b, s, tolerance)
+            row.update({"perfect_scaling_end": bounds.perfect_scaling_end,
+                        "maximal_parallelism_start": bounds.maximal_parallelism_start})
+        except InsufficientData:
+            pass
+        row["slopes"] = " ".join(f"{lo}-{hi}:{slope:+.2f}" for lo, hi, slope in local_slopes(b, s))
+        if trials is not None and fit is not None and len(trials):
+            by_size = {int(bs): trials[trials["study_key"] == key]
+                       for bs, key in zip(group["batch_size"], group["study_key"])}
+            by_size = {bs: t for bs, t in by_size.items() if len(t)}
+            if len(by_size) >= MIN_POINTS:
+                for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
+                    row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+            else:
+                row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
+    normalised by its own first (smallest batch size) point."""
+    rows = []
+    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
+        dense = group[group["sparsity"] == 0.0].set_index("batch_size")["steps_to_result"]
+        for sparsity, curve in group.groupby("sparsity", sort=True):
+            curve = curve.sort_values("batch_size")
+            valid = curve["steps_to_result"].dropna()
+            first = float(valid.iloc[0]) if len(valid) else math.nan
+            for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
+                reference = dense.get(batch_size, math.nan)
+                rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                             "batch_size": int(batch_size), "steps_to_result": steps,
+                             "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
+                             "normalised_by_first": steps / first if first else math.nan})
+    return pd.DataFrame(rows)

@@ -1,0 +1,98 @@
+"""Text renderings of the analysis tables, and the one-file report (Markdown or HTML)."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import pandas as pd
+
+
+def _number(value: object, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, (int,)) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1):
+        return str(int(value))
+    return f"{value:.{digits}g}"
+
+
+def steps_grids(table: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
+    """Per (workload, optimizer): batch size down, sparsity across, steps-to-result in the cells."""
+    grids = {}
+    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
+        grid = group.pivot_table(index="batch_size", columns="sparsity", values="steps_to_result", aggfunc="min")
+        grid = grid.reindex(sorted(group["batch_size"].unique()))
+        grid.columns = [f"sparsity {c:g}" for c in grid.columns]
+        grid.index.name = "batch size"
+        grids[(workload, optimizer)] = grid.map(_number)
+    return grids
+
+
+def _with_interval(row: pd.Series, name: str) -> str:
+    value = _number(row.get(name))
+    low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
+    if low is None or high is None or (isinstance(low, float) and math.isnan(low)):
+        return value
+    return f"{value} [{_number(low)}, {_number(high)}]"
+
+
+def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
+    """The fit table for people: values with their 95% intervals in brackets."""
+    rows = []
+    for _, row in fits.iterrows():
+        rows.append({
+            "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
+            "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
+            "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
+            "perfect scaling ends at": _with_interval(row, "perfect_scaling_end"),
+            "maximal parallelism from": _with_interval(row, "maximal_parallelism_start"),
+            "note": row.get("note", "") or "",
+        })
+    return pd.DataFrame(rows)
+
+
+def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
+    if index:
+        frame = frame.reset_index()
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.astype(str).itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tuple[str, str], list[Path]],
+                 source: str, tolerance: float) -> Path:
+    """One Markdown (.md) or HTML (.html) file; figures are referenced relative to it."""
+    summary = fit_summary(fits)
+    sections = []
+    for (workload, optimizer), grid in grids.items():
+        pngs = [p for p in figures.get((workload, optimizer), []) if p.suffix == ".png"]
+        sections.append((f"{workload}, {optimizer}", grid,
+                         summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)],
+                         [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in pngs]))
+    intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
+             f"space; boundaries with a {tolerance:.0%} tolerance (perfect scaling ends where steps exceed ideal "
+             f"linear scaling from the smallest batch size; maximal data parallelism starts where steps stay within "
+             f"the tolerance of the largest batch size). Brackets: 95% bootstrap intervals over trials.")
+    if path.suffix.lower() in (".html", ".htm"):
+        parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
+                 "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
+                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+                 "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
+        for title, grid, fit, pngs in sections:
+            parts.append(f"<h2>{html.escape(title)}</h2>")
+            parts.extend(f"<img src='{html.escape(str(p))}' style='max-width:100%'>" for p in pngs)
+            parts.append("<h3>Steps to result</h3>" + grid.to_html())
+            parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
+        parts.append("</body></html>")
+        path.write_text("\n".join(parts))
+    else:
+        parts = ["# Steps-to-result report", "", intro, ""]
+        for title, grid, fit, pngs in sections:
+            parts += [f"## {title}", ""]
+            parts += [f"![{title}]({p})" for p in pngs]
+            parts += ["", "### Steps to result", "", markdown_table(grid, index=True), "", "### Fits", "",
+                      markdown_table(fit), ""]
+        path.write_text("\n".join(parts))
+    return path

@@ -1,0 +1,186 @@
+"""The analysis: fits on synthetic curves, checked-in CSV fixtures, figures, and the CLI against a
+real `mlflow server` holding studies logged by the real training code."""
+
+import json
+import math
+import struct
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from analysis.cli import main
+from analysis.load import read_csv
+from analysis.regimes import (
+    InsufficientData,
+    bootstrap,
+    fit_hyperbola,
+    fit_table,
+    local_slopes,
+    regime_boundaries,
+    sparsity_comparison,
+)
+
+from conftest import run_edps
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BATCH_SIZES = 2.0 ** np.arange(1, 15)
+
+
+def _synthetic(s_min: float, b_crit: float, noise: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return s_min * (1 + b_crit / BATCH_SIZES) * np.exp(rng.normal(0, noise, len(BATCH_SIZES)))
+
+
+@pytest.mark.parametrize("s_min,b_crit", [(1000.0, 256.0), (300.0, 40.0), (5000.0, 2000.0)])
+def test_hyperbola_is_recovered_within_a_few_percent(s_min, b_crit):
+    for seed in range(5):
+        fit = fit_hyperbola(BATCH_SIZES, _synthetic(s_min, b_crit, 0.05, seed))
+        assert fit.s_min == pytest.approx(s_min, rel=0.08)
+        assert fit.b_crit == pytest.approx(b_crit, rel=0.12)
+        assert fit.r2_log > 0.99 and fit.rmse_log < 0.1
+
+
+@pytest.mark.parametrize("b_crit", [64.0, 256.0, 1024.0])
+def test_boundaries_within_one_power_of_two(b_crit):
+    # Exact curve: perfect scaling ends where (B + b_crit) / (2 + b_crit) > 1.2, and the plateau starts where
+    # 1 + b_crit / B <= 1.2 (1 + b_crit / B_max).
+    true_end = 2 ** math.ceil(math.log2(0.2 * (2 + b_crit) + 1e-9))
+    b_max = BATCH_SIZES[-1]
+    true_start = 2 ** math.ceil(math.log2(b_crit / (1.2 * (1 + b_crit / b_max) - 1)))
+    for seed in range(5):
+        bounds = regime_boundaries(BATCH_SIZES, _synthetic(1000.0, b_crit, 0.03, seed), tolerance=0.2)
+        assert abs(math.log2(bounds.perfect_scaling_end) - math.log2(true_end)) <= 1
+        assert abs(math.log2(bounds.maximal_parallelism_start) - math.log2(true_start)) <= 1
+
+
+def test_local_slopes_go_from_minus_one_to_zero():
+    slopes = [s for _, _, s in local_slopes(BATCH_SIZES, 1000 * (1 + 256 / BATCH_SIZES))]
+    assert slopes[0] == pytest.approx(-1, abs=0.05) and slopes[-1] == pytest.approx(0, abs=0.05)
+
+
+def test_too_few_points_is_said_clearly():
+    with pytest.raises(InsufficientData, match="2 batch sizes with a result; a fit needs at least 3"):
+        fit_hyperbola(np.array([2, 4, 8]), np.array([100, 50, np.nan]))
+    table = pd.DataFrame({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": [2, 4],
+                          "steps_to_result": [100.0, 50.0], "study_key": ["a", "b"]})
+    assert fit_table(table, repeats=0)["note"].iloc[0].startswith("no fit: 2 batch sizes")
+
+
+def test_bootstrap_intervals_cover_the_truth_in_most_repetitions():
+    s_min, b_crit, covered = 1000.0, 256.0, {"s_min": 0, "b_crit": 0}
+    repetitions = 12
+    for repetition in range(repetitions):
+        rng = np.random.default_rng(100 + repetition)
+        trials, minima = {}, []
+        for b in BATCH_SIZES:
+            steps = s_min * (1 + b_crit / b) * np.exp(np.abs(rng.normal(0, 0.3, 16)))
+            trials[int(b)] = pd.DataFrame({"status": "reached", "steps_to_result": steps})
+            minima.append(steps.min())
+        estimate = fit_hyperbola(BATCH_SIZES, np.array(minima))
+        intervals = bootstrap(trials, repeats=150, seed=repetition, estimate=estimate)
+        covered["s_min"] += intervals["s_min"].low <= s_min <= intervals["s_min"].high
+        covered["b_crit"] += intervals["b_crit"].low <= b_crit <= intervals["b_crit"].high
+    assert covered["s_min"] >= 0.6 * repetitions and covered["b_crit"] >= 0.6 * repetitions, covered
+
+
+def test_checked_in_fixture_fit_and_sparsity_comparison():
+    table = read_csv(FIXTURES / "synthetic_steps.csv")
+    trials = read_csv(FIXTURES / "synthetic_trials.csv", columns=("study_key", "trial_index", "status",
+                                                                     "steps_to_result", "steps_trained"))
+    fits = fit_table(table, trials, repeats=100).set_index("sparsity")
+    truth = {0.0: (900.0, 300.0), 0.5: (1300.0, 300.0), 0.9: (2600.0, 400.0)}
+    for sparsity, (s_min, b_crit) in truth.items():
+        assert fits.loc[sparsity, "s_min"] == pytest.approx(s_min, rel=0.08)
+        assert fits.loc[sparsity, "b_crit"] == pytest.approx(b_crit, rel=0.15)
+        assert fits.loc[sparsity, "s_min_low"] <= fits.loc[sparsity, "s_min"] <= fits.loc[sparsity, "s_min_high"]
+    comparison = sparsity_comparison(table)
+    dense = comparison[comparison["sparsity"] == 0.0]
+    assert np.allclose(dense["relative_to_dense"], 1.0)
+    sparse = comparison[comparison["sparsity"] == 0.9]
+    assert (sparse["relative_to_dense"] > 1.5).all()  # sparse networks need more steps at every batch size
+    assert sparse.sort_values("batch_size")["normalised_by_first"].iloc[0] == 1.0
+
+
+@pytest.mark.parametrize("fixture,message", [
+    ("bad_types.csv", "column batch_size must be numeric; row 4 has 'sixteen'"),
+    ("missing_column.csv", "lacks the column(s) steps_to_result"),
+    ("nonexistent.csv", "no such CSV file"),
+])
+def test_bad_csv_is_refused_in_one_line(fixture, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--csv", str(FIXTURES / fixture)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_unreachable_server_and_unknown_experiment(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["table", "--tracking-uri", "http://127.0.0.1:9", "--experiment", "x"])
+    assert exit_info.value.code == 2
+    assert "cannot reach the tracking store http://127.0.0.1:9" in capsys.readouterr().err
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    MlflowClient(uri).create_experiment("empty")
+    for name, message in (("nope", "no experiment matches 'nope'"), ("empty", "hold no finished study runs")):
+        with pytest.raises(SystemExit):
+            main(["table", "--tracking-uri", uri, "--experiment", name])
+        assert message in capsys.readouterr().err
+
+
+def _valid_png(path: Path) -> bool:
+    data = path.read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return False
+    width, height = struct.unpack(">II", data[16:24])
+    return width > 300 and height > 200
+
+
+def test_report_and_figures_from_fixtures(tmp_path, capsys):
+    main(["report", "--csv", str(FIXTURES / "synthetic_steps.csv"), "--trials-csv",
+          str(FIXTURES / "synthetic_trials.csv"), "--bootstrap", "50", "--output", str(tmp_path / "report.html")])
+    figures = sorted((tmp_path / "report_figures").iterdir())
+    assert {p.suffix for p in figures} == {".png", ".svg"}
+    for path in figures:
+        if path.suffix == ".png":
+            assert _valid_png(path)
+        else:
+            assert ElementTree.parse(path).getroot().tag.endswith("svg")
+    page = (tmp_path / "report.html").read_text()
+    assert "report_figures/steps_synthetic_momentum.png" in page and "S_min" in page
+    main(["report", "--csv", str(FIXTURES / "synthetic_steps.csv"), "--bootstrap", "0",
+          "--output", str(tmp_path / "report.md")])
+    assert "| batch size |" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys):
+    experiment = "analysis-test"
+    result = run_edps(["sweep", "--batch-sizes", "8,32,128", "--sparsities", "0,0.5", "--trials", "3",
+                       "--goal-error", "0.06", "--max-steps", "1500", "--experiment", experiment],
+                      cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
+    assert result.returncode == 0, result.stderr[-3000:]
+    main(["table", "--tracking-uri", mlflow_server, "--experiment", experiment, "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 6 and {r["batch_size"] for r in rows} == {8, 32, 128}
+    main(["fit", "--tracking-uri", mlflow_server, "--experiment", "analysis-*", "--bootstrap", "50",
+          "--format", "csv", "--log-to-mlflow"])
+    out = capsys.readouterr().out
+    fits = pd.read_csv(__import__("io").StringIO(out))
+    assert set(fits["sparsity"]) == {0.0, 0.5} and fits["s_min"].notna().all()
+    assert "s_min_low" in fits.columns  # the trials came from the study runs' trials.csv
+    main(["report", "--tracking-uri", mlflow_server, "--experiment", experiment, "--bootstrap", "20",
+          "--output", str(tmp_path / "r" / "report.md"), "--log-to-mlflow"])
+    client = MlflowClient(mlflow_server)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    analyses = client.search_runs([experiment_id], "tags.`edps.kind` = 'analysis'")
+    assert len(analyses) == 2
+    latest = max(analyses, key=lambda r: r.info.start_time)
+    assert latest.data.tags["edps.analysis.study_count"] == "6"
+    artifacts = {a.path for a in client.list_artifacts(latest.info.run_id)}
+    assert {"report.md", "fit.csv", "figures", "used_study_runs.txt"} <= artifacts
+    figures = {a.path for a in client.list_artifacts(latest.info.run_id, "figures")}
+    assert "figures/steps_digits-simple-cnn_sgd.png" in figures
