@@ -6,6 +6,8 @@
     edps-analyze report --experiment edps/digits-simple-cnn --output report.html --log-to-mlflow
     edps-analyze export --experiment edps/digits-simple-cnn --output steps.csv
     edps-analyze fit    --csv steps.csv [--trials-csv trials.csv]
+    edps-analyze lipschitz   --experiment edps/digits-simple-cnn/sgd
+    edps-analyze noise-scale --experiment edps/digits-simple-cnn
 """
 
 from __future__ import annotations
@@ -178,7 +180,11 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     path.parent.mkdir(parents=True, exist_ok=True)
     figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance)
-    write_report(path, steps_grids(studies), fits, figures, source, tolerance)
+    extra = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, path.parent / f"{path.stem}_figures")
+    for _, _, paths in extra:
+        figures.setdefault(("probes", ""), []).extend(paths)
+    write_report(path, steps_grids(studies), fits, figures, source, tolerance,
+                 extra=[(title, table) for title, table, _ in extra])
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]
@@ -199,6 +205,70 @@ def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         click.echo(text, nl=False)
     else:
         click.echo(f"{len(studies)} studies written to {output}")
+
+
+@cli.command()
+@click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
+@click.option("--experiment", "experiments", multiple=True, required=True, help="Experiment name or pattern.")
+@click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--out-dir", default=None, type=click.Path(), help="Also draw the constant against sparsity here.")
+def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
+    """The Lipschitz constant of the gradient against sparsity (studies run with --probes lipschitz)."""
+    from analysis.load import load_probe_values
+    from analysis.probes import lipschitz_table, lipschitz_verdict
+
+    values = load_probe_values(experiments, "probe/lipschitz", tracking_uri)
+    summary = lipschitz_table(values)
+    human = summary.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n" + "\n".join(
+        lipschitz_verdict(summary))
+    _emit(summary, output_format, human)
+    if out_dir:
+        from analysis.plots import lipschitz_figure
+
+        for path in lipschitz_figure(summary, Path(out_dir)):
+            click.echo(str(path), err=True)
+
+
+@cli.command("noise-scale")
+@click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
+@click.option("--experiment", "experiments", multiple=True, required=True, help="Experiment name or pattern.")
+@click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
+def noise_scale(tracking_uri, experiments, output_format) -> None:
+    """The measured noise scale B_simple beside the fitted critical batch size B_crit, per sparsity."""
+    from analysis.load import load_probe_values, load_studies
+    from analysis.probes import noise_scale_table
+    from analysis.regimes import fit_table
+
+    latest = load_probe_values(experiments, "probe/noise_scale", tracking_uri, history=False)
+    try:
+        fits = fit_table(load_studies(experiments, tracking_uri), None, repeats=0)
+    except EdpsError:
+        fits = None
+    summary = noise_scale_table(latest, fits)
+    _emit(summary, output_format, summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tuple[str, pd.DataFrame, list[Path]]]:
+    """Probe summaries for the report, when the studies logged probes (else nothing)."""
+    from analysis.load import load_probe_values
+    from analysis.plots import lipschitz_figure
+    from analysis.probes import lipschitz_table, lipschitz_verdict, noise_scale_table
+
+    sections = []
+    try:
+        summary = lipschitz_table(load_probe_values(experiments, "probe/lipschitz", tracking_uri))
+        verdict = pd.DataFrame({"finding": lipschitz_verdict(summary)})
+        sections.append(("Lipschitz constant of the gradient against sparsity", summary,
+                         lipschitz_figure(summary, directory)))
+        sections.append(("Does the constant rise with sparsity?", verdict, []))
+    except EdpsError:
+        pass
+    try:
+        latest = load_probe_values(experiments, "probe/noise_scale", tracking_uri, history=False)
+        sections.append(("Gradient noise scale B_simple beside the fitted B_crit", noise_scale_table(latest, fits), []))
+    except EdpsError:
+        pass
+    return sections
 
 
 def _publish(tracking_uri, experiments, studies, tables, files) -> None:

@@ -168,3 +168,26 @@ def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:
     if path is not None:
         Path(path).write_text(buffer.getvalue())
     return buffer.getvalue()
+
+
+def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: str | None = None,
+                      history: bool = True) -> pd.DataFrame:
+    """Probe metrics of trial runs: one row per (trial run, step), or per trial run (latest value)
+    when ``history`` is False. Only trial runs that logged ``metric`` are read."""
+    client = _client(tracking_uri)
+    found = _experiments(client, experiments)
+    runs = _paged(client, [i for i, _ in found], f"tags.`edps.kind` = 'trial' and metrics.`{metric}` > -1e300")
+    rows = []
+    for run in runs:
+        tags = run.data.tags
+        base = {"workload": tags.get("edps.workload"), "optimizer": tags.get("edps.optimizer"),
+                "sparsity": float(tags.get("edps.sparsity", "nan")), "batch_size": int(tags.get("edps.batch_size", 0)),
+                "trial_run_id": run.info.run_id, "study_key": tags.get("edps.study_key")}
+        if history:
+            for point in client.get_metric_history(run.info.run_id, metric):
+                rows.append({**base, "step": point.step, "value": point.value})
+        else:
+            rows.append({**base, "step": None, "value": run.data.metrics[metric]})
+    if not rows:
+        raise EdpsError(f"no trial in {', '.join(experiments)} logged {metric}; run studies with --probes")
+    return pd.DataFrame(rows)

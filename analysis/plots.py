@@ -99,3 +99,20 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     figure.suptitle(f"{workload}, {optimizer}", fontsize=10)
     figure.tight_layout()
     return _save(figure, directory, f"sparsity_{workload}_{optimizer}")
+
+
+def lipschitz_figure(summary: pd.DataFrame, directory: Path) -> list[Path]:
+    """The median Lipschitz constant against sparsity, with its spread over trials, per curve."""
+    figure, axis = plt.subplots(figsize=(6.0, 4.2))
+    for (workload, optimizer), group in summary.groupby(["workload", "optimizer"], sort=True):
+        group = group.sort_values("sparsity")
+        median = group["lipschitz_median"].to_numpy()
+        spread = np.vstack([median - group["over_trials_p25"].to_numpy(), group["over_trials_p75"].to_numpy() - median])
+        axis.errorbar(group["sparsity"], median, yerr=spread, fmt="o-", capsize=3, label=f"{workload}, {optimizer}")
+    axis.set_yscale("log")
+    axis.set_xlabel("sparsity (fraction of parameters pruned)")
+    axis.set_ylabel("Lipschitz constant of the gradient")
+    axis.set_title("median over trials (bars: quartiles over trials)", fontsize=9)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(figure, directory, "lipschitz")

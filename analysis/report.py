@@ -10,6 +10,8 @@ import pandas as pd
 
 
 def _number(value: object, digits: int = 4) -> str:
+    if isinstance(value, str):
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, (int,)) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1):
@@ -61,16 +63,19 @@ def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
     return "\n".join([header, rule, *body])
 
 
+def _relative(path: Path, files: list[Path]) -> list[Path]:
+    return [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in files if p.suffix == ".png"]
+
+
 def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tuple[str, str], list[Path]],
-                 source: str, tolerance: float) -> Path:
+                 source: str, tolerance: float, extra: list[tuple[str, pd.DataFrame]] | None = None) -> Path:
     """One Markdown (.md) or HTML (.html) file; figures are referenced relative to it."""
     summary = fit_summary(fits)
     sections = []
     for (workload, optimizer), grid in grids.items():
-        pngs = [p for p in figures.get((workload, optimizer), []) if p.suffix == ".png"]
         sections.append((f"{workload}, {optimizer}", grid,
                          summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)],
-                         [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in pngs]))
+                         _relative(path, figures.get((workload, optimizer), []))))
     intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
              f"space; boundaries with a {tolerance:.0%} tolerance (perfect scaling ends where steps exceed ideal "
              f"linear scaling from the smallest batch size; maximal data parallelism starts where steps stay within "
@@ -85,6 +90,10 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
             parts.extend(f"<img src='{html.escape(str(p))}' style='max-width:100%'>" for p in pngs)
             parts.append("<h3>Steps to result</h3>" + grid.to_html())
             parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
+        for title, table in extra or []:
+            parts.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=_number))
+        for p in _relative(path, figures.get(("probes", ""), [])):
+            parts.append(f"<img src='{html.escape(str(p))}' style='max-width:60%'>")
         parts.append("</body></html>")
         path.write_text("\n".join(parts))
     else:
@@ -94,5 +103,8 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
             parts += [f"![{title}]({p})" for p in pngs]
             parts += ["", "### Steps to result", "", markdown_table(grid, index=True), "", "### Fits", "",
                       markdown_table(fit), ""]
+        for title, table in extra or []:
+            parts += [f"## {title}", "", markdown_table(table.map(_number)), ""]
+        parts += [f"![probes]({p})" for p in _relative(path, figures.get(("probes", ""), []))]
         path.write_text("\n".join(parts))
     return path

@@ -81,12 +81,15 @@ def cli() -> None:
 @click.option("--pack-size", type=int, default=None, help="Trials trained in lockstep (default: per device and batch size).")
 @click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
 @click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines when not on a terminal.")
+@click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated).")
+@click.option("--probe-interval", type=int, default=1000, show_default=True, help="Steps between probe calls.")
 def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trials: int, goal_error: str,
           max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
           experiment: str | None, device: str | None, workers: int | None, pack_size: int | None,
-          full_evaluation: bool, log_interval: float) -> None:
+          full_evaluation: bool, log_interval: float, probes: str, probe_interval: int) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import OptimizerKind, StudySpec
+    from edps_mlflow.probes import parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
     from edps_mlflow.workloads import get_workload
 
@@ -98,7 +101,7 @@ def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trial
         workload=workload, optimizer=kind, sparsity=sparsity, batch_size=batch_size, trials=trials,
         goal_error=goal if goal is not None else spec_workload.goal_error,
         max_steps=cap if cap is not None else spec_workload.max_steps,
-        check_interval=check_interval, seed=seed,
+        check_interval=check_interval, seed=seed, probes=parse_probes(probes), probe_interval=probe_interval,
     )
     options = ExecutionOptions(
         full_trials=_parse_bool(full_trials, "full trials"), device=device, workers=workers,
@@ -126,12 +129,15 @@ def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trial
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines.")
+@click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated).")
+@click.option("--probe-interval", type=int, default=1000, show_default=True, help="Steps between probe calls.")
 def sweep(workload: str, optimizers: str, batch_sizes: str | None, sparsities: str, trials: int, goal_error: str,
           max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
           experiment: str | None, executor: str, workers: int | None, ray_address: str | None, device: str | None,
-          log_interval: float) -> None:
+          log_interval: float, probes: str, probe_interval: int) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import OptimizerKind
+    from edps_mlflow.probes import parse_probes
     from edps_mlflow.sweep import SweepOptions, SweepSpec, parse_batch_sizes, parse_numbers, run_sweep
     from edps_mlflow.workloads import get_workload
 
@@ -148,7 +154,8 @@ def sweep(workload: str, optimizers: str, batch_sizes: str | None, sparsities: s
         workload=workload, optimizers=kinds, batch_sizes=parse_batch_sizes(batch_sizes, train_size),
         sparsities=parse_numbers(sparsities, "sparsities"), trials=trials,
         goal_error=goal if goal is not None else item.goal_error,
-        max_steps=cap if cap is not None else item.max_steps, check_interval=check_interval, seed=seed)
+        max_steps=cap if cap is not None else item.max_steps, check_interval=check_interval, seed=seed,
+        probes=parse_probes(probes), probe_interval=probe_interval)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
         data_dir=data_dir or None, full_trials=_parse_bool(full_trials, "full trials"), log_interval=log_interval))

@@ -83,6 +83,10 @@ class StudySpec:
     max_steps: int
     check_interval: int
     seed: int
+    # Measurements during training (probes.py). They do not change the result, but a study asked
+    # for them must not reuse trials measured without them, so they enter the keys when present.
+    probes: tuple[str, ...] = ()
+    probe_interval: int = 1000
 
     def validate(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value."""
@@ -102,10 +106,17 @@ class StudySpec:
             )
         if self.seed < 0:
             raise EdpsError(f"seed must be a non-negative integer, got {self.seed}")
+        if self.probe_interval <= 0:
+            raise EdpsError(f"probe interval must be a positive integer, got {self.probe_interval}")
 
     def key_fields(self) -> dict[str, Any]:
         fields = asdict(self)
         fields["optimizer"] = self.optimizer.value
+        if not self.probes:
+            # A new field with a default must not change old keys.
+            del fields["probes"], fields["probe_interval"]
+        else:
+            fields["probes"] = list(self.probes)
         return fields
 
     @property

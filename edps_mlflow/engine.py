@@ -31,6 +31,7 @@ from torch.nn import functional as F
 
 from edps_mlflow.config import OptimizerKind, OptimizerSettings
 from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.probes import ProbeContext, make_probes
 from edps_mlflow.pruning import Mask
 
 
@@ -53,6 +54,8 @@ class EngineSettings:
     early_abort_evaluation: bool = True
     evaluation_batch_size: int = 1000
     channels_last: bool = True
+    probes: tuple[str, ...] = ()  # names from probes.PROBES; none: the loop is untouched
+    probe_interval: int = 1000
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class TrialResult:
     checks: int
     checks_cut_short: int
     seconds: float
+    probe_seconds: float = 0.0
 
 
 class StepBound(Protocol):
@@ -97,6 +101,8 @@ class StepBound(Protocol):
 
 class Observer(Protocol):
     def on_check(self, trial_index: int, check: Check) -> None: ...
+
+    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None: ...
 
     def on_finish(self, result: TrialResult) -> None: ...
 
@@ -123,6 +129,9 @@ class LocalStepBound:
 
 class NullObserver:
     def on_check(self, trial_index: int, check: Check) -> None:
+        pass
+
+    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
         pass
 
     def on_finish(self, result: TrialResult) -> None:
@@ -227,6 +236,13 @@ class SingleTrainer:
     def parameters_of(self, position: int) -> dict[str, Tensor]:
         return {name: p.detach().clone() for name, p in self.model.named_parameters()}
 
+    def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
+        names = [name for name, _ in self.model.named_parameters()]
+        masks = None if self.masks is None else {n: m.unsqueeze(0) for n, m in zip(names, self.masks)}
+        # NCHW copies: under vmap the channels-last layout is several times slower on CPU.
+        return (self.model, lambda: {n: p.detach().contiguous().unsqueeze(0)
+                                     for n, p in self.model.named_parameters()}, masks)
+
 
 class PackedTrainer:
     """K trials in lockstep: stacked parameters and a vmap-ed functional model on shared batches."""
@@ -308,6 +324,9 @@ class PackedTrainer:
     def parameters_of(self, position: int) -> dict[str, Tensor]:
         return {n: p[position].clone() for n, p in self.params.items()}
 
+    def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
+        return self.template, lambda: self.params, self.masks
+
 
 def make_trainer(model_factory: Callable[[], nn.Module], setups: Sequence[TrialSetup], device: torch.device,
                  channels_last: bool) -> SingleTrainer | PackedTrainer:
@@ -338,11 +357,15 @@ def train_trials(
     cut_short = [0] * len(setups)
     results: list[TrialResult | None] = [None] * len(setups)
 
+    probes = make_probes(settings.probes)
+    probe_seconds = [0.0] * len(setups)
+
     def finish(position: int, status: TrialStatus, step: int, reached_at: int | None) -> None:
         result = TrialResult(
             index=setups[position].index, status=status, steps_to_result=reached_at, steps_trained=step,
             best_validation_error=best_errors[position], checks=checks[position],
             checks_cut_short=cut_short[position], seconds=time.perf_counter() - started,
+            probe_seconds=probe_seconds[position] if probes else 0.0,
         )
         results[position] = result
         observer.on_finish(result)
@@ -359,7 +382,25 @@ def train_trials(
         step += 1
         learning_rates = [setups[p].optimizer.learning_rate_at(step - 1) for p in active] if scheduled else None
         batch = stream.next()
+        probing = bool(probes) and step % settings.probe_interval == 0
+        if probing:
+            probe_started = time.perf_counter()
+            template, parameters, masks = trainer.probe_view()
+            context = ProbeContext(template, parameters, masks, data.train_images, data.train_labels, step,
+                                   settings.data_seed)
+            for probe in probes:
+                probe.before_step(context)
+            probe_time = time.perf_counter() - probe_started
         loss_sums += trainer.step(data.train_images[batch], data.train_labels[batch], learning_rates)
+        if probing:
+            probe_started = time.perf_counter()
+            values: dict[str, list[float]] = {}
+            for probe in probes:
+                values.update(probe.after_step(context))
+            probe_time += time.perf_counter() - probe_started
+            for k, position in enumerate(active):
+                probe_seconds[position] += probe_time / len(active)
+                observer.on_probe(setups[position].index, step, {name: v[k] for name, v in values.items()})
         steps_since_check += 1
         if step % settings.check_interval != 0 and step < settings.max_steps:
             continue
@@ -401,6 +442,8 @@ def train_trials(
         if len(survivors) < len(active):
             if survivors:
                 trainer.keep(survivors)
+                for probe in probes:
+                    probe.keep(survivors)
                 loss_sums = loss_sums[torch.tensor(survivors, device=device)]
             active = [active[k] for k in survivors]
     return [r for r in results if r is not None]

@@ -39,6 +39,8 @@ class TrainingSink(Protocol):
 
     def on_check(self, trial_index: int, check: Check) -> None: ...
 
+    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None: ...
+
     def on_finish(self, result: TrialResult) -> None: ...
 
 
@@ -120,6 +122,9 @@ class _QueueSink:
     def on_check(self, trial_index: int, check: Check) -> None:
         self.events.put(("check", trial_index, check))
 
+    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
+        self.events.put(("probe", trial_index, step, values))
+
     def on_finish(self, result: TrialResult) -> None:
         self.events.put(("finished", result))
 
@@ -182,6 +187,8 @@ def train_in_processes(job: TrainingJob, chunks: Sequence[Sequence[int]], worker
                 sink.trial_started(event[1], mask)
             elif kind == "check":
                 sink.on_check(event[1], event[2])
+            elif kind == "probe":
+                sink.on_probe(event[1], event[2], event[3])
             elif kind == "finished":
                 sink.on_finish(event[1])
             elif kind == "done":

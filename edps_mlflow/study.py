@@ -62,6 +62,7 @@ class TrialRecord:
     run_id: str
     reused: bool
     seconds: float = 0.0
+    probe_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,15 @@ class _Recorder:
         self.tracker.log_check(trial_index, check)
         self.progress.check(trial_index, check.step, check.validation_error)
 
+    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
+        self.tracker.log_probe(trial_index, step, values)
+
     def on_finish(self, result: TrialResult) -> None:
         run_id = self.tracker.finish_trial(result)
         self.records[result.index] = TrialRecord(
             trial=self.trials[result.index], status=result.status, steps_to_result=result.steps_to_result,
             steps_trained=result.steps_trained, best_validation_error=result.best_validation_error,
-            run_id=run_id, reused=False, seconds=result.seconds)
+            run_id=run_id, reused=False, seconds=result.seconds, probe_seconds=result.probe_seconds)
         self.progress.trial_finished(result.index, result.status.value, result.steps_to_result)
 
 
@@ -177,6 +181,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         early_abort_evaluation=options.early_abort_evaluation,
         # PERF.md and bench/: channels-last pays from medium batches on; at tiny ones it costs.
         channels_last=spec.batch_size >= 32,
+        probes=spec.probes, probe_interval=spec.probe_interval,
     )
 
     tracker = StudyTracker.open(spec, options.experiment, tracking_uri=options.tracking_uri,
@@ -286,6 +291,7 @@ def _log_outcome(tracker: StudyTracker, spec: StudySpec, outcome: StudyOutcome, 
     metrics: dict[str, float] = {f"trials/{status.value}": outcome.count(status) for status in TrialStatus}
     metrics.update({"trials/total": len(outcome.records), "trials/reused": outcome.reused,
                     "trials/trained": outcome.trained, "study/seconds": outcome.seconds,
+                    "probe/seconds": sum(r.probe_seconds for r in outcome.records.values()),
                     "study/trial_steps": outcome.trial_steps})
     best = best_record(outcome)
     if outcome.steps_to_result is not None:

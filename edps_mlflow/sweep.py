@@ -51,10 +51,12 @@ class SweepSpec:
     max_steps: int
     check_interval: int
     seed: int
+    probes: tuple[str, ...] = ()
+    probe_interval: int = 1000
 
     def studies(self) -> list[StudySpec]:
         return [StudySpec(self.workload, optimizer, sparsity, batch_size, self.trials, self.goal_error,
-                          self.max_steps, self.check_interval, self.seed)
+                          self.max_steps, self.check_interval, self.seed, self.probes, self.probe_interval)
                 for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
 
     def validate(self) -> None:
@@ -73,7 +75,8 @@ class SweepSpec:
             "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
             "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), "trials": self.trials,
             "goal_error": self.goal_error, "max_steps": self.max_steps, "check_interval": self.check_interval,
-            "seed": self.seed})
+            "seed": self.seed, **({"probes": list(self.probes), "probe_interval": self.probe_interval}
+                                  if self.probes else {})})
 
 
 def parse_batch_sizes(text: str | None, train_size: int) -> tuple[int, ...]:

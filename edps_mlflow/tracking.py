@@ -206,11 +206,18 @@ class StudyTracker:
             metrics["validation/error"] = check.validation_error
         self._log(self.trial_runs[trial_index], metrics=metrics, step=check.step)
 
+    def log_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
+        finite = {k: v for k, v in values.items() if v == v and abs(v) != float("inf")}
+        if finite:
+            self._log(self.trial_runs[trial_index], metrics=finite, step=step)
+
     def finish_trial(self, result: TrialResult) -> str:
         run_id = self.trial_runs.pop(result.index)
         metrics: dict[str, float] = {METRIC_STEPS_TRAINED: result.steps_trained,
                                      METRIC_CHECKS_CUT_SHORT: result.checks_cut_short,
                                      "trial/seconds": result.seconds}
+        if result.probe_seconds:
+            metrics["probe/seconds"] = result.probe_seconds
         if result.steps_to_result is not None:
             metrics[METRIC_STEPS_TO_RESULT] = result.steps_to_result
         if result.best_validation_error is not None:

@@ -184,3 +184,25 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
     assert {"report.md", "fit.csv", "figures", "used_study_runs.txt"} <= artifacts
     figures = {a.path for a in client.list_artifacts(latest.info.run_id, "figures")}
     assert "figures/steps_digits-simple-cnn_sgd.png" in figures
+
+
+@pytest.mark.slow
+def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_edps(["sweep", "--batch-sizes", "32,64,128", "--sparsities", "0,0.9", "--trials", "2",
+                       "--goal-error", "0.08", "--max-steps", "300", "--probes", "lipschitz,noise_scale",
+                       "--probe-interval", "100", "--experiment", "probes"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert result.returncode == 0, result.stderr[-3000:]
+    main(["lipschitz", "--tracking-uri", uri, "--experiment", "probes", "--format", "json",
+          "--out-dir", str(tmp_path / "figures")])
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["sparsity"] for r in rows] == [0.0, 0.9]
+    assert all(r["lipschitz_median"] > 0 and r["over_trials_p25"] <= r["over_trials_p75"] for r in rows)
+    assert _valid_png(tmp_path / "figures" / "lipschitz.png")
+    main(["noise-scale", "--tracking-uri", uri, "--experiment", "probes"])
+    out = capsys.readouterr().out
+    assert "b_simple_median" in out and "b_crit" in out and len(out.strip().splitlines()) == 3
+    client = MlflowClient(uri)
+    studies = client.search_runs([client.get_experiment_by_name("probes").experiment_id],
+                                 "tags.`edps.kind` = 'study'")
+    assert all(s.data.metrics["probe/seconds"] > 0 for s in studies)

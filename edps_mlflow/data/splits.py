@@ -36,6 +36,15 @@ class DataSplits:
                                                     self.validation_images, self.validation_labels)))
 
 
+def split_indices(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) indices: the original's split, numpy RandomState(0) shuffling the
+    indices and the first 10% validating."""
+    order = np.arange(count)
+    np.random.RandomState(SPLIT_SEED).shuffle(order)
+    validation_count = int(count * VALIDATION_FRACTION)
+    return order[validation_count:], order[:validation_count]
+
+
 def split_train_validation(
     images: np.ndarray, labels: np.ndarray, mean: float | None = None, std: float | None = None
 ) -> DataSplits:
@@ -44,12 +53,7 @@ def split_train_validation(
     ``images`` are NCHW floats in [0, 1]. Without a given mean/std, the training split's own
     global statistics are used.
     """
-    count = labels.shape[0]
-    # The original's split: numpy RandomState(0) shuffles the indices, the first 10% validate.
-    order = np.arange(count)
-    np.random.RandomState(SPLIT_SEED).shuffle(order)
-    validation_count = int(count * VALIDATION_FRACTION)
-    validation, train = order[:validation_count], order[validation_count:]
+    train, validation = split_indices(labels.shape[0])
     train_images = images[train]
     if mean is None or std is None:
         mean, std = float(train_images.mean()), float(train_images.std())
@@ -58,11 +62,7 @@ def split_train_validation(
 
 def split_train_validation_per_channel(images: np.ndarray, labels: np.ndarray) -> DataSplits:
     """As :func:`split_train_validation`, normalised by the training split's per-channel mean/std."""
-    count = labels.shape[0]
-    order = np.arange(count)
-    np.random.RandomState(SPLIT_SEED).shuffle(order)
-    validation_count = int(count * VALIDATION_FRACTION)
-    validation, train = order[:validation_count], order[validation_count:]
+    train, validation = split_indices(labels.shape[0])
     train_images = images[train]
     mean = train_images.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
     std = train_images.std(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)

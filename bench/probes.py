@@ -1,0 +1,66 @@
+"""Cost of one probe call for Simple-CNN on MNIST-shaped data. Prints seconds per call; not a test.
+
+    python bench/probes.py [--train-size 54000] [--trials 1]
+
+The Lipschitz probe makes ten passes over the whole training split per call (one before the
+update, nine after); the noise-scale probe one pass over 1,024 examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edps_mlflow.cli import ALLOCATOR_ENVIRONMENT  # noqa: E402
+
+if any(k not in os.environ for k in ALLOCATOR_ENVIRONMENT) or "OMP_NUM_THREADS" not in os.environ:
+    os.execve(sys.executable, [sys.executable, *sys.argv],
+              {**os.environ, **ALLOCATOR_ENVIRONMENT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+
+import torch  # noqa: E402
+
+from edps_mlflow.engine import configure_cpu_threads  # noqa: E402
+from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
+from edps_mlflow.probes import LipschitzProbe, NoiseScaleProbe, ProbeContext  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--train-size", type=int, default=54_000)
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        configure_cpu_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(args.train_size, 1, 28, 28, generator=generator).to(device)
+    labels = torch.randint(0, 10, (args.train_size,), generator=generator).to(device)
+    model = SimpleCNN()
+    init_fan_in_truncated_normal(model, generator)
+    model.to(device)
+    params = {n: p.detach().unsqueeze(0).repeat(args.trials, *([1] * p.dim())) for n, p in model.named_parameters()}
+    current = dict(params)
+    context = ProbeContext(model, lambda: current, None, images, labels, step=1000, seed=0)
+    for probe in (NoiseScaleProbe(), LipschitzProbe()):
+        started = time.perf_counter()
+        probe.before_step(context)
+        for name in current:
+            current[name] = params[name] * 0.999  # stands in for one update
+        probe.after_step(context)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        print(f"{probe.name}: {elapsed:.2f} s per call ({args.trials} trial(s), {args.train_size} training examples, "
+              f"{device}, {torch.get_num_threads()} thread(s))", flush=True)
+        current = dict(params)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Measurements during training, one interface: the paper's Lipschitz constant and the gradient
+noise scale of McCandlish et al. (2018).
+
+A probe runs every ``probe_interval`` steps on all trials of a chunk at once (vectorised over the
+trial axis like the packed engine). ``before_step`` sees the weights before that step's update,
+``after_step`` the weights after it and returns one value per trial for each metric. Probes copy
+what they need and never touch the training state or its random stream, so a run with probes
+follows exactly the trajectory of a run without them.
+
+- ``lipschitz`` (PAPER.md): full-training-split gradients g(w0) before the update and, after it
+  (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
+  L = max_gamma |g(w0 + gamma d) - g(w0)| / |gamma d|. Gradients are masked, so pruned
+  coordinates stay out. Cost: ten full passes over the training split per call.
+- ``noise_scale``: B_simple = tr(Sigma) / |G|^2 from squared gradient norms at two batch sizes,
+  with the unbiased estimators of McCandlish et al. (Appendix A):
+  |G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
+  tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big). A probe batch of
+  ``B_big`` examples is drawn by the probe's own generator and split into ``B_big / B_small``
+  small batches; the numerator and denominator are smoothed by separate exponential moving
+  averages before their ratio is taken. Cost: one pass over ``B_big`` examples per call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.nn import functional as F
+
+from edps_mlflow.errors import EdpsError
+
+GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
+Loss = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass
+class ProbeContext:
+    """What a probe may look at: the network, the stacked (K-trial) weights and masks, the data."""
+
+    template: nn.Module
+    parameters: Callable[[], dict[str, Tensor]]  # current stacked weights [K, ...], read-only
+    masks: dict[str, Tensor] | None
+    images: Tensor  # the full training split, on the device
+    labels: Tensor
+    step: int  # the step whose update happens between before_step and after_step
+    seed: int
+    loss: Loss = F.cross_entropy
+    chunk_size: int = 1000
+
+
+class Probe(Protocol):
+    name: str
+
+    def before_step(self, context: ProbeContext) -> None: ...
+
+    def after_step(self, context: ProbeContext) -> dict[str, list[float]]: ...
+
+    def keep(self, positions: list[int]) -> None:
+        """Trials at other positions finished: drop their state."""
+
+
+def _batch_gradient(template: nn.Module, params: dict[str, Tensor], images: Tensor, labels: Tensor,
+                    loss: Loss) -> dict[str, Tensor]:
+    """Per-trial gradients [K, ...] of the mean loss on one shared batch.
+
+    One vmap-ed forward for all trials and one ordinary backward: trials are independent, so the
+    gradient of the summed losses with respect to trial k's weights is trial k's own gradient.
+    (Faster on CPU than vmap over torch.func.grad.)
+    """
+    leaves = {n: p.detach().clone().requires_grad_(True) for n, p in params.items()}
+    logits_of = vmap(lambda weights, x: functional_call(template, weights, (x,)), in_dims=(0, None))
+    with torch.enable_grad():
+        outputs = logits_of(leaves, images)
+        total = sum(loss(outputs[k], labels) for k in range(outputs.shape[0]))
+        gradients = torch.autograd.grad(total, list(leaves.values()))
+    return dict(zip(leaves, gradients))
+
+
+def mean_gradient(context: ProbeContext, params: dict[str, Tensor], images: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """Per-trial gradient of the mean loss over ``images`` (in chunks), masked."""
+    count = labels.shape[0]
+    trials = next(iter(params.values())).shape[0]
+    chunk = max(10, context.chunk_size // max(1, trials))
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    for start in range(0, count, chunk):
+        x, y = images[start:start + chunk], labels[start:start + chunk]
+        for name, value in _batch_gradient(context.template, params, x, y, context.loss).items():
+            total[name] += value * (y.shape[0] / count)
+    if context.masks is not None:
+        total = {n: g * context.masks[n] for n, g in total.items()}
+    return total
+
+
+def _norms(vectors: dict[str, Tensor]) -> Tensor:
+    """Per-trial Euclidean norm over all tensors: [K]."""
+    return torch.sqrt(sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in vectors.values()))
+
+
+class LipschitzProbe:
+    name = "lipschitz"
+
+    def __init__(self) -> None:
+        self.start: dict[str, Tensor] | None = None
+        self.start_gradient: dict[str, Tensor] | None = None
+
+    @torch.no_grad()
+    def before_step(self, context: ProbeContext) -> None:
+        self.start = {n: p.detach().clone() for n, p in context.parameters().items()}
+        self.start_gradient = mean_gradient(context, self.start, context.images, context.labels)
+
+    @torch.no_grad()
+    def after_step(self, context: ProbeContext) -> dict[str, list[float]]:
+        assert self.start is not None and self.start_gradient is not None
+        end = context.parameters()
+        direction = {n: end[n].detach() - self.start[n] for n in end}
+        step_norm = _norms(direction)
+        best = torch.full_like(step_norm, float("nan"))
+        for gamma in GAMMAS:
+            point = {n: self.start[n] + gamma * direction[n] for n in direction}
+            moved = mean_gradient(context, point, context.images, context.labels)
+            ratio = _norms({n: moved[n] - self.start_gradient[n] for n in moved}) / (gamma * step_norm)
+            best = torch.where(torch.isnan(best) | (ratio > best), ratio, best)
+        self.start = self.start_gradient = None
+        values = [v if math.isfinite(v) else float("nan") for v in best.tolist()]
+        return {"probe/lipschitz": values}
+
+    def keep(self, positions: list[int]) -> None:
+        pass  # no state between calls
+
+
+class NoiseScaleProbe:
+    name = "noise_scale"
+
+    def __init__(self, big_batch: int = 1024, small_batch: int = 64, smoothing: float = 0.9) -> None:
+        if big_batch % small_batch or big_batch <= small_batch:
+            raise ValueError("the big batch must be a multiple of the small batch and larger")
+        self.big_batch, self.small_batch, self.smoothing = big_batch, small_batch, smoothing
+        self.average_trace: Tensor | None = None
+        self.average_norm: Tensor | None = None
+        self.values: dict[str, list[float]] = {}
+
+    @torch.no_grad()
+    def before_step(self, context: ProbeContext) -> None:
+        count = context.labels.shape[0]
+        big = min(self.big_batch, count - count % self.small_batch)
+        if big < 2 * self.small_batch:
+            raise EdpsError(f"the noise-scale probe needs at least {2 * self.small_batch} training examples")
+        # Its own generator: the training stream's order is never touched.
+        generator = torch.Generator().manual_seed(hash((context.seed, context.step)) & 0x7FFFFFFF)
+        chosen = torch.randperm(count, generator=generator)[:big].to(context.images.device)
+        params = {n: p.detach() for n, p in context.parameters().items()}
+        small_norms, big_sum = [], None
+        for start in range(0, big, self.small_batch):
+            index = chosen[start:start + self.small_batch]
+            gradient = _batch_gradient(context.template, params, context.images[index], context.labels[index],
+                                       context.loss)
+            if context.masks is not None:
+                gradient = {n: g * context.masks[n] for n, g in gradient.items()}
+            small_norms.append(_norms(gradient).pow(2))
+            big_sum = gradient if big_sum is None else {n: big_sum[n] + gradient[n] for n in gradient}
+        parts = big // self.small_batch
+        small = torch.stack(small_norms).mean(0)
+        big_norm = _norms({n: g / parts for n, g in big_sum.items()}).pow(2)
+        b_small, b_big = float(self.small_batch), float(big)
+        norm_estimate = (b_big * big_norm - b_small * small) / (b_big - b_small)
+        trace_estimate = (small - big_norm) / (1.0 / b_small - 1.0 / b_big)
+        if self.average_trace is None:
+            self.average_trace, self.average_norm = trace_estimate.clone(), norm_estimate.clone()
+        else:
+            self.average_trace = self.smoothing * self.average_trace + (1 - self.smoothing) * trace_estimate
+            self.average_norm = self.smoothing * self.average_norm + (1 - self.smoothing) * norm_estimate
+        self.values = {"probe/noise_scale": (self.average_trace / self.average_norm).tolist(),
+                       "probe/grad_norm_sq": norm_estimate.tolist(), "probe/trace_sigma": trace_estimate.tolist()}
+
+    def after_step(self, context: ProbeContext) -> dict[str, list[float]]:
+        values, self.values = self.values, {}
+        return values
+
+    def keep(self, positions: list[int]) -> None:
+        if self.average_trace is not None:
+            index = torch.tensor(positions, device=self.average_trace.device)
+            self.average_trace = self.average_trace.index_select(0, index)
+            self.average_norm = self.average_norm.index_select(0, index)
+
+
+PROBES: dict[str, Callable[[], Probe]] = {"lipschitz": LipschitzProbe, "noise_scale": NoiseScaleProbe}
+
+
+def parse_probes(text: str | None) -> tuple[str, ...]:
+    names = tuple(sorted({part.strip() for part in (text or "").split(",") if part.strip()}))
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        raise EdpsError(f"unknown probe {unknown[0]!r}; known probes: {', '.join(PROBES)}")
+    return names
+
+
+def make_probes(names: tuple[str, ...]) -> list[Probe]:
+    return [PROBES[name]() for name in names]
