@@ -1,6 +1,5 @@
-"""Analysis of steps-to-result measurements (regime fits, tables, figures).
+"""Analysis of steps-to-result measurements: regime fits, tables, figures and reports.
 
-Reads the tracking store into pandas DataFrames and never trains. The loaders, fits and the
-``edps-analyze`` command are built on top of this package in a later step; today it only exists so
-that the package layout is stable.
+Reads the tracking store (``load.py``, the only MLflow reader here) or a CSV into pandas
+DataFrames and never trains. Command line: ``edps-analyze`` (``analysis/cli.py``).
 """

@@ -26,7 +26,6 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from edps_mlflow import __version__
 from edps_mlflow.config import StudySpec, TrialSpec
-from edps_mlflow.engine import Check, TrialResult, TrialStatus
+from edps_mlflow.engine import Check, TrialResult
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import Mask
 

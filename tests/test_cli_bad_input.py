@@ -1,6 +1,5 @@
 """Bad input: one clear line on stderr, a non-zero exit, no traceback, nothing in the tracking store."""
 
-import os
 from pathlib import Path
 
 import pytest

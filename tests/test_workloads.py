@@ -1,6 +1,5 @@
 """The paper's workloads: networks, data formats, catalog, and short studies on generated files."""
 
-import gzip
 import http.server
 import io
 import tarfile
