@@ -35,7 +35,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from edps_mlflow import __version__
-from edps_mlflow.config import StudySpec, TrialSpec
+from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.engine import Check, TrialResult
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import Mask
@@ -71,8 +71,6 @@ def sparsity_tag(sparsity: float) -> str:
 
 def study_family(spec: StudySpec) -> str:
     """Everything of a study but its trial count: trials of such studies can be shared."""
-    from edps_mlflow.config import content_key
-
     return content_key({"kind": "study-family", **{k: v for k, v in spec.key_fields().items() if k != "trials"}})
 
 
