@@ -23,6 +23,7 @@ from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.engine import (
     Check,
     EngineSettings,
+    LocalStepBound,
     StepBound,
     TrialResult,
     TrialStatus,
@@ -57,34 +58,31 @@ class TrainingJob:
     exact_early_stopping: bool
 
 
-class SharedStepBound:
-    """A StepBound in shared memory. The stored value is the best reached step; before any trial
-    has reached, it holds ``max_steps + check_interval``, which makes the limit ``max_steps``."""
+class SharedStepBound(LocalStepBound):
+    """LocalStepBound's rule with the best step in shared memory, for worker processes. Before any
+    trial has reached, the shared value holds ``max_steps + check_interval`` (read as no best step)."""
 
     def __init__(self, value: Any, max_steps: int, check_interval: int, exact_early_stopping: bool) -> None:
         self.value = value
-        self.max_steps = max_steps
-        self.check_interval = check_interval
-        self.exact_early_stopping = exact_early_stopping
+        super().__init__(max_steps, check_interval, exact_early_stopping)
 
     @staticmethod
     def initial_value(max_steps: int, check_interval: int, best_step: int | None) -> int:
         return best_step if best_step is not None else max_steps + check_interval
 
-    def limit(self) -> int:
-        if not self.exact_early_stopping:
-            return self.max_steps
-        return min(self.max_steps, self.value.value - self.check_interval)
-
-    def offer(self, step: int) -> None:
-        with self.value.get_lock():
-            if step < self.value.value:
-                self.value.value = step
-
     @property
     def best_step(self) -> int | None:
         value = self.value.value
         return value if value <= self.max_steps else None
+
+    @best_step.setter
+    def best_step(self, step: int | None) -> None:
+        if step is not None:  # the initial None from the base class: the shared value already says so
+            self.value.value = step
+
+    def offer(self, step: int) -> None:
+        with self.value.get_lock():
+            super().offer(step)
 
 
 def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound: StepBound,
