@@ -21,6 +21,7 @@ from typing import Any, Callable
 import click
 import pandas as pd
 
+from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 
 
@@ -217,7 +218,7 @@ def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
     from analysis.load import load_probe_values
     from analysis.probes import lipschitz_table, lipschitz_verdict
 
-    values = load_probe_values(experiments, "probe/lipschitz", tracking_uri)
+    values = load_probe_values(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri)
     summary = lipschitz_table(values)
     human = summary.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n" + "\n".join(
         lipschitz_verdict(summary))
@@ -239,7 +240,7 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
     from analysis.probes import noise_scale_table
     from analysis.regimes import fit_table
 
-    latest = load_probe_values(experiments, "probe/noise_scale", tracking_uri, history=False)
+    latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri, history=False)
     try:
         fits = fit_table(load_studies(experiments, tracking_uri), None, repeats=0)
     except EdpsError:
@@ -256,7 +257,7 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tu
 
     sections = []
     try:
-        summary = lipschitz_table(load_probe_values(experiments, "probe/lipschitz", tracking_uri))
+        summary = lipschitz_table(load_probe_values(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
         verdict = pd.DataFrame({"finding": lipschitz_verdict(summary)})
         sections.append(("Lipschitz constant of the gradient against sparsity", summary,
                          lipschitz_figure(summary, directory)))
@@ -264,7 +265,7 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tu
     except EdpsError:
         pass
     try:
-        latest = load_probe_values(experiments, "probe/noise_scale", tracking_uri, history=False)
+        latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri, history=False)
         sections.append(("Gradient noise scale B_simple beside the fitted B_crit", noise_scale_table(latest, fits), []))
     except EdpsError:
         pass

@@ -20,13 +20,21 @@ This is the only module of the analysis that reads MLflow.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import io
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
 
 import pandas as pd
 
+from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.results import RunState
+
+T = TypeVar("T")
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
 NUMERIC_COLUMNS = ("sparsity", "batch_size", "steps_to_result", "steps_trained", "trial_index", "goal_error", "trials_total", "trials_reached",
@@ -38,10 +46,33 @@ STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error"
 TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps_trained")
 
 
+# A user waiting on an unreachable server should hear about it in seconds, not minutes. MLflow reads
+# these when it sends a request; they are set only while the analysis talks to the store (unless the
+# user set them), so that nothing else in the process, nor its subprocesses, inherits them.
+_HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+
+
+def _with_http_limits(function: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        with _http_limits():
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
+@contextmanager
+def _http_limits() -> Iterator[None]:
+    added = [name for name in _HTTP_LIMITS if name not in os.environ]
+    os.environ.update({name: _HTTP_LIMITS[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def _client(tracking_uri: str | None):
-    # A user waiting on an unreachable server should hear about it in seconds, not minutes.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri)
@@ -78,6 +109,7 @@ def _paged(client, experiment_ids: list[str], filter_string: str) -> list:
             return runs
 
 
+@_with_http_limits
 def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) -> pd.DataFrame:
     """The study table of the named experiments (FINISHED study runs only; the latest per key)."""
     if not experiments:
@@ -85,23 +117,27 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
     names = dict(found)
-    runs = _paged(client, [i for i, _ in found], "tags.`edps.kind` = 'study' and attributes.status = 'FINISHED'")
+    runs = _paged(client, [i for i, _ in found],
+                  f"tags.`{n.TAG_KIND}` = '{n.KIND_STUDY}' and attributes.status = '{RunState.FINISHED.value}'")
     rows = []
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-        if "edps.batch_size" not in tags:
+        if n.TAG_BATCH_SIZE not in tags:
             continue
+        best_learning_rate = params.get(n.PARAM_BEST_PREFIX + "learning_rate")
+        best_momentum = params.get(n.PARAM_BEST_PREFIX + "momentum")
         rows.append({
-            "workload": tags.get("edps.workload"), "optimizer": tags.get("edps.optimizer"),
-            "sparsity": float(tags["edps.sparsity"]), "batch_size": int(tags["edps.batch_size"]),
-            "goal_error": metrics.get("goal_error"), "steps_to_result": metrics.get("steps_to_result"),
-            "trials_total": metrics.get("trials/total"), "trials_reached": metrics.get("trials/reached"),
-            "trials_not_reached": metrics.get("trials/not_reached"),
-            "trials_diverged": metrics.get("trials/diverged"), "trials_superseded": metrics.get("trials/superseded"),
-            "best_learning_rate": float(params["best.learning_rate"]) if "best.learning_rate" in params else None,
-            "best_momentum": float(params["best.momentum"]) if "best.momentum" in params else None,
+            "workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
+            "sparsity": float(tags[n.TAG_SPARSITY]), "batch_size": int(tags[n.TAG_BATCH_SIZE]),
+            "goal_error": metrics.get(n.METRIC_GOAL_ERROR), "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT),
+            "trials_total": metrics.get(n.METRIC_TRIALS_TOTAL), "trials_reached": metrics.get(n.trials_metric("reached")),
+            "trials_not_reached": metrics.get(n.trials_metric("not_reached")),
+            "trials_diverged": metrics.get(n.trials_metric("diverged")),
+            "trials_superseded": metrics.get(n.trials_metric("superseded")),
+            "best_learning_rate": float(best_learning_rate) if best_learning_rate is not None else None,
+            "best_momentum": float(best_momentum) if best_momentum is not None else None,
             "experiment": names[run.info.experiment_id], "study_run_id": run.info.run_id,
-            "study_key": tags.get("edps.study_key"),
+            "study_key": tags.get(n.TAG_STUDY_KEY),
         })
     if not rows:
         raise EdpsError(f"experiment(s) {', '.join(experiments)} hold no finished study runs")
@@ -110,22 +146,24 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     return table.drop_duplicates("study_key", keep="last").reset_index(drop=True)
 
 
+@_with_http_limits
 def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
     """Per-trial outcomes of the given studies, from their ``trials.csv`` artifacts."""
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
     frames = []
-    for run_id, key in zip(studies["study_run_id"], studies["study_key"]):
-        if not isinstance(run_id, str):
-            continue
-        try:
-            path = client.download_artifacts(run_id, "trials.csv")
-        except (MlflowException, OSError):
-            continue
-        frame = pd.read_csv(path)
-        frame["study_key"] = key
-        frames.append(frame[[c for c in TRIAL_COLUMNS if c in frame.columns]])
+    with tempfile.TemporaryDirectory(prefix="edps-analysis-") as scratch:
+        for run_id, key in zip(studies["study_run_id"], studies["study_key"]):
+            if not isinstance(run_id, str):
+                continue
+            try:
+                path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=scratch)
+            except (MlflowException, OSError):
+                continue
+            frame = pd.read_csv(path)
+            frame["study_key"] = key
+            frames.append(frame[[c for c in TRIAL_COLUMNS if c in frame.columns]])
     if not frames:
         return pd.DataFrame(columns=list(TRIAL_COLUMNS))
     return pd.concat(frames, ignore_index=True)
@@ -170,19 +208,21 @@ def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:
     return buffer.getvalue()
 
 
+@_with_http_limits
 def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: str | None = None,
                       history: bool = True) -> pd.DataFrame:
     """Probe metrics of trial runs: one row per (trial run, step), or per trial run (latest value)
     when ``history`` is False. Only trial runs that logged ``metric`` are read."""
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
-    runs = _paged(client, [i for i, _ in found], f"tags.`edps.kind` = 'trial' and metrics.`{metric}` > -1e300")
+    runs = _paged(client, [i for i, _ in found],
+                  f"tags.`{n.TAG_KIND}` = '{n.KIND_TRIAL}' and metrics.`{metric}` > -1e300")
     rows = []
     for run in runs:
         tags = run.data.tags
-        base = {"workload": tags.get("edps.workload"), "optimizer": tags.get("edps.optimizer"),
-                "sparsity": float(tags.get("edps.sparsity", "nan")), "batch_size": int(tags.get("edps.batch_size", 0)),
-                "trial_run_id": run.info.run_id, "study_key": tags.get("edps.study_key")}
+        base = {"workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
+                "sparsity": float(tags.get(n.TAG_SPARSITY, "nan")), "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
+                "trial_run_id": run.info.run_id, "study_key": tags.get(n.TAG_STUDY_KEY)}
         if history:
             for point in client.get_metric_history(run.info.run_id, metric):
                 rows.append({**base, "step": point.step, "value": point.value})

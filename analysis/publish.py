@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from edps_mlflow import names as n
+
 
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
                  files: list[Path]) -> str:
@@ -27,19 +29,19 @@ def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFram
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
         run_id = client.create_run(experiment_id, tags={MLFLOW_RUN_NAME: "analysis"}).info.run_id
     used = [r for r in studies.get("study_run_id", pd.Series(dtype=str)).dropna().astype(str)]
-    client.set_tag(run_id, "edps.kind", "analysis")
-    client.set_tag(run_id, "edps.analysis.study_runs", ",".join(used)[:4900])
-    client.set_tag(run_id, "edps.analysis.study_count", str(len(used)))
+    client.set_tag(run_id, n.TAG_KIND, n.KIND_ANALYSIS)
+    client.set_tag(run_id, n.TAG_ANALYSIS_STUDY_RUNS, ",".join(used)[:4900])
+    client.set_tag(run_id, n.TAG_ANALYSIS_STUDY_COUNT, str(len(used)))
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
             path = Path(scratch) / f"{name}.csv"
             table.to_csv(path, index=False)
             client.log_artifact(run_id, str(path))
-        listing = Path(scratch) / "used_study_runs.txt"
+        listing = Path(scratch) / n.ARTIFACT_USED_STUDY_RUNS
         listing.write_text("\n".join(used) + "\n")
         client.log_artifact(run_id, str(listing))
     for path in files:
-        client.log_artifact(run_id, str(path), artifact_path="figures" if path.suffix in (".png", ".svg") else None)
+        client.log_artifact(run_id, str(path), artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)
     if not os.environ.get("MLFLOW_RUN_ID"):
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run_id

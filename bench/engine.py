@@ -24,19 +24,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edps_mlflow.cli import ALLOCATOR_ENVIRONMENT  # noqa: E402  (no torch import yet)
+from edps_mlflow.resources import configure_training_process, training_environment_missing  # noqa: E402  (no torch yet)
 
-if any(k not in os.environ for k in ALLOCATOR_ENVIRONMENT) or "OMP_NUM_THREADS" not in os.environ:
-    os.execve(sys.executable, [sys.executable, *sys.argv],
-              {**os.environ, **ALLOCATOR_ENVIRONMENT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+if training_environment_missing(os.environ):  # allocator settings are read when a process starts
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **training_environment_missing(os.environ)})
 
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from edps_mlflow.config import OptimizerKind, OptimizerSettings  # noqa: E402
-from edps_mlflow.engine import PackedTrainer, SingleTrainer, TrialSetup, configure_cpu_threads  # noqa: E402
+from edps_mlflow.engine import PackedTrainer, SingleTrainer  # noqa: E402
+from edps_mlflow.resources import uses_channels_last  # noqa: E402
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
 from edps_mlflow.pruning import Mask  # noqa: E402
+from edps_mlflow.trials import TrialSetup  # noqa: E402
 
 
 def _setup(index: int, sparsity: float = 0.9) -> TrialSetup:
@@ -97,7 +98,7 @@ def step_rates(device: torch.device, batch_sizes: list[int], budget: float, pack
                 torch._foreach_mul_(params, masks)
 
         plain = _rate(plain_step, batches, budget, device)
-        engine = SingleTrainer(SimpleCNN(), _setup(0), device, channels_last=batch_size >= 32)
+        engine = SingleTrainer(SimpleCNN(), _setup(0), device, channels_last=uses_channels_last(batch_size))
         single = _rate(lambda x, y: engine.step(x, y, None), batches, budget, device)
         cells = []
         for k in pack_sizes:
@@ -145,8 +146,7 @@ def main() -> None:
     parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cpu":
-        configure_cpu_threads(args.threads)
+    configure_training_process(device.type, args.threads)
     if not args.skip_steps:
         step_rates(device, [int(b) for b in args.batch_sizes.split(",")], args.budget,
                    [int(k) for k in args.pack_sizes.split(",")], args.pack_limit)

@@ -16,15 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edps_mlflow.cli import ALLOCATOR_ENVIRONMENT  # noqa: E402
+from edps_mlflow.resources import configure_training_process, training_environment_missing  # noqa: E402
 
-if any(k not in os.environ for k in ALLOCATOR_ENVIRONMENT) or "OMP_NUM_THREADS" not in os.environ:
-    os.execve(sys.executable, [sys.executable, *sys.argv],
-              {**os.environ, **ALLOCATOR_ENVIRONMENT, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+if training_environment_missing(os.environ):  # allocator settings are read when a process starts
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **training_environment_missing(os.environ)})
 
 import torch  # noqa: E402
 
-from edps_mlflow.engine import configure_cpu_threads  # noqa: E402
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
 from edps_mlflow.probes import LipschitzProbe, NoiseScaleProbe, ProbeContext  # noqa: E402
 
@@ -37,8 +35,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cpu":
-        configure_cpu_threads(args.threads)
+    configure_training_process(device.type, args.threads)
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(args.train_size, 1, 28, 28, generator=generator).to(device)
     labels = torch.randint(0, 10, (args.train_size,), generator=generator).to(device)

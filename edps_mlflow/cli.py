@@ -1,7 +1,9 @@
-"""The ``edps`` command: parse, validate, call; no logic.
+"""The ``edps`` command: click options, parsed into specs; no logic of its own.
 
     edps study --bs 256
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
+    edps sweep --batch-sizes 2..1024 --sparsities 0,0.5,0.9
+    edps status --experiment edps/digits-simple-cnn
     edps workloads
     edps data list
     edps data download mnist
@@ -9,51 +11,125 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
 from types import FrameType
+from typing import Any, Callable
 
 import click
 
 from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.resources import training_environment_missing
 
-# PERF.md: glibc's allocator maps and unmaps every large activation (1.5-1.9x at batch >= 128);
-# these are read when a process starts, so the launcher re-executes itself with them set.
-ALLOCATOR_ENVIRONMENT = {
-    "MALLOC_MMAP_THRESHOLD_": "4294967296",
-    "MALLOC_TRIM_THRESHOLD_": "68719476736",
-    "MALLOC_TOP_PAD_": "1073741824",
-}
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
+_DEFAULT_WORDS = ("", "default", "workload", "none")
 
 
-def _optional_float(value: str, name: str) -> float | None:
-    if value.strip().lower() in ("", "default", "workload", "none"):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise EdpsError(f"{name} must be a number or 'default', got {value!r}") from None
+# ---- option types ------------------------------------------------------------------------------
+class _OptionalNumber(click.ParamType):
+    """A finite number, or 'default' (None: the workload's value); integral when ``integer``."""
+
+    def __init__(self, integer: bool) -> None:
+        self.integer = integer
+        self.name = "integer|default" if integer else "number|default"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float | None:
+        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if text.lower() in _DEFAULT_WORDS:
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            self.fail(f"must be a number or 'default', got {text!r}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number or 'default', got {text!r}", param, ctx)
+        if not self.integer:
+            return number
+        if number != int(number):
+            self.fail(f"must be an integer or 'default', got {text!r}", param, ctx)
+        return int(number)
 
 
-def _optional_int(value: str, name: str) -> int | None:
-    number = _optional_float(value, name)
-    if number is None:
-        return None
-    if number != int(number):
-        raise EdpsError(f"{name} must be an integer or 'default', got {value!r}")
-    return int(number)
+class _BatchSizes(click.ParamType):
+    """``2..1024`` (the powers of two in between), ``16,64,256``, or empty (the workload's range)."""
+
+    name = "batch sizes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        if not text or text.lower() in _DEFAULT_WORDS:
+            return None
+        try:
+            if ".." in text:
+                low, high = (int(part) for part in text.split("..", 1))
+                if low < 1 or high < low or low & (low - 1) or high & (high - 1):
+                    raise ValueError
+                return tuple(2 ** e for e in range(low.bit_length() - 1, high.bit_length()))
+            return tuple(int(part) for part in text.split(","))
+        except ValueError:
+            self.fail(f"must be a list like 16,64,256 or a power-of-two range like 2..1024, got {text!r}", param, ctx)
 
 
-def _parse_bool(value: str, name: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off", ""):
-        return False
-    raise EdpsError(f"{name} must be true or false, got {value!r}")
+class _NumberList(click.ParamType):
+    """Comma-separated finite numbers."""
+
+    name = "numbers"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            numbers = tuple(float(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"must be a comma-separated list of numbers, got {value!r}", param, ctx)
+        if not all(math.isfinite(n) for n in numbers):
+            self.fail(f"must hold finite numbers, got {value!r}", param, ctx)
+        return numbers
+
+
+OPTIONAL_INT, OPTIONAL_FLOAT = _OptionalNumber(integer=True), _OptionalNumber(integer=False)
+
+
+def _options(*decorators: Callable) -> Callable[[Callable], Callable]:
+    """Several click options as one decorator (applied in the order listed)."""
+    def apply(command: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+    return apply
+
+
+# The options that `edps study` and `edps sweep` share, and what they mean.
+protocol_options = _options(
+    click.option("--workload", default="digits-simple-cnn", show_default=True,
+                 help="Workload name (see `edps workloads`)."),
+    click.option("--trials", type=OPTIONAL_INT, default="default", show_default=True,
+                 help="Quasi-random trials per study (Sobol order); 'default': the workload's."),
+    click.option("--goal-error", type=OPTIONAL_FLOAT, default="default", show_default=True,
+                 help="Goal validation error; 'default': the workload's."),
+    click.option("--max-steps", type=OPTIONAL_INT, default="default", show_default=True,
+                 help="Step cap; 'default': the workload's."),
+    click.option("--check-interval", type=OPTIONAL_INT, default="default", show_default=True,
+                 help="Steps between validation checks; 'default': the workload's."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Study seed (data order and trial seeds)."),
+    click.option("--full-trials", type=click.BOOL, default=False, show_default=True,
+                 help="true: run every trial to its own end instead of exact early stopping (same result)."),
+    click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
+    click.option("--experiment", default=None,
+                 help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
+    click.option("--log-interval", type=click.FloatRange(min=0.1, max=86_400), default=10.0, show_default=True,
+                 help="Seconds between progress lines when not on a terminal."),
+    click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
+    click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
+                 help="Steps between probe calls."),
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,101 +140,56 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--bs", "batch_size", type=int, default=256, show_default=True, help="Batch size.")
-@click.option("--workload", default="digits-simple-cnn", show_default=True, help="Workload name (see `edps workloads`).")
 @click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum or nesterov.")
 @click.option("--sparsity", type=float, default=0.0, show_default=True, help="Fraction pruned by SNIP, in [0, 1).")
-@click.option("--trials", type=int, default=32, show_default=True, help="Quasi-random trials (Sobol order).")
-@click.option("--goal-error", default="default", show_default=True, help="Goal validation error; 'default': the workload's.")
-@click.option("--max-steps", default="default", show_default=True, help="Step cap; 'default': the workload's.")
-@click.option("--check-interval", type=int, default=100, show_default=True, help="Steps between validation checks.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Study seed (data order and trial seeds).")
-@click.option("--full-trials", default="false", show_default=True,
-              help="true: run every trial to its own end instead of exact early stopping (same result).")
-@click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache).")
-@click.option("--experiment", default=None, help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>/<optimizer>).")
+@protocol_options
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available).")
-@click.option("--workers", type=int, default=None, help="Worker processes on CPU (default: one per core).")
-@click.option("--pack-size", type=int, default=None, help="Trials trained in lockstep (default: per device and batch size).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes on CPU (default: one per core).")
+@click.option("--pack-size", type=click.IntRange(min=1), default=None,
+              help="Trials trained in lockstep (default: per device and batch size).")
 @click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
-@click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines when not on a terminal.")
-@click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated).")
-@click.option("--probe-interval", type=int, default=1000, show_default=True, help="Steps between probe calls.")
-def study(batch_size: int, workload: str, optimizer: str, sparsity: float, trials: int, goal_error: str,
-          max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
-          experiment: str | None, device: str | None, workers: int | None, pack_size: int | None,
-          full_evaluation: bool, log_interval: float, probes: str, probe_interval: int) -> None:
+def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
+          goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
+          data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
+          device: str | None, workers: int | None, pack_size: int | None, full_evaluation: bool) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
-    from edps_mlflow.config import OptimizerKind, StudySpec
-    from edps_mlflow.probes import parse_probes
+    from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
-    from edps_mlflow.workloads import get_workload
 
-    spec_workload = get_workload(workload)
-    kind = OptimizerKind.parse(optimizer)
-    goal = _optional_float(goal_error, "goal error")
-    cap = _optional_int(max_steps, "max steps")
-    spec = StudySpec(
-        workload=workload, optimizer=kind, sparsity=sparsity, batch_size=batch_size, trials=trials,
-        goal_error=goal if goal is not None else spec_workload.goal_error,
-        max_steps=cap if cap is not None else spec_workload.max_steps,
-        check_interval=check_interval, seed=seed, probes=parse_probes(probes), probe_interval=probe_interval,
-    )
+    spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
+                           seed, parse_probes(probes), probe_interval)
     options = ExecutionOptions(
-        full_trials=_parse_bool(full_trials, "full trials"), device=device, workers=workers,
-        pack_size=pack_size, early_abort_evaluation=not full_evaluation, experiment=experiment,
-        data_dir=data_dir or None, log_interval=log_interval,
-    )
+        full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
+        early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
+        log_interval=log_interval)
     run_study(spec, options)
 
 
 @cli.command()
-@click.option("--workload", default="digits-simple-cnn", show_default=True, help="Workload name.")
 @click.option("--optimizers", default="sgd", show_default=True, help="Comma-separated: sgd,momentum,nesterov.")
-@click.option("--batch-sizes", default=None, help="2..1024 (powers of two) or 16,64,256; default 2..largest <= train size.")
-@click.option("--sparsities", default="0", show_default=True, help="Comma-separated, each in [0, 1).")
-@click.option("--trials", type=int, default=32, show_default=True, help="Trials per study.")
-@click.option("--goal-error", default="default", show_default=True, help="Goal validation error; 'default': the workload's.")
-@click.option("--max-steps", default="default", show_default=True, help="Step cap; 'default': the workload's.")
-@click.option("--check-interval", type=int, default=100, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--full-trials", default="false", show_default=True, help="true: every trial runs to its own end.")
-@click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
-@click.option("--experiment", default=None, help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>).")
+@click.option("--batch-sizes", type=_BatchSizes(), default=None,
+              help="2..1024 (powers of two) or 16,64,256; default 2..largest that fits the training split.")
+@click.option("--sparsities", type=_NumberList(), default="0", show_default=True, help="Comma-separated, each in [0, 1).")
+@protocol_options
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=None, help="Local: study processes (default one per core, or per GPU).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Local: study processes (default one per core, or per GPU).")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
-@click.option("--log-interval", type=float, default=10.0, show_default=True, help="Seconds between progress lines.")
-@click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated).")
-@click.option("--probe-interval", type=int, default=1000, show_default=True, help="Steps between probe calls.")
-def sweep(workload: str, optimizers: str, batch_sizes: str | None, sparsities: str, trials: int, goal_error: str,
-          max_steps: str, check_interval: int, seed: int, full_trials: str, data_dir: str | None,
-          experiment: str | None, executor: str, workers: int | None, ray_address: str | None, device: str | None,
-          log_interval: float, probes: str, probe_interval: int) -> None:
+def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...], workload: str,
+          trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
+          full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
+          probe_interval: int, executor: str, workers: int | None, ray_address: str | None,
+          device: str | None) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
-    from edps_mlflow.config import OptimizerKind
-    from edps_mlflow.probes import parse_probes
-    from edps_mlflow.sweep import SweepOptions, SweepSpec, parse_batch_sizes, parse_numbers, run_sweep
-    from edps_mlflow.workloads import get_workload
+    from edps_mlflow.config import parse_probes
+    from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
 
-    item = get_workload(workload)
-    kinds = tuple(OptimizerKind.parse(name.strip()) for name in optimizers.split(","))
-    goal = _optional_float(goal_error, "goal error")
-    cap = _optional_int(max_steps, "max steps")
-    if workers is not None and workers < 1:
-        raise EdpsError(f"workers must be a positive integer, got {workers}")
-    if device not in (None, "cpu", "cuda"):
-        raise EdpsError(f"sweep device must be cpu or cuda, got {device!r}")
-    train_size = item.load_data(data_dir or None).train_size
-    spec = SweepSpec(
-        workload=workload, optimizers=kinds, batch_sizes=parse_batch_sizes(batch_sizes, train_size),
-        sparsities=parse_numbers(sparsities, "sparsities"), trials=trials,
-        goal_error=goal if goal is not None else item.goal_error,
-        max_steps=cap if cap is not None else item.max_steps, check_interval=check_interval, seed=seed,
-        probes=parse_probes(probes), probe_interval=probe_interval)
+    spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes, sparsities,
+                           trials, goal_error, max_steps, check_interval, seed, parse_probes(probes), probe_interval)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
-        data_dir=data_dir or None, full_trials=_parse_bool(full_trials, "full trials"), log_interval=log_interval))
+        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval))
 
 
 @cli.command()
@@ -172,12 +203,14 @@ def status(experiment: str) -> None:
 
 @cli.command()
 def workloads() -> None:
-    """List the workloads with their goals, caps and data needs."""
+    """List the workloads with their goals, caps, protocol defaults and data needs."""
     from edps_mlflow.workloads import WORKLOADS
 
     for item in WORKLOADS.values():
         data = "needs --data-dir" if item.needs_data_dir else "built in"
-        click.echo(f"{item.name:<22} goal {item.goal_error:<5g} cap {item.max_steps:<6} {data:<16} {item.description}")
+        click.echo(f"{item.name:<26} goal {item.goal_error:<5g} cap {item.max_steps:<6} "
+                   f"trials {item.default_trials:<3} check every {item.check_interval:<4} {data:<16} "
+                   f"{item.description}")
 
 
 @cli.group()
@@ -219,21 +252,19 @@ def data_download(name: str, data_dir: str | None) -> None:
     click.echo(f"{name}: ready in {directory}")
 
 
-def _training_environment_missing() -> dict[str, str]:
-    missing = {k: v for k, v in ALLOCATOR_ENVIRONMENT.items() if k not in os.environ}
-    if "OMP_NUM_THREADS" not in os.environ:
-        # Set before torch is imported; the engine sets the real count per process.
-        missing["OMP_NUM_THREADS"] = "1"
-    return missing
+# The re-executed launcher imports nothing from the working directory: ``python -c`` puts it first
+# on the import path, so it is removed before anything else is imported.
+_LAUNCHER = "import sys; del sys.path[0]; from edps_mlflow.cli import main; main()"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: one-line errors, and the allocator settings of PERF.md for training."""
+    """Console entry point: one-line errors, and the allocator settings of the training processes."""
     args = list(sys.argv[1:] if argv is None else argv)
-    missing = _training_environment_missing()
+    missing = training_environment_missing(os.environ)
     if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
+        # The allocator settings are read when a process starts: start again with them.
         environment = {**os.environ, **missing, _REEXEC_MARK: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "edps_mlflow.cli", *args], environment)
+        os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cli.main(args=args, prog_name="edps", standalone_mode=False)
@@ -244,7 +275,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("edps: interrupted; open runs were marked KILLED", err=True)
         sys.exit(130)
     except click.UsageError as error:
-        click.echo(f"edps: error: {error.format_message()}", err=True)
+        message = error.format_message().replace("\n", " ")
+        click.echo(f"edps: error: {message}", err=True)
+        _mark_launcher_run(message)
         sys.exit(2)
     except EdpsError as error:
         click.echo(f"edps: error: {error}", err=True)

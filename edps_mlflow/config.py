@@ -22,7 +22,7 @@ from edps_mlflow.errors import EdpsError
 
 
 class OptimizerKind(str, Enum):
-    """PAPER.md: heavy-ball momentum as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf)."""
+    """The paper's optimizers; momentum is heavy-ball as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf)."""
 
     SGD = "sgd"
     MOMENTUM = "momentum"
@@ -70,9 +70,41 @@ class OptimizerSettings:
         )
 
 
+# Probes a study may ask for (their code is in probes.py, which needs torch; the names do not).
+PROBE_NAMES = ("lipschitz", "noise_scale")
+
+# What the engine can represent: step counters and caps are far below 2**63 with this bound, and
+# the shared best step of worker processes is a signed 64-bit integer.
+MAX_STEP_CAP = 10**9
+SEED_LIMIT = 2**32
+
+
+def parse_probes(text: str | None) -> tuple[str, ...]:
+    """``lipschitz,noise_scale`` -> a sorted tuple of probe names (unknown names are an error)."""
+    return _checked_probes(tuple(part.strip() for part in (text or "").split(",") if part.strip()))
+
+
+def _checked_probes(names: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in PROBE_NAMES]
+    if unknown:
+        raise EdpsError(f"unknown probe {unknown[0]!r}; known probes: {', '.join(PROBE_NAMES)}")
+    return tuple(sorted(set(names)))
+
+
+def _check_count(name: str, value: int, low: int = 1, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer >= {low}")
+        raise EdpsError(f"{name} must be {kind}, got {value!r}")
+    if high is not None and value > high:
+        raise EdpsError(f"{name} must be at most {high:,}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class StudySpec:
-    """Everything that defines one study: (workload, optimizer, sparsity, batch size) and its search."""
+    """Everything that defines one study: (workload, optimizer, sparsity, batch size) and its search.
+
+    Validated on construction: a StudySpec that exists is a valid one.
+    """
 
     workload: str
     optimizer: OptimizerKind
@@ -88,26 +120,46 @@ class StudySpec:
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
 
-    def validate(self) -> None:
-        """Raise EdpsError with one clear sentence for the first bad value."""
-        if self.batch_size <= 0:
-            raise EdpsError(f"batch size must be a positive integer, got {self.batch_size}")
-        if not (0.0 <= self.sparsity < 1.0) or math.isnan(self.sparsity):
+    def __post_init__(self) -> None:
+        """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
+        _check_count("batch size", self.batch_size)
+        if not isinstance(self.sparsity, (int, float)) or isinstance(self.sparsity, bool) \
+                or not (0.0 <= self.sparsity < 1.0):
             raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
-        if not (0.0 < self.goal_error < 1.0):
+        if not isinstance(self.goal_error, (int, float)) or not (0.0 < self.goal_error < 1.0):
             raise EdpsError(f"goal error must be in (0, 1), got {self.goal_error}")
-        if self.trials <= 0:
-            raise EdpsError(f"trials must be a positive integer, got {self.trials}")
-        if self.check_interval <= 0:
-            raise EdpsError(f"check interval must be a positive integer, got {self.check_interval}")
+        _check_count("trials", self.trials, 1, 100_000)
+        _check_count("check interval", self.check_interval, 1, MAX_STEP_CAP)
+        _check_count("max steps", self.max_steps, 1, MAX_STEP_CAP)
         if self.max_steps < self.check_interval:
             raise EdpsError(
                 f"max steps ({self.max_steps}) must be at least the check interval ({self.check_interval})"
             )
-        if self.seed < 0:
-            raise EdpsError(f"seed must be a non-negative integer, got {self.seed}")
-        if self.probe_interval <= 0:
-            raise EdpsError(f"probe interval must be a positive integer, got {self.probe_interval}")
+        _check_count("seed", self.seed, 0, SEED_LIMIT - 1)
+        _check_count("probe interval", self.probe_interval, 1, MAX_STEP_CAP)
+        # -0.0 is 0.0: the same study must get the same key however the number was spelled.
+        object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)
+        object.__setattr__(self, "goal_error", float(self.goal_error))
+        object.__setattr__(self, "optimizer", OptimizerKind.parse(self.optimizer) if isinstance(self.optimizer, str)
+                           and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
+        object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
+
+    @classmethod
+    def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
+              trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
+              check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
+              probe_interval: int = 1000) -> "StudySpec":
+        """A study with the workload's protocol (trials, goal, cap, check interval) wherever a value is None."""
+        from edps_mlflow.workloads import get_workload
+
+        item = get_workload(workload)
+        kind = OptimizerKind.parse(optimizer) if not isinstance(optimizer, OptimizerKind) else optimizer
+        item.search_space(kind.value)
+        return cls(workload, kind, sparsity, batch_size, trials if trials is not None else item.default_trials,
+                   goal_error if goal_error is not None else item.goal_error,
+                   max_steps if max_steps is not None else item.max_steps,
+                   check_interval if check_interval is not None else item.check_interval, seed, probes,
+                   probe_interval)
 
     def key_fields(self) -> dict[str, Any]:
         fields = asdict(self)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -29,17 +28,11 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
-from edps_mlflow.config import OptimizerKind, OptimizerSettings
+from edps_mlflow.config import OptimizerKind
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.probes import ProbeContext, make_probes
-from edps_mlflow.pruning import Mask
-
-
-class TrialStatus(str, Enum):
-    REACHED = "reached"
-    NOT_REACHED = "not_reached"
-    DIVERGED = "diverged"
-    SUPERSEDED = "superseded"
+from edps_mlflow.probes import ProbeHook
+from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
+from edps_mlflow.trials import TrialSetup
 
 
 @dataclass(frozen=True)
@@ -56,37 +49,6 @@ class EngineSettings:
     channels_last: bool = True
     probes: tuple[str, ...] = ()  # names from probes.PROBES; none: the loop is untouched
     probe_interval: int = 1000
-
-
-@dataclass(frozen=True)
-class TrialSetup:
-    """What the engine needs for one trial: masked initial parameters, the mask, the optimizer."""
-
-    index: int
-    initial_parameters: dict[str, Tensor]
-    mask: Mask
-    optimizer: OptimizerSettings
-
-
-@dataclass(frozen=True)
-class Check:
-    step: int
-    train_loss: float  # mean over the steps since the previous check
-    validation_error: float | None  # None when the pass was cut short by early abort
-    learning_rate: float
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    index: int
-    status: TrialStatus
-    steps_to_result: int | None
-    steps_trained: int
-    best_validation_error: float | None
-    checks: int
-    checks_cut_short: int
-    seconds: float
-    probe_seconds: float = 0.0
 
 
 class StepBound(Protocol):
@@ -118,9 +80,7 @@ class LocalStepBound:
         self.best_step = best_step
 
     def limit(self) -> int:
-        if not self.exact_early_stopping or self.best_step is None:
-            return self.max_steps
-        return min(self.max_steps, self.best_step - self.check_interval)
+        return training_limit(self.max_steps, self.check_interval, self.best_step, self.exact_early_stopping)
 
     def offer(self, step: int) -> None:
         if self.best_step is None or step < self.best_step:
@@ -136,21 +96,6 @@ class NullObserver:
 
     def on_finish(self, result: TrialResult) -> None:
         pass
-
-
-def configure_cpu_threads(threads: int) -> None:
-    """One thread per worker process on CPU (PERF.md), and flushed denormals (free, up to 1.5x)."""
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
-
-
-def choose_pack_size(device: torch.device, batch_size: int, trials: int) -> int:
-    """How many trials to train in lockstep (PERF.md: on a CPU only up to batch ~4 pays)."""
-    if device.type == "cpu":
-        wanted = 32 if batch_size <= 4 else 1
-    else:
-        wanted = 32 if batch_size <= 128 else 8 if batch_size <= 1024 else 1
-    return max(1, min(wanted, trials))
 
 
 class BatchStream:
@@ -177,15 +122,6 @@ class BatchStream:
         start = self.position
         self.position += self.batch_size
         return self.order[start:start + self.batch_size]
-
-
-class _Trainer(Protocol):
-    def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor: ...
-
-    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
-                     batch_size: int) -> tuple[list[int], list[bool]]: ...
-
-    def keep(self, positions: Sequence[int]) -> None: ...
 
 
 class SingleTrainer:
@@ -335,115 +271,104 @@ def make_trainer(model_factory: Callable[[], nn.Module], setups: Sequence[TrialS
     return PackedTrainer(model_factory(), setups, device)
 
 
-def train_trials(
-    model_factory: Callable[[], nn.Module],
-    data: DataSplits,
-    setups: Sequence[TrialSetup],
-    settings: EngineSettings,
-    bound: StepBound,
-    observer: Observer | None = None,
-    trainer: SingleTrainer | PackedTrainer | None = None,
-) -> list[TrialResult]:
+@dataclass
+class _TrialState:
+    """What the loop tracks of one trial of the chunk while it trains."""
+
+    setup: TrialSetup
+    checks: int = 0
+    checks_cut_short: int = 0
+    best_validation_error: float | None = None
+    probe_seconds: float = 0.0
+
+    def result(self, status: TrialStatus, step: int, started: float) -> TrialResult:
+        return TrialResult(
+            index=self.setup.index, status=status, steps_to_result=step if status is TrialStatus.REACHED else None,
+            steps_trained=step, best_validation_error=self.best_validation_error, checks=self.checks,
+            checks_cut_short=self.checks_cut_short, seconds=time.perf_counter() - started,
+            probe_seconds=self.probe_seconds)
+
+
+def train_trials(model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],
+                 settings: EngineSettings, bound: StepBound, observer: Observer | None = None) -> list[TrialResult]:
     """Train ``setups`` in lockstep (one setup: the plain fast path). ``data`` must be on the device."""
     observer = observer or NullObserver()
-    device = data.train_images.device
-    trainer = trainer or make_trainer(model_factory, setups, device, settings.channels_last)
-    stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
-    scheduled = any(s.optimizer.decay_steps is not None for s in setups)
     started = time.perf_counter()
-    active = list(range(len(setups)))
-    best_errors: list[float | None] = [None] * len(setups)
-    checks = [0] * len(setups)
-    cut_short = [0] * len(setups)
-    results: list[TrialResult | None] = [None] * len(setups)
+    active = [_TrialState(setup) for setup in setups]
+    results: dict[int, TrialResult] = {}
 
-    probes = make_probes(settings.probes)
-    probe_seconds = [0.0] * len(setups)
-
-    def finish(position: int, status: TrialStatus, step: int, reached_at: int | None) -> None:
-        result = TrialResult(
-            index=setups[position].index, status=status, steps_to_result=reached_at, steps_trained=step,
-            best_validation_error=best_errors[position], checks=checks[position],
-            checks_cut_short=cut_short[position], seconds=time.perf_counter() - started,
-            probe_seconds=probe_seconds[position] if probes else 0.0,
-        )
-        results[position] = result
-        observer.on_finish(result)
+    def finish(state: _TrialState, status: TrialStatus, step: int) -> None:
+        results[state.setup.index] = state.result(status, step, started)
+        observer.on_finish(results[state.setup.index])
 
     if bound.limit() < settings.check_interval:
-        for position in active:
-            finish(position, TrialStatus.SUPERSEDED, 0, None)
-        return [r for r in results if r is not None]
-
+        for state in active:
+            finish(state, TrialStatus.SUPERSEDED, 0)
+        return [results[s.index] for s in setups]
+    device = data.train_images.device
+    trainer = make_trainer(model_factory, setups, device, settings.channels_last)
+    stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
+    hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
+                     settings.data_seed)
+    scheduled = any(s.optimizer.decay_steps is not None for s in setups)
     loss_sums = torch.zeros(len(active), device=device)
-    steps_since_check = 0
-    step = 0
+    steps_since_check, step = 0, 0
     while active:
         step += 1
-        learning_rates = [setups[p].optimizer.learning_rate_at(step - 1) for p in active] if scheduled else None
+        rates = [s.setup.optimizer.learning_rate_at(step - 1) for s in active] if scheduled else None
         batch = stream.next()
-        probing = bool(probes) and step % settings.probe_interval == 0
-        if probing:
-            probe_started = time.perf_counter()
-            template, parameters, masks = trainer.probe_view()
-            context = ProbeContext(template, parameters, masks, data.train_images, data.train_labels, step,
-                                   settings.data_seed)
-            for probe in probes:
-                probe.before_step(context)
-            probe_time = time.perf_counter() - probe_started
-        loss_sums += trainer.step(data.train_images[batch], data.train_labels[batch], learning_rates)
-        if probing:
-            probe_started = time.perf_counter()
-            values: dict[str, list[float]] = {}
-            for probe in probes:
-                values.update(probe.after_step(context))
-            probe_time += time.perf_counter() - probe_started
-            for k, position in enumerate(active):
-                probe_seconds[position] += probe_time / len(active)
-                observer.on_probe(setups[position].index, step, {name: v[k] for name, v in values.items()})
+        losses, probe_values, probe_seconds = hook.around_step(
+            step, trainer.probe_view,
+            lambda: trainer.step(data.train_images[batch], data.train_labels[batch], rates))
+        loss_sums += losses
+        for k, state in enumerate(active):
+            if probe_values:
+                state.probe_seconds += probe_seconds / len(active)
+                observer.on_probe(state.setup.index, step, {name: v[k] for name, v in probe_values.items()})
         steps_since_check += 1
         if step % settings.check_interval != 0 and step < settings.max_steps:
             continue
-
         mean_losses = (loss_sums / steps_since_check).tolist()
         loss_sums.zero_()
         steps_since_check = 0
-        diverged = [not math.isfinite(loss) for loss in mean_losses]
-        allowed = settings.allowed_errors if settings.early_abort_evaluation else None
-        errors, complete = trainer.count_errors(
-            data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
-        reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
-        if any(reached):
-            bound.offer(step)
-        limit = bound.limit()
+        statuses = _check(trainer, data, settings, bound, active, step, mean_losses, observer)
+        survivors = [k for k, status in enumerate(statuses) if status is None]
+        for state, status in zip(active, statuses):
+            if status is not None:
+                finish(state, status, step)
+        if survivors and len(survivors) < len(active):
+            trainer.keep(survivors)
+            hook.keep(survivors)
+            loss_sums = loss_sums[torch.tensor(survivors, device=device)]
+        active = [active[k] for k in survivors]
+    return [results[s.index] for s in setups]
 
-        survivors = []
-        for k, position in enumerate(active):
-            checks[position] += 1
-            validation_error = errors[k] / data.validation_size if complete[k] else None
-            if not complete[k] and not diverged[k]:
-                cut_short[position] += 1
-            if validation_error is not None:
-                previous = best_errors[position]
-                best_errors[position] = validation_error if previous is None else min(previous, validation_error)
-            observer.on_check(setups[position].index, Check(
-                step=step, train_loss=mean_losses[k], validation_error=validation_error,
-                learning_rate=setups[position].optimizer.learning_rate_at(step - 1)))
-            if diverged[k]:
-                finish(position, TrialStatus.DIVERGED, step, None)
-            elif reached[k]:
-                finish(position, TrialStatus.REACHED, step, step)
-            elif step >= settings.max_steps:
-                finish(position, TrialStatus.NOT_REACHED, step, None)
-            elif step >= limit:
-                finish(position, TrialStatus.SUPERSEDED, step, None)
-            else:
-                survivors.append(k)
-        if len(survivors) < len(active):
-            if survivors:
-                trainer.keep(survivors)
-                for probe in probes:
-                    probe.keep(survivors)
-                loss_sums = loss_sums[torch.tensor(survivors, device=device)]
-            active = [active[k] for k in survivors]
-    return [r for r in results if r is not None]
+
+def _check(trainer: SingleTrainer | PackedTrainer, data: DataSplits, settings: EngineSettings, bound: StepBound,
+           active: list[_TrialState], step: int, mean_losses: list[float],
+           observer: Observer) -> list[TrialStatus | None]:
+    """The validation check at ``step``: each active trial's new status, or None while it trains on."""
+    diverged = [not math.isfinite(loss) for loss in mean_losses]
+    allowed = settings.allowed_errors if settings.early_abort_evaluation else None
+    errors, complete = trainer.count_errors(
+        data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
+    reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
+    if any(reached):
+        bound.offer(step)
+    limit = bound.limit()
+    statuses: list[TrialStatus | None] = []
+    for k, state in enumerate(active):
+        state.checks += 1
+        validation_error = errors[k] / data.validation_size if complete[k] else None
+        if not complete[k] and not diverged[k]:
+            state.checks_cut_short += 1
+        if validation_error is not None:
+            previous = state.best_validation_error
+            state.best_validation_error = validation_error if previous is None else min(previous, validation_error)
+        observer.on_check(state.setup.index, Check(
+            step=step, train_loss=mean_losses[k], validation_error=validation_error,
+            learning_rate=state.setup.optimizer.learning_rate_at(step - 1)))
+        statuses.append(TrialStatus.DIVERGED if diverged[k] else TrialStatus.REACHED if reached[k]
+                        else TrialStatus.NOT_REACHED if step >= settings.max_steps
+                        else TrialStatus.SUPERSEDED if step >= limit else None)
+    return statuses

@@ -20,16 +20,9 @@ import torch
 
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.engine import (
-    Check,
-    EngineSettings,
-    LocalStepBound,
-    StepBound,
-    TrialResult,
-    TrialStatus,
-    configure_cpu_threads,
-    train_trials,
-)
+from edps_mlflow.engine import EngineSettings, LocalStepBound, StepBound, train_trials
+from edps_mlflow.resources import configure_training_process
+from edps_mlflow.results import Check, TrialResult
 from edps_mlflow.pruning import Mask
 from edps_mlflow.trials import prepare_trial
 from edps_mlflow.workloads import get_workload
@@ -93,7 +86,7 @@ def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound:
         # The study already has a result no trial of this chunk could beat: skip SNIP too.
         for index in chunk:
             sink.trial_started(index, None)
-            sink.on_finish(TrialResult(index, TrialStatus.SUPERSEDED, None, 0, None, 0, 0, 0.0))
+            sink.on_finish(TrialResult.superseded_before_start(index))
         return
     setups = [prepare_trial(workload, data, TrialSpec(job.spec, index, job.points[index])) for index in chunk]
     for setup in setups:
@@ -103,8 +96,7 @@ def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound:
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
                  sink: TrainingSink) -> None:
-    if job.device == "cpu":
-        configure_cpu_threads(job.threads)
+    configure_training_process(job.device.split(":")[0], job.threads)
     for chunk in chunks:
         train_chunk(job, chunk, data, bound, sink)
 
@@ -131,8 +123,7 @@ def _worker_main(job: TrainingJob, tasks: Any, events: Any, best_value: Any, wor
     # The parent decides what an interrupt means; workers just get terminated.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if job.device == "cpu":
-            configure_cpu_threads(job.threads)
+        configure_training_process(job.device.split(":")[0], job.threads)
         workload = get_workload(job.spec.workload)
         data = workload.load_data(job.data_dir).to(torch.device(job.device))
         bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,

@@ -7,7 +7,7 @@ trial axis like the packed engine). ``before_step`` sees the weights before that
 what they need and never touch the training state or its random stream, so a run with probes
 follows exactly the trajectory of a run without them.
 
-- ``lipschitz`` (PAPER.md): full-training-split gradients g(w0) before the update and, after it
+- ``lipschitz`` (the paper's measurement, see docs/protocol.md): full-training-split gradients g(w0) before the update and, after it
   (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
   L = max_gamma |g(w0 + gamma d) - g(w0)| / |gamma d|. Gradients are masked, so pruned
   coordinates stay out. Cost: ten full passes over the training split per call.
@@ -23,6 +23,7 @@ follows exactly the trajectory of a run without them.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -31,7 +32,14 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
+from edps_mlflow.config import PROBE_NAMES
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.names import (
+    METRIC_PROBE_GRAD_NORM_SQ,
+    METRIC_PROBE_LIPSCHITZ,
+    METRIC_PROBE_NOISE_SCALE,
+    METRIC_PROBE_TRACE_SIGMA,
+)
 
 GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 Loss = Callable[[Tensor, Tensor], Tensor]
@@ -126,7 +134,7 @@ class LipschitzProbe:
             best = torch.where(torch.isnan(best) | (ratio > best), ratio, best)
         self.start = self.start_gradient = None
         values = [v if math.isfinite(v) else float("nan") for v in best.tolist()]
-        return {"probe/lipschitz": values}
+        return {METRIC_PROBE_LIPSCHITZ: values}
 
     def keep(self, positions: list[int]) -> None:
         pass  # no state between calls
@@ -173,8 +181,9 @@ class NoiseScaleProbe:
         else:
             self.average_trace = self.smoothing * self.average_trace + (1 - self.smoothing) * trace_estimate
             self.average_norm = self.smoothing * self.average_norm + (1 - self.smoothing) * norm_estimate
-        self.values = {"probe/noise_scale": (self.average_trace / self.average_norm).tolist(),
-                       "probe/grad_norm_sq": norm_estimate.tolist(), "probe/trace_sigma": trace_estimate.tolist()}
+        self.values = {METRIC_PROBE_NOISE_SCALE: (self.average_trace / self.average_norm).tolist(),
+                       METRIC_PROBE_GRAD_NORM_SQ: norm_estimate.tolist(),
+                       METRIC_PROBE_TRACE_SIGMA: trace_estimate.tolist()}
 
     def after_step(self, context: ProbeContext) -> dict[str, list[float]]:
         values, self.values = self.values, {}
@@ -188,15 +197,48 @@ class NoiseScaleProbe:
 
 
 PROBES: dict[str, Callable[[], Probe]] = {"lipschitz": LipschitzProbe, "noise_scale": NoiseScaleProbe}
+# The specs validate probe names without importing torch; the two lists must name the same probes.
+assert set(PROBES) == set(PROBE_NAMES)
 
 
-def parse_probes(text: str | None) -> tuple[str, ...]:
-    names = tuple(sorted({part.strip() for part in (text or "").split(",") if part.strip()}))
-    unknown = [n for n in names if n not in PROBES]
-    if unknown:
-        raise EdpsError(f"unknown probe {unknown[0]!r}; known probes: {', '.join(PROBES)}")
-    return names
 
+class ProbeHook:
+    """The probes of one chunk of trials, run around every ``interval``-th training step.
 
-def make_probes(names: tuple[str, ...]) -> list[Probe]:
-    return [PROBES[name]() for name in names]
+    With no probe named, :meth:`around_step` only runs the step: the training loop is untouched.
+    """
+
+    def __init__(self, names: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int) -> None:
+        self.probes = [PROBES[name]() for name in names]
+        self.interval, self.images, self.labels, self.seed = interval, images, labels, seed
+
+    @property
+    def active(self) -> bool:
+        return bool(self.probes)
+
+    def around_step(self, step: int, view: Callable[[], tuple[nn.Module, Callable[[], dict[str, Tensor]],
+                                                               dict[str, Tensor] | None]],
+                    train_step: Callable[[], Tensor]) -> tuple[Tensor, dict[str, list[float]], float]:
+        """Run ``train_step`` (the update that produces ``step``), with the probes around it when due.
+
+        Returns the step's per-trial losses, the probe values (one list per metric, one value per
+        trial; empty when no probe ran) and the seconds the probes took.
+        """
+        if not self.probes or step % self.interval != 0:
+            return train_step(), {}, 0.0
+        started = time.perf_counter()
+        template, parameters, masks = view()
+        context = ProbeContext(template, parameters, masks, self.images, self.labels, step, self.seed)
+        for probe in self.probes:
+            probe.before_step(context)
+        seconds = time.perf_counter() - started
+        losses = train_step()
+        started = time.perf_counter()
+        values: dict[str, list[float]] = {}
+        for probe in self.probes:
+            values.update(probe.after_step(context))
+        return losses, values, seconds + time.perf_counter() - started
+
+    def keep(self, positions: list[int]) -> None:
+        for probe in self.probes:
+            probe.keep(positions)

@@ -1,10 +1,12 @@
-"""Progress of a study: one live line on a terminal, plain periodic lines in logs."""
+"""Progress of a study (one live line on a terminal, plain periodic lines in logs) and of a sweep."""
 
 from __future__ import annotations
 
 import sys
 import time
 from typing import TextIO
+
+from edps_mlflow.results import StudyReport
 
 
 class StudyProgress:
@@ -70,3 +72,48 @@ class StudyProgress:
         else:
             self.stream.write((f"{event}: " if event else "") + self._line() + "\n")
         self.stream.flush()
+
+
+class SweepProgress:
+    """Studies done / running / to do, trials per second and an estimate of the time left."""
+
+    def __init__(self, total: int, done: int, to_run: int, workers: int, out: TextIO, interval: float) -> None:
+        self.total, self.done, self.to_run, self.workers = total, done, to_run, workers
+        self.finished_here = 0
+        self.running = 0
+        self.trials_trained = 0
+        self.study_seconds = 0.0
+        self.out, self.interval = out, interval
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def started_study(self) -> None:
+        self.running += 1
+        self.render()
+
+    def finished_study(self, report: StudyReport, label: str) -> None:
+        self.running = max(0, self.running - 1)
+        self.finished_here += 1
+        self.done += 1
+        self.trials_trained += report.trained
+        self.study_seconds += report.seconds
+        result = report.steps_to_result if report.steps_to_result is not None else "no result"
+        self.render(force=True, event=f"{label}: steps_to_result {result}"
+                    + (" (already done)" if report.skipped else ""))
+
+    def render(self, force: bool = False, event: str | None = None) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        elapsed = now - self.started
+        remaining = self.total - self.done
+        rate = self.trials_trained / elapsed if elapsed > 0 else 0.0
+        if self.finished_here:
+            eta = self.study_seconds / self.finished_here * remaining / max(1, self.workers)
+            eta_text = f"~{eta / 60:.1f} min left"
+        else:
+            eta_text = "time left unknown yet"
+        line = (f"[{elapsed:7.1f}s] studies {self.done}/{self.total} done, {self.running} running, "
+                f"{max(0, remaining - self.running)} to do | {rate:.2f} trials/s | {eta_text}")
+        print((f"{event}\n" if event else "") + line, file=self.out, flush=True)

@@ -50,10 +50,10 @@ class Mask:
         return {"kept": self.kept, "total": self.total, "kept_fraction": self.kept / self.total,
                 "sparsity": 1.0 - self.kept / self.total, "layers": layers}
 
-    def save(self, directory: Path) -> tuple[Path, Path]:
-        """Write ``mask.npz`` (boolean arrays, loads with allow_pickle=False) and ``summary.json``."""
+    def save(self, directory: Path, mask_name: str, summary_name: str) -> tuple[Path, Path]:
+        """Write the mask (``.npz`` of boolean arrays, loads with allow_pickle=False) and its JSON summary."""
         directory.mkdir(parents=True, exist_ok=True)
-        mask_path, summary_path = directory / "mask.npz", directory / "summary.json"
+        mask_path, summary_path = directory / mask_name, directory / summary_name
         np.savez_compressed(mask_path, **{name: t.cpu().numpy().astype(bool) for name, t in self.tensors.items()})
         summary_path.write_text(json.dumps(self.summary(), indent=2))
         return mask_path, summary_path

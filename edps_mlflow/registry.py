@@ -1,6 +1,8 @@
-"""MLflow reads for training: finished trials by key (reuse) and neighbouring studies (trial order).
+"""MLflow reads for training: finished trials by key (reuse), neighbouring studies (trial order),
+study and sweep runs (the sweep's plan), and the grid that ``edps status`` shows.
 
-Only this module and tracking.py import mlflow on the training side.
+Only this module and tracking.py import mlflow on the training side. What it returns is plain
+records with enums and booleans, never MLflow's own entities or status strings. It imports no torch.
 """
 
 from __future__ import annotations
@@ -9,30 +11,36 @@ import math
 from dataclasses import dataclass
 
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from edps_mlflow.config import StudySpec
-from edps_mlflow.engine import TrialStatus
-from edps_mlflow.tracking import (
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.names import (
     KIND_STUDY,
     KIND_SWEEP,
     KIND_TRIAL,
     METRIC_BEST_VALIDATION_ERROR,
     METRIC_STEPS_TO_RESULT,
     METRIC_STEPS_TRAINED,
+    MLFLOW_PARENT_RUN_ID,
+    PARAM_BEST_PREFIX,
+    PARAM_SPEC_TRIALS,
+    STOPPING_FULL_TRIALS,
     TAG_BATCH_SIZE,
     TAG_KIND,
     TAG_OPTIMIZER,
     TAG_SPARSITY,
     TAG_STATUS,
+    TAG_STOPPING,
     TAG_STUDY_FAMILY,
     TAG_STUDY_KEY,
     TAG_SWEEP_KEY,
     TAG_TRIAL_KEY,
     TAG_WORKLOAD,
-    sparsity_tag,
-    study_family,
 )
+from edps_mlflow.results import RunState, TrialStatus
+from edps_mlflow.tracking import connect, redact_uri, sparsity_tag, store_error, study_family
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
     runs = _search_all(
         client, experiment_id,
         f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_STUDY_FAMILY}` = '{study_family(spec)}' "
-        f"and attributes.status = 'FINISHED'",
+        f"and attributes.status = '{RunState.FINISHED.value}'",
     )
     found: dict[str, StoredTrial] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
@@ -92,7 +100,7 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str,
         client, experiment_id,
         f"tags.`{TAG_KIND}` = '{KIND_STUDY}' and tags.`{TAG_WORKLOAD}` = '{spec.workload}' "
         f"and tags.`{TAG_OPTIMIZER}` = '{spec.optimizer.value}' "
-        f"and tags.`{TAG_SPARSITY}` = '{sparsity_tag(spec.sparsity)}' and attributes.status = 'FINISHED'",
+        f"and tags.`{TAG_SPARSITY}` = '{sparsity_tag(spec.sparsity)}' and attributes.status = '{RunState.FINISHED.value}'",
     )
     candidates = []
     for run in runs:
@@ -102,7 +110,8 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str,
             batch_size = int(run.data.tags[TAG_BATCH_SIZE])
         except (KeyError, ValueError):
             continue
-        point = {k[len("best."):]: float(v) for k, v in run.data.params.items() if k.startswith("best.")}
+        point = {k[len(PARAM_BEST_PREFIX):]: float(v) for k, v in run.data.params.items()
+                 if k.startswith(PARAM_BEST_PREFIX)}
         if point and batch_size > 0:
             candidates.append((abs(math.log2(batch_size) - math.log2(spec.batch_size)), batch_size, point))
     if not candidates:
@@ -115,9 +124,14 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str,
 class StoredStudy:
     run_id: str
     study_key: str
-    status: str  # MLflow run status: FINISHED, RUNNING, FAILED, KILLED
+    state: RunState
     parent_run_id: str | None
     steps_to_result: int | None
+    full_trials: bool  # measured with every trial run to its own end
+
+    @property
+    def finished(self) -> bool:
+        return self.state.is_finished
 
 
 def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[StoredStudy]:
@@ -128,9 +142,10 @@ def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[
     for run in runs:
         steps = run.data.metrics.get(METRIC_STEPS_TO_RESULT)
         stored.append(StoredStudy(
-            run_id=run.info.run_id, study_key=run.data.tags.get(TAG_STUDY_KEY, ""), status=run.info.status,
-            parent_run_id=run.data.tags.get("mlflow.parentRunId"),
-            steps_to_result=int(steps) if steps is not None else None))
+            run_id=run.info.run_id, study_key=run.data.tags.get(TAG_STUDY_KEY, ""), state=RunState(run.info.status),
+            parent_run_id=run.data.tags.get(MLFLOW_PARENT_RUN_ID),
+            steps_to_result=int(steps) if steps is not None else None,
+            full_trials=run.data.tags.get(TAG_STOPPING) == STOPPING_FULL_TRIALS))
     return stored
 
 
@@ -138,7 +153,7 @@ def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: st
     """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
     runs = _search_all(client, experiment_id,
                        f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_WORKLOAD}` = '{workload}' "
-                       f"and attributes.status = 'FINISHED'")
+                       f"and attributes.status = '{RunState.FINISHED.value}'")
     counts: dict[str, int] = {}
     for run in runs:
         key = run.data.tags.get(TAG_STUDY_KEY)
@@ -156,23 +171,51 @@ def sweep_run_id(client: MlflowClient, experiment_id: str, sweep_key: str) -> st
 def running_runs_of_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> list[str]:
     """Study and trial runs of a sweep still marked RUNNING (left behind by a killed process)."""
     runs = _search_all(client, experiment_id,
-                       f"tags.`{TAG_SWEEP_KEY}` = '{sweep_key}' and attributes.status = 'RUNNING'")
+                       f"tags.`{TAG_SWEEP_KEY}` = '{sweep_key}' and attributes.status = '{RunState.RUNNING.value}'")
     return [r.info.run_id for r in runs if r.data.tags.get(TAG_KIND) != KIND_SWEEP]
 
 
-def study_table_rows(client: MlflowClient, experiment_id: str) -> list[dict]:
-    """One row per study run (any workload), with what ``edps status`` shows."""
+@dataclass(frozen=True)
+class StudyRow:
+    """One study run as ``edps status`` shows it."""
+
+    workload: str
+    optimizer: str
+    sparsity: float
+    batch_size: int
+    study_key: str
+    state: RunState
+    steps_to_result: int | None
+    trials: int  # the study's trial count
+    finished_trials: int  # FINISHED trial runs with the study's key
+    start_time: int
+
+
+def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:
+    """Every study run of the experiment named ``experiment``, with its finished-trial count."""
+    client = connect(tracking_uri)
+    try:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise EdpsError(f"no experiment named {experiment!r} in {redact_uri(str(client.tracking_uri))}")
+        runs = _search_all(client, found.experiment_id, f"tags.`{TAG_KIND}` = '{KIND_STUDY}'")
+        counts: dict[str, int] = {}
+        for workload in {r.data.tags.get(TAG_WORKLOAD) for r in runs} - {None}:
+            counts.update(finished_trial_counts(client, found.experiment_id, workload))
+    except MlflowException as error:
+        raise store_error(client, error) from None
     rows = []
-    for run in _search_all(client, experiment_id, f"tags.`{TAG_KIND}` = '{KIND_STUDY}'"):
+    for run in runs:
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
-            rows.append({
-                "workload": tags[TAG_WORKLOAD], "optimizer": tags[TAG_OPTIMIZER],
-                "sparsity": float(tags[TAG_SPARSITY]), "batch_size": int(tags[TAG_BATCH_SIZE]),
-                "study_key": tags.get(TAG_STUDY_KEY, ""), "status": run.info.status,
-                "steps_to_result": metrics.get(METRIC_STEPS_TO_RESULT),
-                "trials": int(params.get("spec.trials", 0)), "start_time": run.info.start_time or 0,
-            })
+            steps = metrics.get(METRIC_STEPS_TO_RESULT)
+            key = tags.get(TAG_STUDY_KEY, "")
+            rows.append(StudyRow(
+                workload=tags[TAG_WORKLOAD], optimizer=tags[TAG_OPTIMIZER], sparsity=float(tags[TAG_SPARSITY]),
+                batch_size=int(tags[TAG_BATCH_SIZE]), study_key=key, state=RunState(run.info.status),
+                steps_to_result=int(steps) if steps is not None else None,
+                trials=int(params.get(PARAM_SPEC_TRIALS, 0)), finished_trials=counts.get(key, 0),
+                start_time=run.info.start_time or 0))
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
     return rows

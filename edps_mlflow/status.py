@@ -2,6 +2,7 @@
 
 One table per (workload, optimizer): batch sizes down, sparsities across; a cell is the study's
 steps-to-result, ``-`` when it finished without a reaching trial, or ``k/N trials`` while unfinished.
+It reads the store through the registry and imports neither torch nor the engine.
 """
 
 from __future__ import annotations
@@ -10,31 +11,24 @@ import pandas as pd
 
 from edps_mlflow import registry
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.tracking import client_for, resolved_tracking_uri
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple[str, str], pd.DataFrame]:
-    client = client_for(tracking_uri or resolved_tracking_uri())
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise EdpsError(f"no experiment named {experiment!r} in {client.tracking_uri}")
-    rows = registry.study_table_rows(client, found.experiment_id)
+    rows = registry.study_rows(experiment, tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
-    trial_counts: dict[str, int] = {}
-    for workload in {r["workload"] for r in rows}:
-        trial_counts.update(registry.finished_trial_counts(client, found.experiment_id, workload))
-    frame = pd.DataFrame(rows)
     cells = []
-    for (workload, optimizer, sparsity, batch_size), group in frame.groupby(
-            ["workload", "optimizer", "sparsity", "batch_size"]):
-        finished = group[group["status"] == "FINISHED"].sort_values("start_time")
-        if len(finished):
-            steps = finished.iloc[-1]["steps_to_result"]
-            cell = "-" if pd.isna(steps) else str(int(steps))
+    by_study: dict[tuple[str, str, float, int], list[registry.StudyRow]] = {}
+    for row in rows:
+        by_study.setdefault((row.workload, row.optimizer, row.sparsity, row.batch_size), []).append(row)
+    for (workload, optimizer, sparsity, batch_size), group in by_study.items():
+        finished = sorted((r for r in group if r.state.is_finished), key=lambda r: r.start_time)
+        if finished:
+            steps = finished[-1].steps_to_result
+            cell = "-" if steps is None else str(steps)
         else:
-            latest = group.sort_values("start_time").iloc[-1]
-            cell = f"{trial_counts.get(latest['study_key'], 0)}/{latest['trials']} trials"
+            latest = max(group, key=lambda r: r.start_time)
+            cell = f"{latest.finished_trials}/{latest.trials} trials"
         cells.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
                       "batch_size": batch_size, "cell": cell})
     table = pd.DataFrame(cells)

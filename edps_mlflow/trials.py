@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from edps_mlflow.config import TrialSpec
+import torch
+from torch import Tensor
+
+from edps_mlflow.config import OptimizerSettings, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.engine import TrialSetup
 from edps_mlflow.models import init_fan_in_truncated_normal
-from edps_mlflow.pruning import snip_mask
+from edps_mlflow.pruning import Mask, snip_mask
 from edps_mlflow.workloads import Workload
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What the engine needs for one trial: masked initial parameters, the mask, the optimizer."""
+
+    index: int
+    initial_parameters: dict[str, Tensor]
+    mask: Mask
+    optimizer: OptimizerSettings
 
 
 def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec) -> TrialSetup:

@@ -7,8 +7,8 @@ from dataclasses import replace
 import torch
 
 from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
-from edps_mlflow.engine import EngineSettings, TrialSetup
-from edps_mlflow.trials import prepare_trial
+from edps_mlflow.engine import EngineSettings
+from edps_mlflow.trials import TrialSetup, prepare_trial
 from edps_mlflow.workloads import get_workload
 
 DIGITS = get_workload("digits-simple-cnn")

@@ -18,10 +18,10 @@ CASES = [
     (["--sparsity", "-0.1"], "sparsity must be in [0, 1)"),
     (["--goal-error", "1.5"], "goal error must be in (0, 1)"),
     (["--goal-error", "0"], "goal error must be in (0, 1)"),
-    (["--goal-error", "abc"], "goal error must be a number"),
+    (["--goal-error", "abc"], "'--goal-error': must be a number or 'default', got 'abc'"),
     (["--workload", "imagenet"], "unknown workload 'imagenet'; known workloads: cifar10-resnet8, digits-simple-cnn, fashion-mnist-simple-cnn, mnist-simple-cnn"),
     (["--optimizer", "adam"], "unknown optimizer 'adam'; known optimizers: sgd, momentum, nesterov"),
-    (["--full-trials", "maybe"], "full trials must be true or false"),
+    (["--full-trials", "maybe"], "'maybe' is not a valid boolean"),
     (["--bs", "abc"], "'abc' is not a valid integer"),
     (["--trials", "0"], "trials must be a positive integer"),
     (["--max-steps", "50"], "max steps (50) must be at least the check interval (100)"),
@@ -56,13 +56,13 @@ def test_bad_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkey
 
 SWEEP_CASES = [
     (["--batch-sizes", "3..64"], "power-of-two range"),
-    (["--batch-sizes", "16,abc"], "batch sizes must be a list"),
+    (["--batch-sizes", "16,abc"], "'--batch-sizes': must be a list like 16,64,256"),
     (["--batch-sizes", "16,16"], "batch sizes repeat a value"),
     (["--batch-sizes", "4096"], "batch size 4096 exceeds the 1618 training examples"),
     (["--sparsities", "0,1.5"], "sparsity must be in [0, 1), got 1.5"),
     (["--optimizers", "sgd,adam"], "unknown optimizer 'adam'"),
     (["--executor", "spark"], "'spark' is not one of 'local', 'ray'"),
-    (["--workers", "0"], "workers must be a positive integer"),
+    (["--workers", "0"], "'--workers': 0 is not in the range x>=1"),
 ]
 
 

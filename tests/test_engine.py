@@ -3,14 +3,9 @@ import pytest
 import torch
 
 from edps_mlflow.config import OptimizerKind, OptimizerSettings
-from edps_mlflow.engine import (
-    BatchStream,
-    LocalStepBound,
-    PackedTrainer,
-    TrialStatus,
-    choose_pack_size,
-    train_trials,
-)
+from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train_trials
+from edps_mlflow.resources import choose_pack_size
+from edps_mlflow.results import TrialStatus
 
 from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, reference_sgd_run, setups_for,
                      study_spec)
@@ -185,7 +180,7 @@ def test_early_abort_evaluation_is_exact_for_steps_to_result():
 
 
 def test_pack_size_choice():
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    cpu, gpu = "cpu", "cuda"
     assert choose_pack_size(cpu, 2, 100) == 32
     assert choose_pack_size(cpu, 16, 100) == 1
     assert choose_pack_size(cpu, 2, 5) == 5

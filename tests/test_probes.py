@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from edps_mlflow.engine import LocalStepBound, train_trials
-from edps_mlflow.probes import LipschitzProbe, NoiseScaleProbe, ProbeContext, parse_probes
+from edps_mlflow.config import parse_probes
+from edps_mlflow.probes import LipschitzProbe, NoiseScaleProbe, ProbeContext
 from edps_mlflow.errors import EdpsError
 
 from helpers import DIGITS, digits_data, engine_settings, setups_for, study_spec

@@ -72,7 +72,7 @@ def test_mask_file_loads_without_pickle(tmp_path):
     model = DIGITS.build_model()
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(0))
     mask = snip_mask(model, data.train_images, data.train_labels, 0.5)
-    mask_path, summary_path = mask.save(tmp_path)
+    mask_path, summary_path = mask.save(tmp_path, "mask.npz", "summary.json")
     with np.load(mask_path, allow_pickle=False) as arrays:
         assert set(arrays.files) == set(mask.tensors)
         assert all(arrays[n].dtype == bool for n in arrays.files)

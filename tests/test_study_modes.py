@@ -4,7 +4,7 @@ import io
 from dataclasses import replace
 
 from edps_mlflow.config import OptimizerKind, StudySpec
-from edps_mlflow.engine import TrialStatus
+from edps_mlflow.results import TrialStatus
 from edps_mlflow.study import ExecutionOptions, run_study
 
 SPEC = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, batch_size=32, trials=6, goal_error=0.06,

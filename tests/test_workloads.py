@@ -137,9 +137,22 @@ def test_cifar_binary_loads_in_every_layout(tmp_path, layout):
     means = splits.train_images.mean(dim=(0, 2, 3))
     stds = splits.train_images.std(dim=(0, 2, 3))
     assert torch.allclose(means, torch.zeros(3), atol=1e-4) and torch.allclose(stds, torch.ones(3), atol=1e-2)
-    # Channel order: the first 1,024 pixel bytes are red.
-    pixels = records[:, 1:].reshape(-1, 3, 32, 32)
-    assert pixels.shape[1] == 3
+
+
+def test_cifar_record_layout_is_channel_planes_in_row_major_order():
+    """The binary format: a label byte, then 1,024 red, 1,024 green and 1,024 blue bytes, each plane
+    row by row. Marked pixels must land at (channel, row, column) after parsing."""
+    from edps_mlflow.data.cifar import parse_batch
+
+    record = np.zeros(RECORD_BYTES, dtype=np.uint8)
+    record[0] = 7
+    record[1 + 0 * 1024 + 1 * 32 + 2] = 11  # red plane, row 1, column 2
+    record[1 + 1 * 1024 + 3 * 32 + 4] = 22  # green plane, row 3, column 4
+    record[1 + 2 * 1024 + 31 * 32 + 0] = 33  # blue plane, row 31, column 0
+    images, labels = parse_batch(record.tobytes() * 2, "marked.bin")
+    assert images.shape == (2, 3, 32, 32) and labels.tolist() == [7, 7]
+    assert np.count_nonzero(images[0]) == 3
+    assert images[0, 0, 1, 2] == 11 and images[0, 1, 3, 4] == 22 and images[0, 2, 31, 0] == 33
 
 
 def test_cifar_truncated_mislabelled_and_missing(tmp_path):

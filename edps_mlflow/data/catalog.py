@@ -106,6 +106,18 @@ def dataset_directory(source: DatasetSource, data_dir: str | Path | None) -> Pat
     return root / source.name
 
 
+def require_present(name: str, data_dir: str | Path | None) -> Path:
+    """The dataset's directory, or a one-line error when its files are not there (nothing is read)."""
+    source = get_source(name)
+    directory = dataset_directory(source, data_dir)
+    if not any(all((directory / f).is_file() for f in group) for group in source.alternatives):
+        expected = " or ".join(", ".join(group) for group in source.alternatives[:2])
+        where = "does not exist" if not directory.is_dir() else "lacks the files"
+        raise EdpsError(f"{source.title} data directory {directory} {where}; put {expected} there "
+                        f"(`edps data download {name}` fetches them), or pass --data-dir / set EDPS_DATA_DIR")
+    return directory
+
+
 def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
     source = get_source(name)
     directory = dataset_directory(source, data_dir)

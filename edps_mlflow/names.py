@@ -1,0 +1,118 @@
+"""Every name the project writes to or reads from MLflow: tags, params, metrics, artifacts.
+
+This module imports nothing, so the training side, the status command and the analysis can all
+share it without pulling in torch or MLflow. No MLflow name is spelled as a string literal anywhere
+else in the project.
+
+Layout in the tracking store:
+
+- Sweep run (``edps sweep``): tags ``edps.kind=sweep``, ``edps.sweep_key``; params ``sweep.*``; the
+  parent of its study runs.
+- Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
+  ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``, ``edps.run.*`` (execution settings, which
+  do not change the result); params ``spec.*`` (the resolved study) and ``best.*`` (the best trial's
+  metaparameters); metrics ``steps_to_result`` (absent when no trial reached), ``trials/<status>``,
+  ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``.
+- Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status``;
+  metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check; artifacts under ``mask/``.
+- Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
+"""
+
+# ---- MLflow's own tags ---------------------------------------------------------------------
+MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"
+MLFLOW_RUN_NAME = "mlflow.runName"
+
+# ---- tags ----------------------------------------------------------------------------------
+TAG_KIND = "edps.kind"
+TAG_STUDY_KEY = "edps.study_key"
+TAG_STUDY_FAMILY = "edps.study_family"
+TAG_TRIAL_KEY = "edps.trial_key"
+TAG_SWEEP_KEY = "edps.sweep_key"
+TAG_STATUS = "edps.status"
+TAG_WORKLOAD = "edps.workload"
+TAG_OPTIMIZER = "edps.optimizer"
+TAG_SPARSITY = "edps.sparsity"
+TAG_BATCH_SIZE = "edps.batch_size"
+TAG_VERSION = "edps.version"
+TAG_STOPPING = "edps.early_stopping"
+TAG_REUSED = "edps.trials_reused"
+TAG_ERROR = "edps.error"
+TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
+TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
+TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
+
+# Values of TAG_KIND.
+KIND_SWEEP = "sweep"
+KIND_STUDY = "study"
+KIND_TRIAL = "trial"
+KIND_ANALYSIS = "analysis"
+
+# Values of TAG_STOPPING.
+STOPPING_EXACT = "exact"
+STOPPING_FULL_TRIALS = "full_trials"
+
+# ---- params ---------------------------------------------------------------------------------
+PARAM_SPEC_PREFIX = "spec."  # + a StudySpec key field
+PARAM_BEST_PREFIX = "best."  # + a metaparameter of the best trial
+PARAM_SWEEP_PREFIX = "sweep."  # + a sweep setting
+PARAM_SPEC_TRIALS = PARAM_SPEC_PREFIX + "trials"
+PARAM_SEED = "seed"
+PARAM_TRIAL_INDEX = "trial_index"
+PARAM_BATCH_SIZE = "batch_size"
+PARAM_SPARSITY = "sparsity"
+PARAM_OPTIMIZER = "optimizer"
+PARAM_WORKLOAD = "workload"
+
+# ---- metrics --------------------------------------------------------------------------------
+METRIC_STEPS_TO_RESULT = "steps_to_result"
+METRIC_STEPS_TRAINED = "steps_trained"
+METRIC_BEST_VALIDATION_ERROR = "best_validation_error"
+METRIC_VALIDATION_ERROR = "validation/error"
+METRIC_CHECKS_CUT_SHORT = "validation/checks_cut_short"
+METRIC_TRAIN_LOSS = "train/loss"
+METRIC_LEARNING_RATE = "learning_rate"
+METRIC_TRIAL_SECONDS = "trial/seconds"
+METRIC_PROBE_SECONDS = "probe/seconds"
+# Numbers users filter on are metrics too: MLflow compares params and tags only as strings.
+METRIC_BATCH_SIZE = "batch_size"
+METRIC_SPARSITY = "sparsity"
+METRIC_GOAL_ERROR = "goal_error"
+METRIC_TRIALS_PREFIX = "trials/"  # + a trial status, or one of the counts below
+METRIC_TRIALS_TOTAL = METRIC_TRIALS_PREFIX + "total"
+METRIC_TRIALS_REUSED = METRIC_TRIALS_PREFIX + "reused"
+METRIC_TRIALS_TRAINED = METRIC_TRIALS_PREFIX + "trained"
+METRIC_STUDY_SECONDS = "study/seconds"
+METRIC_STUDY_TRIAL_STEPS = "study/trial_steps"
+METRIC_BEST_PREFIX = "best/"  # + a metaparameter of the best trial
+METRIC_HP_PREFIX = "hp/"  # + a metaparameter of a trial
+METRIC_PLAN_PREFIX = "plan/"  # + a plan count of a sweep
+METRIC_STUDIES_DONE = "studies/done"
+METRIC_STUDIES_WITH_RESULT = "studies/with_result"
+METRIC_SWEEP_SECONDS = "sweep/seconds"
+METRIC_PROBE_LIPSCHITZ = "probe/lipschitz"
+METRIC_PROBE_NOISE_SCALE = "probe/noise_scale"
+METRIC_PROBE_GRAD_NORM_SQ = "probe/grad_norm_sq"
+METRIC_PROBE_TRACE_SIGMA = "probe/trace_sigma"
+
+# ---- artifacts ------------------------------------------------------------------------------
+ARTIFACT_STUDY_JSON = "study.json"
+ARTIFACT_TRIALS_CSV = "trials.csv"
+ARTIFACT_MASK_DIR = "mask"
+ARTIFACT_MASK_FILE = "mask.npz"
+ARTIFACT_MASK_SUMMARY = "summary.json"
+ARTIFACT_USED_STUDY_RUNS = "used_study_runs.txt"
+ARTIFACT_FIGURES_DIR = "figures"
+
+
+def trials_metric(status: str) -> str:
+    """``trials/<status>``: how many trials of a study ended with ``status``."""
+    return METRIC_TRIALS_PREFIX + status
+
+
+def default_experiment(workload: str) -> str:
+    """The experiment of a workload's studies and sweeps unless the user names one.
+
+    Studies and sweeps share it, so that each reuses the other's trials. (Before version 0.2 a lone
+    study defaulted to ``edps/<workload>/<optimizer>``; docs/architecture.md says how to migrate.)
+    """
+    return f"edps/{workload}"

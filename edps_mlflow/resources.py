@@ -1,0 +1,151 @@
+"""Where training runs and with how much: devices, cores, workers and threads, packing, memory layout,
+numerics and the process environment of training processes. One module owns every such rule
+(``docs/performance.md`` has the measurements behind the numbers).
+
+Nothing here imports torch at module level: the launcher reads :data:`ALLOCATOR_ENVIRONMENT` before
+torch may be imported at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edps_mlflow.errors import EdpsError
+
+if TYPE_CHECKING:
+    import torch
+
+# glibc's allocator maps and unmaps every large activation of a step (1.5-1.9x slower at batch >= 128
+# on CPU); these settings stop that. glibc reads them when a process starts, so whatever launches a
+# training process sets them in its environment (the `edps` launcher re-executes itself with them).
+ALLOCATOR_ENVIRONMENT: dict[str, str] = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+
+# Channels-last pays from batch 32 on (1.2-1.8x on CPU at batch >= 16, a loss at tiny batches).
+CHANNELS_LAST_FROM_BATCH = 32
+
+
+def training_environment_missing(environment: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The variables a training process must start with that ``environment`` lacks."""
+    missing = {k: v for k, v in ALLOCATOR_ENVIRONMENT.items() if k not in environment}
+    if "OMP_NUM_THREADS" not in environment:
+        # Read when torch is imported; the real per-process count is set by configure_threads.
+        missing["OMP_NUM_THREADS"] = "1"
+    return missing
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_device(requested: str | None) -> "torch.device":
+    """``None``: cuda when available, else cpu. Anything else must name a usable device."""
+    import torch
+
+    if requested is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise EdpsError(f"unknown device {requested!r}; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise EdpsError(f"unsupported device {requested!r}; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EdpsError(f"device {requested} requested but no CUDA device is available")
+    return device
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def configure_training_process(device_type: str, threads: int, allow_tf32: bool = False) -> None:
+    """Set up this process for training: on CPU its thread count and flushed denormals; everywhere
+    full FP32 numerics unless TF32 is allowed.
+
+    Two single-thread processes beat one two-thread process at every batch size on CPU, and a run that
+    fits its data can slow 1.5x on denormal gradients; flushing them is free.
+    """
+    import torch
+
+    if device_type == "cpu":
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(True)
+    set_full_precision(allow_tf32)
+
+
+def choose_pack_size(device_type: str, batch_size: int, trials: int) -> int:
+    """How many trials to train in lockstep. On a CPU packing only pays up to batch ~4; on a GPU it
+    removes most of the launch overhead at small and medium batches."""
+    if device_type == "cpu":
+        wanted = 32 if batch_size <= 4 else 1
+    else:
+        wanted = 32 if batch_size <= 128 else 8 if batch_size <= 1024 else 1
+    return max(1, min(wanted, trials))
+
+
+def uses_channels_last(batch_size: int) -> bool:
+    return batch_size >= CHANNELS_LAST_FROM_BATCH
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    """How one study's trials are spread over processes."""
+
+    workers: int  # training processes (1: train in this process)
+    threads: int  # CPU threads per training process
+    pack_size: int  # trials per chunk, trained in lockstep
+    chunks: int
+
+
+def study_layout(device_type: str, batch_size: int, trials_to_train: int, workers: int | None = None,
+                 threads: int | None = None, pack_size: int | None = None) -> WorkerLayout:
+    """Chunks of packed trials, and on CPU one single-thread worker per core (never more than chunks);
+    on a GPU one process."""
+    pack = pack_size or choose_pack_size(device_type, batch_size, max(1, trials_to_train))
+    chunks = -(-trials_to_train // pack)
+    cores = available_cores()
+    count = 1 if device_type != "cpu" else (workers or max(1, min(cores, chunks)))
+    count = min(count, max(1, chunks))
+    return WorkerLayout(workers=count, threads=threads or max(1, cores // count), pack_size=pack, chunks=chunks)
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """How a local sweep spreads its studies: one process per GPU (pinned), else per core."""
+
+    devices: tuple[str, ...]
+    threads: int  # CPU threads per study process
+
+
+def sweep_layout(device: str | None, workers: int | None, pending: int) -> SweepLayout:
+    if device not in (None, "cpu", "cuda"):
+        raise EdpsError(f"sweep device must be cpu or cuda, got {device!r}")
+    gpus = gpu_count() if device in (None, "cuda") else 0
+    if device == "cuda" and gpus == 0:
+        raise EdpsError("device cuda requested but no CUDA device is available")
+    if gpus:
+        return SweepLayout(tuple(f"cuda:{i}" for i in range(gpus)), 1)
+    cores = available_cores()
+    count = max(1, min(workers or cores, max(1, pending)))
+    return SweepLayout(("cpu",) * count, max(1, cores // count))
+
+
+def set_full_precision(allow_tf32: bool = False) -> None:
+    """FP32 matmuls and convolutions unless TF32 is asked for (PyTorch allows TF32 convolutions on
+    Ampere and later GPUs by default; the original measurements ran in full FP32)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32

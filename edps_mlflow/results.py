@@ -1,0 +1,147 @@
+"""Plain records of what was measured, and the two rules every part of the project shares.
+
+Nothing here imports torch or MLflow: the engine produces these records, the tracking layer stores
+them, the registry reads them back, and the sweep reports them.
+
+The rules, each written once:
+- :func:`training_limit`: under exact early stopping no trial trains past the best reached step
+  minus one check interval, since it could then only tie or lose;
+- :func:`best_reached_step`: a study's steps-to-result is the minimum over its reached trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable
+
+from edps_mlflow.config import TrialSpec
+
+
+class TrialStatus(str, Enum):
+    """How a trial ended."""
+
+    REACHED = "reached"
+    NOT_REACHED = "not_reached"  # trained to the step cap without reaching the goal
+    DIVERGED = "diverged"  # a non-finite training loss
+    SUPERSEDED = "superseded"  # stopped at the best reached step of its study (exact early stopping)
+
+
+class RunState(str, Enum):
+    """The life-cycle state of a run in the store, as the registry reports it."""
+
+    RUNNING = "RUNNING"
+    SCHEDULED = "SCHEDULED"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+    @property
+    def is_finished(self) -> bool:
+        return self is RunState.FINISHED
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation check of one trial."""
+
+    step: int
+    train_loss: float  # mean over the steps since the previous check
+    validation_error: float | None  # None when the pass was cut short by early abort
+    learning_rate: float
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What the engine reports when a trial ends."""
+
+    index: int
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+    best_validation_error: float | None
+    checks: int
+    checks_cut_short: int
+    seconds: float
+    probe_seconds: float = 0.0
+
+    @classmethod
+    def superseded_before_start(cls, index: int) -> "TrialResult":
+        """A trial the study's best step had already ruled out before it was prepared."""
+        return cls(index, TrialStatus.SUPERSEDED, None, 0, None, 0, 0, 0.0)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial of a study as the study records it: trained here, or reused from the store."""
+
+    trial: TrialSpec
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+    best_validation_error: float | None
+    run_id: str
+    reused: bool
+    seconds: float = 0.0
+    probe_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    """A finished study: its result and every trial's record."""
+
+    study_run_id: str
+    experiment_id: str
+    steps_to_result: int | None
+    records: dict[int, TrialRecord] = field(repr=False)
+    trained: int
+    reused: int
+    trial_steps: int
+    seconds: float
+
+    def count(self, status: TrialStatus) -> int:
+        return sum(1 for r in self.records.values() if r.status is status)
+
+    def best_record(self) -> TrialRecord | None:
+        """The reached trial with the fewest steps (the lowest index among ties)."""
+        reached = [r for r in self.records.values() if r.status is TrialStatus.REACHED]
+        return min(reached, key=lambda r: (r.steps_to_result, r.trial.index)) if reached else None
+
+    @classmethod
+    def from_records(cls, records: dict[int, TrialRecord], study_run_id: str, experiment_id: str,
+                     seconds: float) -> "StudyOutcome":
+        return cls(
+            study_run_id=study_run_id, experiment_id=experiment_id,
+            steps_to_result=best_reached_step((r.status, r.steps_to_result) for r in records.values()),
+            records=dict(sorted(records.items())), trained=sum(1 for r in records.values() if not r.reused),
+            reused=sum(1 for r in records.values() if r.reused),
+            trial_steps=sum(r.steps_trained for r in records.values() if not r.reused), seconds=seconds)
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """One study of a sweep, as an executor reports it back to the sweep."""
+
+    study_key: str
+    steps_to_result: int | None
+    trials: int
+    trained: int
+    seconds: float
+    skipped: bool  # already done in the store: nothing was trained
+
+
+def best_reached_step(outcomes: Iterable[tuple[TrialStatus, int | None]]) -> int | None:
+    """A study's steps-to-result: the fewest steps over its reached trials (None: none reached)."""
+    steps = [s for status, s in outcomes if status is TrialStatus.REACHED and s is not None]
+    return min(steps) if steps else None
+
+
+def training_limit(max_steps: int, check_interval: int, best_step: int | None, exact_early_stopping: bool = True) -> int:
+    """The last step any trial of a study still needs to train to.
+
+    Without a reached trial (or with full trials), the step cap. Otherwise the best reached step
+    minus one check interval: a trial that has not reached the goal by then could only tie or lose.
+    """
+    if not exact_early_stopping or best_step is None:
+        return max_steps
+    return min(max_steps, best_step - check_interval)
