@@ -11,16 +11,19 @@ Layout: each dataset in its own folder under the data directory (``--data-dir``,
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
-import shutil
+import socket
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
+from edps_mlflow.data.bounded import describe
 from edps_mlflow.data.cifar import ARCHIVE, ARCHIVE_FOLDER, TRAIN_BATCHES, load_cifar10_splits
 from edps_mlflow.data.idx import MNIST_TRAIN_FILES, load_idx_splits, resolve_data_dir
 from edps_mlflow.data.splits import DataSplits
@@ -28,6 +31,12 @@ from edps_mlflow.errors import EdpsError
 
 # A base URL that replaces the official hosts (an institutional mirror, or a test server).
 MIRROR_ENV = "EDPS_DATA_MIRROR"
+# Per file: far above the largest real one (CIFAR-10's archive, 170 MB), so that a misconfigured
+# mirror or a hostile server cannot fill the disk.
+MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
+# Per file, for the whole transfer (the socket timeout only bounds each single wait).
+DOWNLOAD_DEADLINE_S = 600.0
+DOWNLOAD_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -166,16 +175,23 @@ def _urls(remote: RemoteFile) -> tuple[str, ...]:
 
 
 def download(source: DatasetSource, data_dir: str | Path | None, timeout: float = 60.0,
-             report: Callable[[str], None] = print) -> Path:
+             report: Callable[[str], None] = print, deadline: float = DOWNLOAD_DEADLINE_S,
+             max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
     """Fetch the official files into ``<data dir>/<dataset>``, verifying published checksums.
 
     A file is moved into place only after its checksum matched; nothing half-written is left.
+    ``timeout`` bounds each wait for the server, ``deadline`` (seconds) a whole file's transfer
+    and ``max_bytes`` its size.
     """
     directory = resolve_data_dir(data_dir) / source.name
     created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
     try:
-        _download_files(source, directory, timeout, report)
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EdpsError(f"cannot create the data directory {directory}: {describe(error)}") from None
+    limits = _Limits(timeout=timeout, deadline=deadline, max_bytes=max_bytes)
+    try:
+        _download_files(source, directory, limits, report)
     except EdpsError:
         if created and not any(directory.iterdir()):
             directory.rmdir()
@@ -183,7 +199,18 @@ def download(source: DatasetSource, data_dir: str | Path | None, timeout: float 
     return directory
 
 
-def _download_files(source: DatasetSource, directory: Path, timeout: float, report: Callable[[str], None]) -> None:
+@dataclass(frozen=True)
+class _Limits:
+    timeout: float  # seconds for any one wait on the server (connect, each read)
+    deadline: float  # seconds for the whole transfer of one file
+    max_bytes: int
+
+
+class _TransferFailed(Exception):
+    """One URL failed; the message says why, in one line."""
+
+
+def _download_files(source: DatasetSource, directory: Path, limits: _Limits, report: Callable[[str], None]) -> None:
     for remote in source.files:
         target = directory / remote.name
         if target.is_file() and md5_of(target) == remote.md5:
@@ -191,24 +218,116 @@ def _download_files(source: DatasetSource, directory: Path, timeout: float, repo
             continue
         errors = []
         for url in _urls(remote):
-            handle, partial = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=directory)
-            os.close(handle)
-            partial_path = Path(partial)
+            report(f"{remote.name}: downloading {url}")
             try:
-                report(f"{remote.name}: downloading {url}")
-                with urllib.request.urlopen(url, timeout=timeout) as response, partial_path.open("wb") as out:
-                    shutil.copyfileobj(response, out, 1 << 20)
-                actual = md5_of(partial_path)
-                if actual != remote.md5:
-                    errors.append(f"{url}: checksum mismatch (expected md5 {remote.md5}, got {actual})")
-                    continue
-                partial_path.replace(target)
-                report(f"{remote.name}: checksum verified")
-                break
-            except (urllib.error.URLError, OSError, ValueError) as error:
-                errors.append(f"{url}: {getattr(error, 'reason', error)}")
-            finally:
-                partial_path.unlink(missing_ok=True)
+                _fetch_verified(url, remote, target, limits)
+            except _TransferFailed as error:
+                errors.append(f"{url}: {error}")
+                continue
+            report(f"{remote.name}: checksum verified")
+            break
         else:
             raise EdpsError(f"could not fetch {remote.name} ({'; '.join(errors)}); download it by hand from "
-                            f"{remote.urls[0]} (md5 {remote.md5}) and put it in {directory}")
+                            f"{remote.urls[0]} (md5 {remote.md5}) and put it in {target.parent}")
+
+
+def _fetch_verified(url: str, remote: RemoteFile, target: Path, limits: _Limits) -> None:
+    """``url`` into ``target`` through a temporary file that only a matching checksum moves into place."""
+    try:
+        handle, partial = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=target.parent)
+    except OSError as error:
+        raise EdpsError(f"cannot write in {target.parent}: {describe(error)}") from None
+    os.close(handle)
+    partial_path = Path(partial)
+    try:
+        _fetch(url, partial_path, limits)
+        actual = md5_of(partial_path)
+        if actual != remote.md5:
+            raise _TransferFailed(f"checksum mismatch (expected md5 {remote.md5}, got {actual})")
+        # mkstemp creates the file readable by its owner only; a dataset should get the
+        # permissions any file the user creates gets.
+        partial_path.chmod(0o666 & ~_umask())
+        partial_path.replace(target)
+    except OSError as error:
+        raise _TransferFailed(_network_reason(error, limits)) from None
+    finally:
+        partial_path.unlink(missing_ok=True)
+
+
+def _fetch(url: str, destination: Path, limits: _Limits) -> None:
+    """Copy ``url`` to ``destination``, refusing more than ``max_bytes`` or longer than ``deadline``.
+
+    The socket timeout bounds each wait only, so a server that drips a byte at a time would never
+    trip it; the deadline is checked after every read, which returns whatever has arrived.
+    """
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=limits.timeout) as response, destination.open("wb") as out:
+            announced = _announced_length(response)
+            if announced is not None and announced > limits.max_bytes:
+                raise _TransferFailed(f"the server announces {announced} bytes, more than the "
+                                      f"{limits.max_bytes}-byte limit for a dataset file")
+            received = _copy_bounded(response, out, started, limits)
+    except (http.client.HTTPException, ValueError) as error:
+        raise _TransferFailed(_protocol_reason(error)) from None
+    except urllib.error.HTTPError as error:
+        raise _TransferFailed(describe(error)) from None
+    except urllib.error.URLError as error:
+        raise _TransferFailed(_network_reason(error.reason, limits)) from None
+    if announced is not None and received < announced:
+        raise _TransferFailed(f"connection closed after {received} of {announced} bytes (truncated download)")
+
+
+def _copy_bounded(response: BinaryIO, out: BinaryIO, started: float, limits: _Limits) -> int:
+    # read1 returns after one read of the socket, so the deadline is checked even when data
+    # trickles in; read(n) would wait for all n bytes.
+    read = getattr(response, "read1", response.read)
+    received = 0
+    while True:
+        chunk = read(min(DOWNLOAD_CHUNK, limits.max_bytes + 1 - received))
+        if not chunk:
+            return received
+        received += len(chunk)
+        if received > limits.max_bytes:
+            raise _TransferFailed(f"more than the {limits.max_bytes}-byte limit for a dataset file; stopped")
+        if time.monotonic() - started > limits.deadline:
+            raise _TransferFailed(f"took longer than the {limits.deadline:g} s limit for one file "
+                                  f"({received} bytes received); stopped")
+        out.write(chunk)
+
+
+def _announced_length(response: object) -> int | None:
+    headers = getattr(response, "headers", None)
+    value = headers.get("Content-Length") if headers is not None else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _protocol_reason(error: Exception) -> str:
+    if isinstance(error, http.client.IncompleteRead):
+        return "the connection closed before the whole file arrived (truncated download)"
+    return describe(error)
+
+
+def _network_reason(error: BaseException | str, limits: _Limits) -> str:
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"no answer from the server for {limits.timeout:g} s (timed out)"
+    if isinstance(error, ConnectionResetError):
+        return "the server reset the connection"
+    return describe(error) if isinstance(error, BaseException) else " ".join(str(error).split())
+
+
+def _umask() -> int:
+    """The process's umask, read from /proc where possible: Python can otherwise only read it by
+    setting it, which for a moment affects files that other threads create."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o077)  # the restrictive side, should another thread create a file meanwhile
+    os.umask(current)
+    return current

@@ -8,11 +8,13 @@ loose in the dataset directory).
 
 from __future__ import annotations
 
+import gzip
 import tarfile
 from pathlib import Path
 
 import numpy as np
 
+from edps_mlflow.data.bounded import DECODE_ERRORS, BoundedReader, LimitExceeded, describe, read_at_most
 from edps_mlflow.data.splits import DataSplits, split_train_validation_per_channel
 from edps_mlflow.errors import EdpsError
 
@@ -20,10 +22,21 @@ ARCHIVE = "cifar-10-binary.tar.gz"
 ARCHIVE_FOLDER = "cifar-10-batches-bin"
 TRAIN_BATCHES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 RECORD_BYTES = 1 + 32 * 32 * 3
+# Each published batch holds exactly 10,000 records; smaller whole batches are accepted (test
+# data), larger ones are refused before they are read.
+BATCH_RECORDS = 10_000
+BATCH_MAX_BYTES = BATCH_RECORDS * RECORD_BYTES
+# The published archive decompresses to about 184 MB (six batches, a readme, a label list); walking
+# it may read that much and a margin, never more, whatever its headers claim.
+ARCHIVE_MAX_BYTES = 8 * BATCH_MAX_BYTES
+# The published archive has nine entries; a stream of millions of tiny ones is not CIFAR-10.
+ARCHIVE_MAX_MEMBERS = 1000
 
 
 def parse_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(images N x 3 x 32 x 32 uint8, labels N uint8) from one binary batch file."""
+    if len(raw) > BATCH_MAX_BYTES:
+        raise EdpsError(_oversize(name))
     if len(raw) == 0 or len(raw) % RECORD_BYTES != 0:
         raise EdpsError(f"CIFAR-10 file {name} is truncated or corrupt: {len(raw)} bytes is not a whole "
                         f"number of {RECORD_BYTES}-byte records")
@@ -34,33 +47,88 @@ def parse_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     return records[:, 1:].reshape(-1, 3, 32, 32), labels
 
 
-def _read_batches(directory: Path) -> list[tuple[bytes, str]]:
+def _oversize(name: str) -> str:
+    return (f"CIFAR-10 file {name} is corrupt: it holds more than a batch's {BATCH_RECORDS} records "
+            f"({BATCH_MAX_BYTES} bytes)")
+
+
+def _read_batches(directory: Path) -> tuple[list[tuple[bytes, str]], Path]:
+    """The five training batches with the names to report them by, and where they were found."""
     for folder in (directory / ARCHIVE_FOLDER, directory):
         paths = [folder / name for name in TRAIN_BATCHES]
         if all(path.is_file() for path in paths):
-            return [(path.read_bytes(), str(path)) for path in paths]
+            return [(_read_loose(path), str(path)) for path in paths], folder
     archive = directory / ARCHIVE
     if archive.is_file():
-        try:
-            with tarfile.open(archive, "r:gz") as bundle:
-                batches = []
-                for name in TRAIN_BATCHES:
-                    member = bundle.extractfile(f"{ARCHIVE_FOLDER}/{name}")
-                    if member is None:
-                        raise KeyError(name)
-                    batches.append((member.read(), f"{archive}:{name}"))
-                return batches
-        except KeyError as missing:
-            raise EdpsError(f"{archive} does not contain {ARCHIVE_FOLDER}/{missing.args[0]}") from None
-        except (tarfile.TarError, OSError, EOFError) as error:
-            raise EdpsError(f"{archive} is truncated or corrupt: {error}") from None
+        return _read_archive(archive), archive
     raise EdpsError(f"CIFAR-10 files missing in {directory}: expected {ARCHIVE} or "
                     f"{ARCHIVE_FOLDER}/data_batch_1..5.bin (the binary version)")
 
 
+def _read_loose(path: Path) -> bytearray:
+    try:
+        if path.stat().st_size > BATCH_MAX_BYTES:
+            raise EdpsError(_oversize(str(path)))
+        with path.open("rb") as handle:
+            # Bounded even after the size check: the file may grow while we read it.
+            return read_at_most(handle, BATCH_MAX_BYTES + 1)
+    except OSError as error:
+        raise EdpsError(f"cannot read CIFAR-10 file {path}: {describe(error)}") from None
+
+
+def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
+    """The batches from the tar.gz, walked once as a stream with every read bounded.
+
+    Random access would index every member first; a stream lets us count members and bytes
+    as they come. Later copies of a member win, as they would on extraction.
+    """
+    found: dict[str, bytes] = {}
+    try:
+        with gzip.open(archive, "rb") as unzipped:
+            stream = BoundedReader(unzipped, ARCHIVE_MAX_BYTES)
+            with tarfile.open(fileobj=stream, mode="r|") as bundle:
+                for count, member in enumerate(bundle, start=1):
+                    if count > ARCHIVE_MAX_MEMBERS:
+                        raise EdpsError(f"{archive} is not the CIFAR-10 archive: more than "
+                                        f"{ARCHIVE_MAX_MEMBERS} entries")
+                    name = _batch_name(member.name)
+                    if name is not None:
+                        found[name] = _read_member(bundle, member, f"{archive}:{name}")
+            # Read to the end of the gzip stream so that its checksum is verified: a cut or
+            # damaged archive is refused even when the damage lies after the batches.
+            read_at_most(stream, ARCHIVE_MAX_BYTES)
+    except LimitExceeded:
+        raise EdpsError(f"{archive} is corrupt: it decompresses to more than {ARCHIVE_MAX_BYTES} bytes, "
+                        f"far more than CIFAR-10 holds") from None
+    except DECODE_ERRORS as error:
+        raise EdpsError(f"{archive} is truncated or corrupt: {describe(error)}") from None
+    missing = [name for name in TRAIN_BATCHES if name not in found]
+    if missing:
+        raise EdpsError(f"{archive} does not contain " + ", ".join(f"{ARCHIVE_FOLDER}/{name}" for name in missing))
+    return [(found[name], f"{archive}:{name}") for name in TRAIN_BATCHES]
+
+
+def _batch_name(member_name: str) -> str | None:
+    for name in TRAIN_BATCHES:
+        if member_name == f"{ARCHIVE_FOLDER}/{name}":
+            return name
+    return None
+
+
+def _read_member(bundle: tarfile.TarFile, member: tarfile.TarInfo, label: str) -> bytes:
+    # The declared size first, so that an oversized member is refused before any of it is read.
+    if member.size > BATCH_MAX_BYTES:
+        raise EdpsError(_oversize(label))
+    handle = bundle.extractfile(member) if member.isreg() else None
+    if handle is None:
+        raise EdpsError(f"{label} is not a regular file in the archive")
+    return bytes(read_at_most(handle, BATCH_MAX_BYTES + 1))
+
+
 def load_cifar10_splits(directory: Path) -> DataSplits:
     """45,000 / 5,000 split of the 50,000 training images, per-channel normalised."""
-    parts = [parse_batch(raw, name) for raw, name in _read_batches(directory)]
+    batches, where = _read_batches(directory)
+    parts = [parse_batch(raw, name) for raw, name in batches]
     images = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
     labels = np.concatenate([p[1] for p in parts]).astype(np.int64)
-    return split_train_validation_per_channel(images, labels)
+    return split_train_validation_per_channel(images, labels, source=f"CIFAR-10 training data in {where}")

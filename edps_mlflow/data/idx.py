@@ -8,11 +8,15 @@ labels 0x08 of rank 1.
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
+from edps_mlflow.data.bounded import DECODE_ERRORS, describe, read_at_most
 from edps_mlflow.data.splits import DataSplits, split_train_validation
 from edps_mlflow.errors import EdpsError
 
@@ -37,34 +41,75 @@ def find_file(directory: Path, stem: str) -> Path | None:
     return None
 
 
+# The only element type the paper's files use: one unsigned byte per value.
+IDX_UNSIGNED_BYTE = 0x08
+# Far above any real IDX file (MNIST's images: 47,040,000 bytes): a header claiming more is damaged
+# or hostile, and is refused before anything is allocated for it.
+MAX_IDX_BYTES = 10**9
+
+
 def read_idx(path: Path, expected_rank: int) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
+    """The array in an IDX file, refused with a one-line :class:`EdpsError` if anything is off.
+
+    The header is read first; the data are then read only up to the size it implies (plus one
+    byte, to notice more), so a file that decompresses to far more than it claims costs no memory.
+    """
+    compressed = path.suffix == ".gz"
+    opener = gzip.open if compressed else open
     try:
         with opener(path, "rb") as handle:
-            raw = handle.read()
-    except (OSError, EOFError) as error:
-        raise EdpsError(f"cannot read {path}: {error}") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+            shape = _read_shape(handle, path, expected_rank)
+            expected = _data_bytes(shape, path)
+            data = read_at_most(handle, expected + 1)
+    except DECODE_ERRORS as error:
+        raise EdpsError(f"cannot read {path}: {describe(error)}") from None
+    if len(data) < expected:
+        found = f"it decompresses to {len(data)}" if compressed else f"file has {len(data)}"
+        raise EdpsError(f"{path} is truncated or corrupt: header says {expected} bytes of data, {found}")
+    if len(data) > expected:
+        verb = "decompresses to" if compressed else "holds"
+        raise EdpsError(f"{path} is corrupt: it {verb} more than the header's {expected} bytes of data")
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+
+
+def _read_shape(handle: BinaryIO, path: Path, expected_rank: int) -> tuple[int, ...]:
+    """Magic (0, 0, type, rank), then one big-endian uint32 size per dimension."""
+    magic = read_at_most(handle, 4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0:
         raise EdpsError(f"{path} is not an IDX file (bad magic number)")
-    if raw[2] != 0x08:
-        raise EdpsError(f"{path}: expected unsigned-byte data (type 0x08), found type 0x{raw[2]:02x}")
-    rank = raw[3]
+    if magic[2] != IDX_UNSIGNED_BYTE:
+        raise EdpsError(f"{path}: expected unsigned-byte data (type 0x08), found type 0x{magic[2]:02x}")
+    rank = magic[3]
     if rank != expected_rank:
         raise EdpsError(f"{path}: expected an IDX array of rank {expected_rank}, found rank {rank}")
-    header = 4 + 4 * rank
-    if len(raw) < header:
+    sizes = read_at_most(handle, 4 * rank)
+    if len(sizes) < 4 * rank:
         raise EdpsError(f"{path} is truncated (incomplete header)")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank))
-    expected = int(np.prod(shape))
-    if len(raw) - header != expected:
-        raise EdpsError(
-            f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {len(raw) - header}"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    return struct.unpack(f">{rank}I", sizes)
 
 
-def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, H, W) uint8 and labels (N,) uint8, checked against each other."""
+def _data_bytes(shape: tuple[int, ...], path: Path) -> int:
+    """Bytes of data the header implies, checked before anything is allocated.
+
+    The sizes are Python ints, so their product cannot wrap around the way a fixed-width one
+    (numpy's) can. A count of zero items is allowed here (the split says how many are needed);
+    an item of zero size is not.
+    """
+    if 0 in shape[1:]:
+        raise EdpsError(f"{path}: header gives items of shape {_spelled(shape[1:])}; no size may be 0")
+    total = math.prod(shape)  # one byte per value (type 0x08)
+    if total > MAX_IDX_BYTES:
+        raise EdpsError(f"{path}: header sizes {_spelled(shape)} come to {total} bytes of data, more than the "
+                        f"{MAX_IDX_BYTES} an IDX file may hold here (damaged header?)")
+    return total
+
+
+def _spelled(shape: tuple[int, ...]) -> str:
+    return "x".join(str(n) for n in shape)
+
+
+def _locate_pair(directory: Path, files: tuple[str, str], dataset: str) -> tuple[Path, Path]:
+    """The images and labels files, each raw or gzipped."""
     if not directory.is_dir():
         raise EdpsError(
             f"{dataset} data directory {directory} does not exist; put {files[0]}[.gz] and {files[1]}[.gz] "
@@ -76,6 +121,10 @@ def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tupl
         raise EdpsError(
             f"{dataset} files missing in {directory}: expected " + " and ".join(f"{stem}[.gz]" for stem in missing)
         )
+    return paths[0], paths[1]
+
+
+def _read_pair(paths: tuple[Path, Path], dataset: str) -> tuple[np.ndarray, np.ndarray]:
     images = read_idx(paths[0], 3)
     labels = read_idx(paths[1], 1)
     if images.shape[0] != labels.shape[0]:
@@ -87,13 +136,21 @@ def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tupl
     return images, labels
 
 
+def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, H, W) uint8 and labels (N,) uint8, checked against each other."""
+    return _read_pair(_locate_pair(directory, files, dataset), dataset)
+
+
 def load_idx_splits(directory: Path, dataset: str, mean: float, std: float) -> DataSplits:
     """MNIST-format training files (MNIST, Fashion-MNIST): /255, one global mean/std, 10% validation."""
-    images, labels = load_idx_pair(directory, MNIST_TRAIN_FILES, dataset)
+    paths = _locate_pair(directory, MNIST_TRAIN_FILES, dataset)
+    images, labels = _read_pair(paths, dataset)
     if images.shape[1:] != (28, 28):
-        raise EdpsError(f"{dataset} images must be 28x28 for Simple-CNN, found {images.shape[1]}x{images.shape[2]}")
+        raise EdpsError(f"{dataset} images must be 28x28 for Simple-CNN, found {images.shape[1]}x{images.shape[2]} "
+                        f"in {paths[0]}")
     scaled = (images.astype(np.float32) / 255.0)[:, None, :, :]
-    return split_train_validation(scaled, labels.astype(np.int64), mean=mean, std=std)
+    return split_train_validation(scaled, labels.astype(np.int64), mean=mean, std=std,
+                                  source=f"{dataset} file {paths[0]}")
 
 
 def load_mnist_splits(data_dir: str | Path | None, mean: float, std: float) -> DataSplits:
