@@ -24,11 +24,11 @@ from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.engine import (Check, EngineSettings, LocalStepBound, TrialResult, TrialStatus,
                                 choose_pack_size)
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.executor import TrainingJob, train_in_processes, train_inline
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning import Mask
 from edps_mlflow.registry import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.tracking import StudyTracker
+from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
 
@@ -241,7 +241,7 @@ def _run_tracked(spec: StudySpec, options: ExecutionOptions, workload: Workload,
             bound = LocalStepBound(settings.max_steps, settings.check_interval, not options.full_trials, best_known)
             train_inline(job, chunks, data.to(device), bound, recorder)
         else:
-            train_in_processes(job, chunks, workers, best_known if not options.full_trials else None, recorder)
+            train_in_workers(job, chunks, workers, best_known if not options.full_trials else None, recorder)
     progress.close()
 
     records = dict(recorder.records)
