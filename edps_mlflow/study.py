@@ -18,7 +18,6 @@ import numpy as np
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.executor import TrainingJob, train_in_processes, train_inline
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning import Mask
 from edps_mlflow.registry import StoredTrial, finished_trials, neighbour_best_point
@@ -33,6 +32,7 @@ from edps_mlflow.results import (
     training_limit,
 )
 from edps_mlflow.tracking import StudyTracker
+from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
 
@@ -211,7 +211,7 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
         bound = LocalStepBound(settings.max_steps, settings.check_interval, not options.full_trials, best_known)
         train_inline(job, plan.chunks, data.to(device), bound, recorder)
     elif plan.chunks:
-        train_in_processes(job, plan.chunks, plan.layout.workers, best_known, recorder)
+        train_in_workers(job, plan.chunks, plan.layout.workers, best_known, recorder)
     progress.close()
     records = dict(recorder.records)
     for index, stored in plan.reused.items():

@@ -17,21 +17,17 @@ An executor runs the studies that are not done: ``local`` (worker processes on t
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
-import queue
-import signal
 import sys
 import time
-import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
-from types import FrameType
 from typing import Any, TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, gpu_count, sweep_layout
 from edps_mlflow.results import StudyReport
@@ -194,80 +190,37 @@ def run_study_task(task: StudyTask) -> StudyReport:
                        time.perf_counter() - started, skipped=False)
 
 
-def _sweep_worker(tasks: Any, events: Any, device: str | None, worker_id: int) -> None:
-    # The parent turns Ctrl-C into SIGTERM for its workers; SIGTERM ends a study as KILLED.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        while True:
-            task = tasks.get()
-            if task is None:
-                break
-            task = replace(task, device=device)
-            events.put(("started", task.spec.study_key))
-            try:
-                events.put(("finished", run_study_task(task)))
-            except EdpsError as error:
-                events.put(("error", f"{task.spec.study_key[:12]}: {error}"))
-                return
-        # Between studies there is nothing to mark KILLED: a plain SIGTERM may end us from here on.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        events.put(("done", worker_id))
-    except KeyboardInterrupt:
-        return
-    except BaseException:
-        events.put(("error", traceback.format_exc()))
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+def _sweep_worker(worker: Worker, device: str | None) -> None:
+    for task in worker.tasks():
+        task = replace(task, device=device)
+        worker.send(("started", task.spec.study_key))
+        try:
+            # The parent turns Ctrl-C into SIGTERM for its workers; SIGTERM ends a study as KILLED.
+            # Between studies there is nothing to mark KILLED: a plain SIGTERM ends the worker.
+            with sigterm_interrupts():
+                report = run_study_task(task)
+        except EdpsError as error:
+            worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
+            return
+        worker.send(("finished", report))
 
 
 def run_local(tasks: list[StudyTask], devices: list[str | None], progress: SweepProgress,
               labels: dict[str, str]) -> None:
     """Studies in parallel worker processes: one per GPU (pinned), else CPU workers."""
-    context = mp.get_context("spawn")
-    task_queue, events = context.Queue(), context.Queue()
-    for task in tasks:
-        task_queue.put(task)
-    for _ in devices:
-        task_queue.put(None)
-    processes = [context.Process(target=_sweep_worker, args=(task_queue, events, device, w), daemon=False,
-                                 name=f"edps-sweep-worker-{w}") for w, device in enumerate(devices)]
-    for process in processes:
-        process.start()
-    running = set(range(len(processes)))
-    try:
-        while running:
-            try:
-                event = events.get(timeout=1.0)
-            except queue.Empty:
-                dead = [w for w in running if processes[w].exitcode is not None]
-                if dead:
-                    raise RuntimeError(f"sweep worker {dead[0]} exited with code {processes[dead[0]].exitcode}")
-                progress.render()
-                continue
-            if event[0] == "started":
-                progress.started_study()
-            elif event[0] == "finished":
-                progress.finished_study(event[1], labels[event[1].study_key])
-            elif event[0] == "done":
-                running.discard(event[1])
-            elif event[0] == "error":
-                raise EdpsError(event[1]) if "Traceback" not in event[1] else RuntimeError(event[1])
-    finally:
-        if not running:  # every worker said it is done: let them exit by themselves
-            for process in processes:
-                process.join(timeout=10)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()  # SIGTERM: a study in progress marks its runs KILLED
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-        task_queue.cancel_join_thread()
-        events.cancel_join_thread()
+
+    def on_event(event: tuple[Any, ...]) -> None:
+        if event[0] == "started":
+            progress.started_study()
+        elif event[0] == "finished":
+            progress.finished_study(event[1], labels[event[1].study_key])
+        elif event[0] == "error":
+            raise EdpsError(event[1])
+
+    # A stopped worker marks its study's runs KILLED before it exits: give it time to write that.
+    spec = PoolSpec(name="edps-sweep-worker", target=_sweep_worker,
+                    worker_args=tuple((device,) for device in devices), stop_timeout=30.0)
+    run_pool(spec, tasks, on_event, on_idle=progress.render)
 
 
 def run_ray(tasks: list[StudyTask], address: str | None, gpus_per_study: float, cpus_per_study: float,

@@ -19,11 +19,13 @@ LONG_STUDY = ["study", "--bs", "16", "--trials", "8", "--goal-error", "0.001", "
 
 def _start(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A client creates the store's tables when it is made; made while the process under test
+    # creates them too, one of the two crashes (a loaded machine makes that likely).
+    client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *LONG_STUDY], cwd=tmp_path,
         env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    client = MlflowClient(uri)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         time.sleep(1)

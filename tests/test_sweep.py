@@ -72,11 +72,13 @@ def test_complete_sweep_and_status(reference_sweep):
 def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     _, reference_uri, _ = reference_sweep
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A client creates the store's tables when it is made; made while the process under test
+    # creates them too, one of the two crashes (a loaded machine makes that likely).
+    client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *GRID, "--experiment", EXPERIMENT],
         cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    client = MlflowClient(uri)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         time.sleep(0.5)

@@ -7,11 +7,6 @@ memory so that exact early stopping works across workers.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue
-import signal
-import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -21,6 +16,7 @@ import torch
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.engine import EngineSettings, LocalStepBound, StepBound, train_trials
+from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int
 from edps_mlflow.resources import configure_training_process
 from edps_mlflow.results import Check, TrialResult
 from edps_mlflow.pruning import Mask
@@ -102,93 +98,57 @@ def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSp
 
 
 class _QueueSink:
-    def __init__(self, events: Any) -> None:
-        self.events = events
+    """The sink of a worker process: every event goes to the parent, which records it."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
 
     def trial_started(self, trial_index: int, mask: Mask | None) -> None:
         arrays = None if mask is None else {n: t.numpy().astype(bool) for n, t in mask.tensors.items()}
-        self.events.put(("started", trial_index, arrays))
+        self.worker.send(("started", trial_index, arrays))
 
     def on_check(self, trial_index: int, check: Check) -> None:
-        self.events.put(("check", trial_index, check))
+        self.worker.send(("check", trial_index, check))
 
     def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
-        self.events.put(("probe", trial_index, step, values))
+        self.worker.send(("probe", trial_index, step, values))
 
     def on_finish(self, result: TrialResult) -> None:
-        self.events.put(("finished", result))
+        self.worker.send(("finished", result))
 
 
-def _worker_main(job: TrainingJob, tasks: Any, events: Any, best_value: Any, worker_id: int) -> None:
-    # The parent decides what an interrupt means; workers just get terminated.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        configure_training_process(job.device.split(":")[0], job.threads)
-        workload = get_workload(job.spec.workload)
-        data = workload.load_data(job.data_dir).to(torch.device(job.device))
-        bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,
-                                job.exact_early_stopping)
-        sink = _QueueSink(events)
-        while True:
-            chunk = tasks.get()
-            if chunk is None:
-                break
-            train_chunk(job, chunk, data, bound, sink)
-        events.put(("done", worker_id))
-    except BaseException:  # reported to the parent, which fails the study
-        events.put(("error", worker_id, traceback.format_exc()))
+def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any) -> None:
+    configure_training_process(job.device.split(":")[0], job.threads)
+    workload = get_workload(job.spec.workload)
+    data = workload.load_data(job.data_dir).to(torch.device(job.device))
+    bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,
+                            job.exact_early_stopping)
+    sink = _QueueSink(worker)
+    for chunk in worker.tasks():
+        train_chunk(job, chunk, data, bound, sink)
 
 
-def train_in_processes(job: TrainingJob, chunks: Sequence[Sequence[int]], workers: int, best_step: int | None,
-                       sink: TrainingSink) -> None:
-    """Train ``chunks`` in ``workers`` spawned processes; events reach ``sink`` in this process."""
-    context = mp.get_context("spawn")
-    best_value = context.Value("q", SharedStepBound.initial_value(
-        job.settings.max_steps, job.settings.check_interval, best_step))
-    tasks, events = context.Queue(), context.Queue()
-    for chunk in chunks:
-        tasks.put(list(chunk))
-    for _ in range(workers):
-        tasks.put(None)
-    processes = [context.Process(target=_worker_main, args=(job, tasks, events, best_value, w), daemon=True,
-                                 name=f"edps-worker-{w}") for w in range(workers)]
-    for process in processes:
-        process.start()
-    running = set(range(workers))
-    last_liveness_check = time.monotonic()
-    try:
-        while running:
-            if time.monotonic() - last_liveness_check > 1.0:
-                # A worker killed from outside sends nothing; the others may keep the queue busy.
-                last_liveness_check = time.monotonic()
-                dead = [w for w in running if processes[w].exitcode is not None]
-                if dead:
-                    raise RuntimeError(f"worker process {dead[0]} exited with code {processes[dead[0]].exitcode}")
-            try:
-                event = events.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            kind = event[0]
-            if kind == "started":
-                arrays = event[2]
-                mask = None if arrays is None else Mask(
-                    {n: torch.from_numpy(a.astype(np.float32)) for n, a in arrays.items()})
-                sink.trial_started(event[1], mask)
-            elif kind == "check":
-                sink.on_check(event[1], event[2])
-            elif kind == "probe":
-                sink.on_probe(event[1], event[2], event[3])
-            elif kind == "finished":
-                sink.on_finish(event[1])
-            elif kind == "done":
-                running.discard(event[1])
-            elif kind == "error":
-                raise RuntimeError(f"worker process {event[1]} failed:\n{event[2]}")
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join(timeout=10)
-        tasks.cancel_join_thread()
-        events.cancel_join_thread()
+def _record(event: tuple[Any, ...], sink: TrainingSink) -> None:
+    """Replay one worker event on the parent's sink."""
+    kind = event[0]
+    if kind == "started":
+        arrays = event[2]
+        mask = None if arrays is None else Mask(
+            {n: torch.from_numpy(a.astype(np.float32)) for n, a in arrays.items()})
+        sink.trial_started(event[1], mask)
+    elif kind == "check":
+        sink.on_check(event[1], event[2])
+    elif kind == "probe":
+        sink.on_probe(event[1], event[2], event[3])
+    elif kind == "finished":
+        sink.on_finish(event[1])
+
+
+def train_in_workers(job: TrainingJob, chunks: Sequence[Sequence[int]], workers: int, best_step: int | None,
+                     sink: TrainingSink) -> None:
+    """Train ``chunks`` in ``workers`` worker processes; events reach ``sink`` in this process."""
+    best_value = shared_int(SharedStepBound.initial_value(job.settings.max_steps, job.settings.check_interval,
+                                                          best_step))
+    # The parent decides what an interrupt means; trial workers hold no state worth a clean stop.
+    spec = PoolSpec(name="edps-worker", target=_trial_worker, worker_args=((job, best_value),) * workers)
+    run_pool(spec, [list(chunk) for chunk in chunks], lambda event: _record(event, sink))
