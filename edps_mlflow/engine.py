@@ -169,9 +169,6 @@ class SingleTrainer:
     def keep(self, positions: Sequence[int]) -> None:
         pass
 
-    def parameters_of(self, position: int) -> dict[str, Tensor]:
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
-
     def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
         names = [name for name, _ in self.model.named_parameters()]
         masks = None if self.masks is None else {n: m.unsqueeze(0) for n, m in zip(names, self.masks)}
@@ -256,9 +253,6 @@ class PackedTrainer:
             self.buffers = {n: b.index_select(0, index) for n, b in self.buffers.items()}
         self.learning_rates = self.learning_rates.index_select(0, index)
         self.momenta = self.momenta.index_select(0, index)
-
-    def parameters_of(self, position: int) -> dict[str, Tensor]:
-        return {n: p[position].clone() for n, p in self.params.items()}
 
     def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
         return self.template, lambda: self.params, self.masks

@@ -7,8 +7,8 @@ trial axis like the packed engine). ``before_step`` sees the weights before that
 what they need and never touch the training state or its random stream, so a run with probes
 follows exactly the trajectory of a run without them.
 
-- ``lipschitz`` (the paper's measurement, see docs/protocol.md): full-training-split gradients g(w0) before the update and, after it
-  (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
+- ``lipschitz`` (the paper's measurement, docs/protocol.md): full-training-split gradients g(w0)
+  before the update and, after it (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
   L = max_gamma |g(w0 + gamma d) - g(w0)| / |gamma d|. Gradients are masked, so pruned
   coordinates stay out. Cost: ten full passes over the training split per call.
 - ``noise_scale``: B_simple = tr(Sigma) / |G|^2 from squared gradient norms at two batch sizes,

@@ -96,7 +96,7 @@ MOMENTUM = Dimension("momentum", 0.9, 0.9999, Scale.REVERSE_LOG)
 DECAY_STEPS = Dimension("decay_steps", 30_000, 60_000, Scale.LINEAR, integer=True)
 END_LEARNING_RATE_FACTOR = Dimension("end_learning_rate_factor", 1e-4, 0.1, Scale.LOG)
 
-# PAPER.md: SGD tunes the learning rate (constant schedule); momentum and Nesterov tune the
+# The paper (docs/protocol.md): SGD tunes the learning rate (constant schedule); momentum and Nesterov tune the
 # learning rate and the momentum.
 PAPER_SPACES: dict[str, SearchSpace] = {
     "sgd": SearchSpace((LEARNING_RATE,)),

@@ -49,19 +49,17 @@ EXECUTORS = ("local", "ray")
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """The grid of one sweep. Validated on construction, with every study it holds."""
+    """The grid of one sweep: optimizers x sparsities x batch sizes of one study protocol.
 
-    workload: str
+    ``protocol`` is a study of the sweep's workload with its trials, goal, cap, check interval, seed and
+    probes; every study of the grid is that study at one grid point. Validated on construction, with
+    every study it holds.
+    """
+
+    protocol: StudySpec
     optimizers: tuple[OptimizerKind, ...]
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
-    trials: int
-    goal_error: float
-    max_steps: int
-    check_interval: int
-    seed: int
-    probes: tuple[str, ...] = ()
-    probe_interval: int = 1000
 
     def __post_init__(self) -> None:
         workload = get_workload(self.workload)
@@ -71,13 +69,13 @@ class SweepSpec:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
                 raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
+        object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
         for optimizer in self.optimizers:
-            workload.search_space(OptimizerKind.parse(optimizer).value)
+            workload.search_space(optimizer.value)
         too_large = [b for b in self.batch_sizes if isinstance(b, int) and b > workload.train_size]
         if too_large:
             raise EdpsError(f"batch size {too_large[0]} exceeds the {workload.train_size} training examples of "
                             f"{workload.name}")
-        object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
         # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
         studies = self.studies()
         object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
@@ -89,36 +87,39 @@ class SweepSpec:
               probes: tuple[str, ...] = (), probe_interval: int = 1000) -> "SweepSpec":
         """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
         powers of two from 2 to the largest that fits the training split."""
-        item = get_workload(workload)
-        return cls(workload, tuple(OptimizerKind.parse(o) for o in optimizers),
-                   batch_sizes if batch_sizes is not None else tuple(
-                       2 ** e for e in range(1, item.largest_batch_size().bit_length())),
-                   sparsities, trials if trials is not None else item.default_trials,
-                   goal_error if goal_error is not None else item.goal_error,
-                   max_steps if max_steps is not None else item.max_steps,
-                   check_interval if check_interval is not None else item.check_interval, seed, probes,
-                   probe_interval)
+        if batch_sizes is None:
+            batch_sizes = tuple(2 ** e for e in range(1, get_workload(workload).largest_batch_size().bit_length()))
+        first = optimizers[0] if optimizers else "sgd"
+        protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
+                                   max_steps, check_interval, seed, probes, probe_interval)
+        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
+
+    @property
+    def workload(self) -> str:
+        return self.protocol.workload
 
     def studies(self) -> list[StudySpec]:
-        return [StudySpec(self.workload, optimizer, sparsity, batch_size, self.trials, self.goal_error,
-                          self.max_steps, self.check_interval, self.seed, self.probes, self.probe_interval)
+        return [replace(self.protocol, optimizer=optimizer, sparsity=sparsity, batch_size=batch_size)
                 for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
+
+    def _protocol_fields(self) -> dict[str, Any]:
+        p = self.protocol
+        return {"trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
+                "check_interval": p.check_interval, "seed": p.seed}
 
     @property
     def sweep_key(self) -> str:
+        p = self.protocol
         return content_key({
             "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
-            "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), "trials": self.trials,
-            "goal_error": self.goal_error, "max_steps": self.max_steps, "check_interval": self.check_interval,
-            "seed": self.seed, **({"probes": list(self.probes), "probe_interval": self.probe_interval}
-                                  if self.probes else {})})
+            "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
+            **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {})})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(map(str, self.sparsities)),
-                "trials": self.trials, "goal_error": self.goal_error, "max_steps": self.max_steps,
-                "check_interval": self.check_interval, "seed": self.seed}
+                **self._protocol_fields()}
 
 
 class PlanState(str, Enum):

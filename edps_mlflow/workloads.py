@@ -107,6 +107,15 @@ def _catalog_data(dataset: str) -> Callable[[str | Path | None], "DataSplits"]:
     return load
 
 
+def _paper_workload(name: str, dataset: str, description: str, build_model: Callable[[], "nn.Module"],
+                    goal_error: float, max_steps: int, train_size: int, validation_size: int,
+                    search_spaces: Mapping[str, SearchSpace] = PAPER_SPACES) -> Workload:
+    """A workload of the paper: its dataset comes from the data catalog (a data directory)."""
+    return Workload(name=name, description=description, load_data=_catalog_data(dataset), build_model=build_model,
+                    goal_error=goal_error, max_steps=max_steps, search_spaces=search_spaces, needs_data_dir=True,
+                    dataset=dataset, train_size=train_size, validation_size=validation_size)
+
+
 WORKLOADS: dict[str, Workload] = {
     "digits-simple-cnn": Workload(
         name="digits-simple-cnn",
@@ -124,48 +133,19 @@ WORKLOADS: dict[str, Workload] = {
         train_size=1618,
         validation_size=179,
     ),
-    "mnist-simple-cnn": Workload(
-        name="mnist-simple-cnn",
-        description="MNIST (54,000 / 6,000), Simple-CNN (62,346 parameters)",
-        load_data=_catalog_data("mnist"),
-        build_model=_mnist_model,
-        goal_error=0.02,
-        max_steps=40_000,
-        search_spaces=PAPER_SPACES,
-        needs_data_dir=True,
-        dataset="mnist",
-        train_size=54_000,
-        validation_size=6_000,
-    ),
-    "fashion-mnist-simple-cnn": Workload(
-        name="fashion-mnist-simple-cnn",
-        description="Fashion-MNIST (54,000 / 6,000), Simple-CNN (62,346 parameters)",
-        load_data=_catalog_data("fashion-mnist"),
-        build_model=_mnist_model,
-        # 0.12 is not confirmed from the paper's text (Shallue et al. used 0.10).
-        goal_error=0.12,
-        max_steps=40_000,
-        search_spaces=PAPER_SPACES,
-        needs_data_dir=True,
-        dataset="fashion-mnist",
-        train_size=54_000,
-        validation_size=6_000,
-    ),
-    "cifar10-resnet8": Workload(
-        name="cifar10-resnet8",
-        description="CIFAR-10 (45,000 / 5,000), ResNet-8 without batch norm (75,050 parameters)",
-        load_data=_catalog_data("cifar10"),
-        build_model=_resnet8,
-        goal_error=0.40,
-        max_steps=100_000,
-        # The paper: the CIFAR-10 Nesterov workload also tunes the linear learning-rate decay.
+    "mnist-simple-cnn": _paper_workload(
+        "mnist-simple-cnn", "mnist", "MNIST (54,000 / 6,000), Simple-CNN (62,346 parameters)", _mnist_model,
+        goal_error=0.02, max_steps=40_000, train_size=54_000, validation_size=6_000),
+    # 0.12 is not confirmed from the paper's text (Shallue et al. used 0.10).
+    "fashion-mnist-simple-cnn": _paper_workload(
+        "fashion-mnist-simple-cnn", "fashion-mnist", "Fashion-MNIST (54,000 / 6,000), Simple-CNN (62,346 parameters)",
+        _mnist_model, goal_error=0.12, max_steps=40_000, train_size=54_000, validation_size=6_000),
+    # The paper: the CIFAR-10 Nesterov workload also tunes the linear learning-rate decay.
+    "cifar10-resnet8": _paper_workload(
+        "cifar10-resnet8", "cifar10", "CIFAR-10 (45,000 / 5,000), ResNet-8 without batch norm (75,050 parameters)",
+        _resnet8, goal_error=0.40, max_steps=100_000, train_size=45_000, validation_size=5_000,
         search_spaces={**PAPER_SPACES, "nesterov": SearchSpace(
-            (LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))},
-        needs_data_dir=True,
-        dataset="cifar10",
-        train_size=45_000,
-        validation_size=5_000,
-    ),
+            (LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))}),
 }
 
 

@@ -94,3 +94,8 @@ def reference_sgd_run(setup: TrialSetup, batch_size: int, steps: int, seed: int,
             parameter.grad.mul_(mask)
         optimizer.step()
     return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def packed_parameters(trainer, position: int) -> dict[str, torch.Tensor]:
+    """One trial's weights out of a PackedTrainer's stacked parameters."""
+    return {name: stacked[position].clone() for name, stacked in trainer.params.items()}

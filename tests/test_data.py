@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edps_mlflow.data.digits import load_digits_splits
-from edps_mlflow.data.idx import load_mnist_splits, read_idx, resolve_data_dir
+from edps_mlflow.data.idx import load_idx_splits, read_idx, resolve_data_dir
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.workloads import get_workload
 
@@ -38,7 +38,7 @@ def make_mnist(directory: Path, count: int = 200, compress: bool = True, seed: i
 @pytest.mark.parametrize("compress", [True, False])
 def test_mnist_idx_files_load_split_and_normalise(tmp_path, compress):
     images, labels = make_mnist(tmp_path, compress=compress)
-    splits = load_mnist_splits(tmp_path, mean=0.1307, std=0.3081)
+    splits = load_idx_splits(Path(tmp_path), "MNIST", mean=0.1307, std=0.3081)
     assert splits.train_images.shape == (180, 1, 28, 28) and splits.validation_images.shape == (20, 1, 28, 28)
     assert splits.train_images.dtype == torch.float32 and splits.train_labels.dtype == torch.int64
     assert 0 <= int(splits.train_labels.min()) and int(splits.train_labels.max()) <= 9
@@ -47,14 +47,14 @@ def test_mnist_idx_files_load_split_and_normalise(tmp_path, compress):
     expected = (torch.from_numpy(images.astype(np.float32)).flatten() / 255 - 0.1307) / 0.3081
     assert torch.allclose(everything.sort().values, expected.sort().values, atol=1e-5)
     # The split is a fixed seeded shuffle: the same every time.
-    again = load_mnist_splits(tmp_path, mean=0.1307, std=0.3081)
+    again = load_idx_splits(Path(tmp_path), "MNIST", mean=0.1307, std=0.3081)
     assert torch.equal(again.validation_labels, splits.validation_labels)
 
 
 def test_missing_directory_names_it_and_the_files(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(EdpsError) as error:
-        load_mnist_splits(missing, 0.1307, 0.3081)
+        load_idx_splits(Path(missing), "MNIST", 0.1307, 0.3081)
     message = str(error.value)
     assert str(missing) in message and "train-images-idx3-ubyte" in message and "train-labels-idx1-ubyte" in message
 
@@ -63,7 +63,7 @@ def test_missing_labels_file_is_named(tmp_path):
     make_mnist(tmp_path)
     (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(EdpsError, match=r"files missing in .*train-labels-idx1-ubyte"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
 
 
 def test_truncated_file_is_refused(tmp_path):
@@ -71,7 +71,7 @@ def test_truncated_file_is_refused(tmp_path):
     path = tmp_path / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(EdpsError, match="truncated or corrupt"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
 
 
 def test_truncated_gzip_is_refused(tmp_path):
@@ -79,24 +79,24 @@ def test_truncated_gzip_is_refused(tmp_path):
     path = tmp_path / "train-images-idx3-ubyte.gz"
     path.write_bytes(path.read_bytes()[:-50])
     with pytest.raises(EdpsError, match="cannot read|truncated"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
 
 
 def test_mislabelled_files_are_refused(tmp_path):
     make_mnist(tmp_path, compress=False)
     write_idx(tmp_path / "train-labels-idx1-ubyte", np.full(150, 3, dtype=np.uint8), compress=False)
     with pytest.raises(EdpsError, match="200 images but .* 150 labels"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
     write_idx(tmp_path / "train-labels-idx1-ubyte", np.full(200, 12, dtype=np.uint8), compress=False)
     with pytest.raises(EdpsError, match="label 12"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
 
 
 def test_wrong_image_shape_and_magic(tmp_path):
     write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((10, 32, 32), dtype=np.uint8), compress=False)
     write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(10, dtype=np.uint8), compress=False)
     with pytest.raises(EdpsError, match="28x28"):
-        load_mnist_splits(tmp_path, 0.1307, 0.3081)
+        load_idx_splits(Path(tmp_path), "MNIST", 0.1307, 0.3081)
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04garbage")
     with pytest.raises(EdpsError, match="bad magic"):
         read_idx(tmp_path / "bad", 1)

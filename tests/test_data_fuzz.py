@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from edps_mlflow.data import catalog
 from edps_mlflow.data.cifar import ARCHIVE, ARCHIVE_FOLDER, BATCH_MAX_BYTES, RECORD_BYTES, TRAIN_BATCHES, \
     load_cifar10_splits
-from edps_mlflow.data.idx import MAX_IDX_BYTES, load_mnist_splits, read_idx
+from edps_mlflow.data.idx import MAX_IDX_BYTES, load_idx_splits, read_idx
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.errors import EdpsError
 
@@ -242,7 +242,7 @@ def test_malformed_mnist_directory_is_refused_in_one_line(fault, seed, compress,
         images_path = place(directory, "train-images-idx3-ubyte", idx_bytes(images), compress)
         labels_path = place(directory, "train-labels-idx1-ubyte", idx_bytes(labels), compress)
         named = labels_path if fault == "bad_label" else images_path
-        message = refusal(lambda: load_mnist_splits(directory, MEAN, STD), named)
+        message = refusal(lambda: load_idx_splits(Path(directory), "MNIST", MEAN, STD), named)
     if fault == "few_images":
         assert f"has {count} images; at least 10 are needed" in message
 
@@ -274,7 +274,7 @@ def test_valid_mnist_directory_loads_the_same_raw_and_gzipped(seed, count):
             directory.mkdir()
             place(directory, "train-images-idx3-ubyte", idx_bytes(images), compress)
             place(directory, "train-labels-idx1-ubyte", idx_bytes(labels), compress)
-            loaded.append(load_mnist_splits(directory, MEAN, STD))
+            loaded.append(load_idx_splits(Path(directory), "MNIST", MEAN, STD))
     assert same_splits(*loaded)
     assert loaded[0].train_size + loaded[0].validation_size == count and loaded[0].validation_size >= 1
 

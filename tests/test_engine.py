@@ -7,8 +7,8 @@ from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train
 from edps_mlflow.resources import choose_pack_size
 from edps_mlflow.results import TrialStatus
 
-from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, reference_sgd_run, setups_for,
-                     study_spec)
+from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, packed_parameters, reference_sgd_run,
+                     setups_for, study_spec)
 
 
 @pytest.mark.parametrize("optimizer,sparsity", [("sgd", 0.0), ("momentum", 0.5), ("nesterov", 0.9)])
@@ -26,7 +26,7 @@ def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
         trainer.step(data.train_images[batch], data.train_labels[batch], None)
     for position, setup in enumerate(setups):
         expected = reference_sgd_run(setup, 16, steps, spec.seed, data, workload=SMOOTH)
-        got = trainer.parameters_of(position)
+        got = packed_parameters(trainer, position)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
@@ -45,7 +45,7 @@ def test_packed_simple_cnn_matches_torch_sgd_over_a_few_steps(optimizer):
         trainer.step(data.train_images[batch], data.train_labels[batch], None)
     for position, setup in enumerate(setups):
         expected = reference_sgd_run(setup, 16, 10, spec.seed, data)
-        for name, value in trainer.parameters_of(position).items():
+        for name, value in packed_parameters(trainer, position).items():
             torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
 
 
@@ -63,7 +63,7 @@ def test_packed_linear_decay_matches_reference():
         trainer.step(data.train_images[batch], data.train_labels[batch], rates)
     for position, setup in enumerate(setups):
         expected = reference_sgd_run(setup, 8, 40, spec.seed, data, workload=SMOOTH)
-        for name, value in trainer.parameters_of(position).items():
+        for name, value in packed_parameters(trainer, position).items():
             torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
 
 

@@ -136,11 +136,6 @@ def _read_pair(paths: tuple[Path, Path], dataset: str) -> tuple[np.ndarray, np.n
     return images, labels
 
 
-def load_idx_pair(directory: Path, files: tuple[str, str], dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, H, W) uint8 and labels (N,) uint8, checked against each other."""
-    return _read_pair(_locate_pair(directory, files, dataset), dataset)
-
-
 def load_idx_splits(directory: Path, dataset: str, mean: float, std: float) -> DataSplits:
     """MNIST-format training files (MNIST, Fashion-MNIST): /255, one global mean/std, 10% validation."""
     paths = _locate_pair(directory, MNIST_TRAIN_FILES, dataset)
@@ -152,7 +147,3 @@ def load_idx_splits(directory: Path, dataset: str, mean: float, std: float) -> D
     return split_train_validation(scaled, labels.astype(np.int64), mean=mean, std=std,
                                   source=f"{dataset} file {paths[0]}")
 
-
-def load_mnist_splits(data_dir: str | Path | None, mean: float, std: float) -> DataSplits:
-    """MNIST from ``data_dir`` itself (kept for callers that point straight at the files)."""
-    return load_idx_splits(resolve_data_dir(data_dir), "MNIST", mean, std)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from edps_mlflow.errors import EdpsError
 
-# PAPER.md: 10% of the training set, chosen by a fixed seeded shuffle. The seed is part of the
+# The paper (docs/protocol.md): 10% of the training set, chosen by a fixed seeded shuffle. The seed is part of the
 # workload definition, not of a study: every study of a workload sees the same split.
 VALIDATION_FRACTION = 0.1
 SPLIT_SEED = 0
