@@ -180,6 +180,43 @@ def workloads() -> None:
         click.echo(f"{item.name:<22} goal {item.goal_error:<5g} cap {item.max_steps:<6} {data:<16} {item.description}")
 
 
+# Trials listed when --count is not given; the number of trials a study runs by default.
+DEFAULT_TRIAL_COUNT = 32
+# Far beyond any study; a typo such as 1e9 should be refused rather than print for hours.
+MAX_TRIAL_COUNT = 100_000
+
+
+@cli.command()
+@click.option("--workload", required=True, help="Workload name (see `edps workloads`).")
+@click.option("--optimizer", required=True, help="sgd, momentum or nesterov.")
+@click.option("--count", type=int, default=DEFAULT_TRIAL_COUNT, show_default=True, help="How many trials.")
+@click.option("--format", "output_format", type=click.Choice(["table", "csv"]), default="table", show_default=True)
+def trials(workload: str, optimizer: str, count: int, output_format: str) -> None:
+    """The metaparameters of each trial, in the Sobol order a study trains them (no data loaded)."""
+    from edps_mlflow.config import OptimizerKind
+
+    if not 1 <= count <= MAX_TRIAL_COUNT:
+        raise EdpsError(f"count must be an integer in [1, {MAX_TRIAL_COUNT}], got {count}")
+    kind = OptimizerKind.parse(optimizer)
+    # The registry module imports torch (for its model factories), the search spaces sit beside them.
+    from edps_mlflow.workloads import get_workload
+
+    space = get_workload(workload).search_space(kind.value)
+    integer = {d.name: d.integer for d in space.dimensions}
+    points = space.points(count)
+    if output_format == "csv":
+        click.echo(",".join(("trial_index", *space.names)))
+        for index, point in enumerate(points):
+            values = (str(int(point[n])) if integer[n] else repr(point[n]) for n in space.names)
+            click.echo(",".join((str(index), *values)))
+        return
+    widths = [max(len(n), 12) for n in space.names]
+    click.echo("  ".join((f"{'trial':>5}", *(f"{n:>{w}}" for n, w in zip(space.names, widths)))))
+    for index, point in enumerate(points):
+        values = (f"{int(point[n]):>{w}d}" if integer[n] else f"{point[n]:>{w}.6g}" for n, w in zip(space.names, widths))
+        click.echo("  ".join((f"{index:>5}", *values)))
+
+
 @cli.group()
 def data() -> None:
     """Datasets: status and download (with the published checksums)."""
