@@ -213,6 +213,41 @@ def workloads() -> None:
                    f"{item.description}")
 
 
+# Far beyond any study; a typo such as 1e9 should be refused rather than print for hours.
+MAX_TRIAL_COUNT = 100_000
+
+
+@cli.command()
+@click.option("--workload", required=True, help="Workload name (see `edps workloads`).")
+@click.option("--optimizer", required=True, help="sgd, momentum or nesterov.")
+@click.option("--count", type=OPTIONAL_INT, default="default", show_default=True,
+              help="How many trials; 'default': the workload's trial count.")
+@click.option("--format", "output_format", type=click.Choice(["table", "csv"]), default="table", show_default=True)
+def trials(workload: str, optimizer: str, count: int | None, output_format: str) -> None:
+    """The metaparameters of each trial, in the Sobol order a study trains them (no data loaded)."""
+    from edps_mlflow.config import OptimizerKind
+    from edps_mlflow.workloads import get_workload
+
+    item = get_workload(workload)
+    count = item.default_trials if count is None else count
+    if not 1 <= count <= MAX_TRIAL_COUNT:
+        raise EdpsError(f"count must be an integer in [1, {MAX_TRIAL_COUNT}], got {count}")
+    space = item.search_space(OptimizerKind.parse(optimizer).value)
+    integer = {d.name: d.integer for d in space.dimensions}
+    points = space.points(count)
+    if output_format == "csv":
+        click.echo(",".join(("trial_index", *space.names)))
+        for index, point in enumerate(points):
+            values = (str(int(point[n])) if integer[n] else repr(point[n]) for n in space.names)
+            click.echo(",".join((str(index), *values)))
+        return
+    widths = [max(len(n), 12) for n in space.names]
+    click.echo("  ".join((f"{'trial':>5}", *(f"{n:>{w}}" for n, w in zip(space.names, widths)))))
+    for index, point in enumerate(points):
+        values = (f"{int(point[n]):>{w}d}" if integer[n] else f"{point[n]:>{w}.6g}" for n, w in zip(space.names, widths))
+        click.echo("  ".join((f"{index:>5}", *values)))
+
+
 @cli.group()
 def data() -> None:
     """Datasets: status and download (with the published checksums)."""
