@@ -78,13 +78,15 @@ class _BatchSizes(click.ParamType):
 
 
 class _NumberList(click.ParamType):
-    """Comma-separated finite numbers."""
+    """Comma-separated finite numbers, or 'default' (None)."""
 
     name = "numbers"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
-        if isinstance(value, tuple):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...] | None:
+        if value is None or isinstance(value, tuple):
             return value
+        if str(value).strip().lower() in _DEFAULT_WORDS:
+            return None
         try:
             numbers = tuple(float(part) for part in str(value).split(","))
         except ValueError:
@@ -129,6 +131,9 @@ protocol_options = _options(
     click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
     click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
                  help="Steps between probe calls."),
+    click.option("--allow-tf32", type=click.BOOL, default=False, show_default=True,
+                 help="true: TF32 matmuls and convolutions on GPUs that have them (default: full FP32, as the "
+                      "paper; part of the study key)."),
 )
 
 
@@ -151,13 +156,14 @@ def cli() -> None:
 def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
-          device: str | None, workers: int | None, pack_size: int | None, full_evaluation: bool) -> None:
+          allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
+          full_evaluation: bool) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
 
     spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
-                           seed, parse_probes(probes), probe_interval)
+                           seed, parse_probes(probes), probe_interval, allow_tf32)
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
@@ -169,24 +175,34 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
 @click.option("--optimizers", default="sgd", show_default=True, help="Comma-separated: sgd,momentum,nesterov.")
 @click.option("--batch-sizes", type=_BatchSizes(), default=None,
               help="2..1024 (powers of two) or 16,64,256; default 2..largest that fits the training split.")
-@click.option("--sparsities", type=_NumberList(), default="0", show_default=True, help="Comma-separated, each in [0, 1).")
+@click.option("--sparsities", type=_NumberList(), default=None, help="Comma-separated, each in [0, 1); default 0.")
+@click.option("--grid", type=click.Choice(["none", "paper"]), default="none", show_default=True,
+              help="paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the largest that fits "
+                   "the training split (instead of --batch-sizes / --sparsities).")
 @protocol_options
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Local: study processes (default one per core, or per GPU).")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
-def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...], workload: str,
+def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, grid: str,
+          workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int, executor: str, workers: int | None, ray_address: str | None,
+          probe_interval: int, allow_tf32: bool, executor: str, workers: int | None, ray_address: str | None,
           device: str | None) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
+    from edps_mlflow.workloads import get_workload
 
-    spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes, sparsities,
-                           trials, goal_error, max_steps, check_interval, seed, parse_probes(probes), probe_interval)
+    if grid == "paper":
+        if batch_sizes is not None or sparsities is not None:
+            raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and --sparsities")
+        batch_sizes, sparsities = get_workload(workload).paper_grid()
+    spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes,
+                           sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
+                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
         data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval))

@@ -119,6 +119,9 @@ class StudySpec:
     # for them must not reuse trials measured without them, so they enter the keys when present.
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
+    # TF32 matmuls and convolutions on GPUs that have them (off: full FP32, as the original). It can
+    # change results, so it enters the keys when on.
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
@@ -143,12 +146,13 @@ class StudySpec:
         object.__setattr__(self, "optimizer", OptimizerKind.parse(self.optimizer) if isinstance(self.optimizer, str)
                            and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
+        object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
 
     @classmethod
     def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
               check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
-              probe_interval: int = 1000) -> "StudySpec":
+              probe_interval: int = 1000, allow_tf32: bool = False) -> "StudySpec":
         """A study with the workload's protocol (trials, goal, cap, check interval) wherever a value is None."""
         from edps_mlflow.workloads import get_workload
 
@@ -159,16 +163,18 @@ class StudySpec:
                    goal_error if goal_error is not None else item.goal_error,
                    max_steps if max_steps is not None else item.max_steps,
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
-                   probe_interval)
+                   probe_interval, allow_tf32)
 
     def key_fields(self) -> dict[str, Any]:
         fields = asdict(self)
         fields["optimizer"] = self.optimizer.value
+        # A new field with a default must not change old keys: these enter only when set.
         if not self.probes:
-            # A new field with a default must not change old keys.
             del fields["probes"], fields["probe_interval"]
         else:
             fields["probes"] = list(self.probes)
+        if not self.allow_tf32:
+            del fields["allow_tf32"]
         return fields
 
     @property

@@ -133,7 +133,8 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
                           options.pack_size)
     run_settings = {"full_trials": options.full_trials, "device": device, "workers": layout.workers,
                     "threads_per_worker": layout.threads, "pack_size": layout.pack_size,
-                    "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order}
+                    "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
+                    "allow_tf32": spec.allow_tf32}
     return StudyPlan(trials, reused, to_train, trial_order, layout, run_settings)
 
 

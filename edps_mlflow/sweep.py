@@ -84,14 +84,14 @@ class SweepSpec:
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
               sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
               max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
-              probes: tuple[str, ...] = (), probe_interval: int = 1000) -> "SweepSpec":
+              probes: tuple[str, ...] = (), probe_interval: int = 1000, allow_tf32: bool = False) -> "SweepSpec":
         """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
         powers of two from 2 to the largest that fits the training split."""
         if batch_sizes is None:
-            batch_sizes = tuple(2 ** e for e in range(1, get_workload(workload).largest_batch_size().bit_length()))
+            batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
         protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
-                                   max_steps, check_interval, seed, probes, probe_interval)
+                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32)
         return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
 
     @property
@@ -113,7 +113,8 @@ class SweepSpec:
         return content_key({
             "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
             "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
-            **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {})})
+            **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {}),
+            **({"allow_tf32": True} if p.allow_tf32 else {})})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""

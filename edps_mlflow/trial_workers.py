@@ -92,7 +92,7 @@ def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound:
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
                  sink: TrainingSink) -> None:
-    configure_training_process(job.device.split(":")[0], job.threads)
+    configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
     for chunk in chunks:
         train_chunk(job, chunk, data, bound, sink)
 
@@ -118,7 +118,7 @@ class _QueueSink:
 
 
 def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any) -> None:
-    configure_training_process(job.device.split(":")[0], job.threads)
+    configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
     workload = get_workload(job.spec.workload)
     data = workload.load_data(job.data_dir).to(torch.device(job.device))
     bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,

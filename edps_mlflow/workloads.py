@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from edps_mlflow.data.splits import DataSplits
 
 
+# Trials per study in the paper (the original's `--nruns 100`).
+PAPER_TRIALS = 100
+# The paper's grid: its sparsities; batch sizes are the powers of two from 2 up to the split.
+PAPER_SPARSITIES = (0.0, 0.5, 0.7, 0.9)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -76,6 +82,14 @@ class Workload:
         """The largest power of two that fits the training split."""
         return 1 << (self.train_size.bit_length() - 1)
 
+    def paper_grid(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The paper's grid on this workload: (batch sizes, sparsities)."""
+        return self.batch_size_range(), PAPER_SPARSITIES
+
+    def batch_size_range(self) -> tuple[int, ...]:
+        """The powers of two from 2 to the largest that fits the training split."""
+        return tuple(2 ** e for e in range(1, self.largest_batch_size().bit_length()))
+
 
 def _digits_model() -> "nn.Module":
     from edps_mlflow.models import SimpleCNN
@@ -114,9 +128,11 @@ def _paper_workload(name: str, dataset: str, description: str, build_model: Call
                     goal_error: float, max_steps: int, train_size: int, validation_size: int,
                     search_spaces: Mapping[str, SearchSpace] = PAPER_SPACES) -> Workload:
     """A workload of the paper: its dataset comes from the data catalog (a data directory)."""
+    # The original's protocol: 100 trials per study (`--nruns 100`), a check every 100 steps.
     return Workload(name=name, description=description, load_data=_catalog_data(dataset), build_model=build_model,
                     goal_error=goal_error, max_steps=max_steps, search_spaces=search_spaces, needs_data_dir=True,
-                    dataset=dataset, train_size=train_size, validation_size=validation_size)
+                    dataset=dataset, train_size=train_size, validation_size=validation_size,
+                    default_trials=PAPER_TRIALS, check_interval=100)
 
 
 WORKLOADS: dict[str, Workload] = {
