@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from pathlib import Path
@@ -67,15 +68,24 @@ def _relative(path: Path, files: list[Path]) -> list[Path]:
     return [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in files if p.suffix == ".png"]
 
 
+def _embedded(files: list[Path]) -> list[str]:
+    """PNG figures as data URIs: the HTML report carries its figures, so it renders alone (downloaded, or
+    in MLflow's artifact viewer, which resolves no relative links)."""
+    return [f"data:image/png;base64,{base64.b64encode(p.read_bytes()).decode('ascii')}"
+            for p in files if p.suffix == ".png"]
+
+
 def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tuple[str, str], list[Path]],
                  source: str, tolerance: float, extra: list[tuple[str, pd.DataFrame]] | None = None) -> Path:
-    """One Markdown (.md) or HTML (.html) file; figures are referenced relative to it."""
+    """One Markdown (.md) or HTML (.html) file. HTML embeds its figures; Markdown links them relative to it."""
     summary = fit_summary(fits)
+    embed = path.suffix.lower() in (".html", ".htm")
     sections = []
     for (workload, optimizer), grid in grids.items():
+        files = figures.get((workload, optimizer), [])
         sections.append((f"{workload}, {optimizer}", grid,
                          summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)],
-                         _relative(path, figures.get((workload, optimizer), []))))
+                         _embedded(files) if embed else _relative(path, files)))
     intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
              f"space; boundaries with a {tolerance:.0%} tolerance (perfect scaling ends where steps exceed ideal "
              f"linear scaling from the smallest batch size; maximal data parallelism starts where steps stay within "
@@ -87,13 +97,13 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
         for title, grid, fit, pngs in sections:
             parts.append(f"<h2>{html.escape(title)}</h2>")
-            parts.extend(f"<img src='{html.escape(str(p))}' style='max-width:100%'>" for p in pngs)
+            parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:100%'>" for uri in pngs)
             parts.append("<h3>Steps to result</h3>" + grid.to_html())
             parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
         for title, table in extra or []:
             parts.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=_number))
-        for p in _relative(path, figures.get(("probes", ""), [])):
-            parts.append(f"<img src='{html.escape(str(p))}' style='max-width:60%'>")
+        for uri in _embedded(figures.get(("probes", ""), [])):
+            parts.append(f"<img alt='probes' src='{uri}' style='max-width:60%'>")
         parts.append("</body></html>")
         path.write_text("\n".join(parts))
     else:
