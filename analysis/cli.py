@@ -132,7 +132,8 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     _emit(fits, output_format, fit_summary(fits).to_string(index=False))
     if log_to_mlflow:
-        _publish(tracking_uri, experiments, studies, {"fit": fits}, [])
+        _publish(tracking_uri, experiments, studies, {"fit": fits}, [],
+                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
 
 
 @cli.command()
@@ -147,7 +148,8 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
     for path in (p for paths in figures.values() for p in paths):
         click.echo(str(path))
     if log_to_mlflow:
-        _publish(tracking_uri, experiments, studies, {}, [p for paths in figures.values() for p in paths])
+        _publish(tracking_uri, experiments, studies, {}, [p for paths in figures.values() for p in paths],
+                 {"tolerance": tolerance})
 
 
 def _figures(studies: pd.DataFrame, directory: Path, tolerance: float) -> dict[tuple[str, str], list[Path]]:
@@ -190,7 +192,8 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]
         _publish(tracking_uri, experiments, studies,
-                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies)}, files)
+                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies)}, files,
+                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
 
 
 @cli.command()
@@ -272,19 +275,24 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tu
     return sections
 
 
-def _publish(tracking_uri, experiments, studies, tables, files) -> None:
+def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -> None:
     import contextlib
 
     from analysis.publish import log_analysis
+    from edps_mlflow.tracking import connect, ui_link
 
     # The analysis run goes next to its studies: their experiment when they share one.
-    names = [n for n in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
-    experiment = names[0] if len(names) == 1 else next(
+    used = [e for e in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
+    experiment = used[0] if len(used) == 1 else next(
         (e for e in experiments if not any(c in e for c in "*?[")), "edps/analysis")
+    settings = {**(settings or {}), "experiments": ",".join(experiments)}
     # MLflow prints links when a run ends; keep standard output clean for csv/json consumers.
     with contextlib.redirect_stdout(sys.stderr):
-        run_id = log_analysis(tracking_uri, experiment, studies, tables, files)
+        run_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings)
+    client = connect(tracking_uri)
+    experiment_id = client.get_run(run_id).info.experiment_id
     click.echo(f"analysis logged to MLflow run {run_id} in experiment {experiment!r}", err=True)
+    click.echo(ui_link(str(client.tracking_uri), experiment_id, run_id), err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

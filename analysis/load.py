@@ -42,7 +42,7 @@ NUMERIC_COLUMNS = ("sparsity", "batch_size", "steps_to_result", "steps_trained",
                    "best_momentum")
 STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error", "steps_to_result", "trials_total",
                  "trials_reached", "trials_not_reached", "trials_diverged", "trials_superseded",
-                 "best_learning_rate", "best_momentum", "experiment", "study_run_id", "study_key")
+                 "best_learning_rate", "best_momentum", "experiment", "study_run_id", "study_key", "sweep_run_id")
 TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps_trained")
 
 
@@ -137,7 +137,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
             "best_learning_rate": float(best_learning_rate) if best_learning_rate is not None else None,
             "best_momentum": float(best_momentum) if best_momentum is not None else None,
             "experiment": names[run.info.experiment_id], "study_run_id": run.info.run_id,
-            "study_key": tags.get(n.TAG_STUDY_KEY),
+            "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
         })
     if not rows:
         raise EdpsError(f"experiment(s) {', '.join(experiments)} hold no finished study runs")

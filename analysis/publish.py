@@ -1,37 +1,94 @@
-"""``--log-to-mlflow``: the analysis tables and figures as artifacts of an analysis run.
+"""``--log-to-mlflow``: the analysis as a run that summarises what it found.
 
-The run (``edps.kind=analysis``) is tagged with the study runs it used (``edps.analysis.study_runs``,
-and the full list in ``used_study_runs.txt``), so the figures sit next to the runs in the MLflow UI.
+The run (``edps.kind=analysis``) is named after what it analysed and carries:
+- params: the analysis settings (tolerance, bootstrap resamples, seed, experiments);
+- metrics per curve: S_min and B_crit with their interval ends, R^2 of the fit, and the two regime
+  boundaries, under ``fit/<optimizer>/sp<sparsity>/...`` (see ``curve_metrics``);
+- a description (shown on the run page) with the fit table;
+- tags with the study runs it used (``edps.analysis.study_runs``, full list in ``used_study_runs.txt``)
+  and the sweep runs they belong to; when they all belong to one sweep of the same experiment, the
+  analysis run is nested under it, so it appears beside the studies it analysed;
+- the tables as CSV artifacts, the figures under ``figures/``, and the report.
 Under ``mlflow run -e analyze`` the run that MLflow created is the analysis run.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from edps_mlflow import names as n
 
+# A fit's columns that become metrics of the analysis run.
+_FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
+                "perfect_scaling_end", "maximal_parallelism_start")
+
+
+def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
+    """``fit/<optimizer>/sp<sparsity>/<quantity>`` (prefixed by the workload when several are analysed)."""
+    several = fits["workload"].nunique() > 1 if len(fits) else False
+    metrics: dict[str, float] = {}
+    for _, row in fits.iterrows():
+        curve = f"{row['optimizer']}/sp{row['sparsity']:g}"
+        if several:
+            curve = f"{row['workload']}/{curve}"
+        for column in _FIT_METRICS:
+            value = row.get(column)
+            if value is not None and not (isinstance(value, float) and math.isnan(value)) and pd.notna(value):
+                metrics[re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{n.METRIC_FIT_PREFIX}{curve}/{column}")] = float(value)
+    return metrics
+
+
+def run_name(studies: pd.DataFrame) -> str:
+    """What was analysed, the varying part first: ``analysis digits-simple-cnn sgd,momentum 12 studies``."""
+    workloads = ",".join(sorted(studies["workload"].dropna().unique())) if "workload" in studies else "?"
+    optimizers = ",".join(sorted(studies["optimizer"].dropna().unique())) if "optimizer" in studies else "?"
+    return f"analysis {workloads} {optimizers} {len(studies)} studies"
+
+
+def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
+    from analysis.report import markdown_table
+
+    return (f"Fits of steps-to-result against batch size (S(B) = S_min (1 + B_crit / B); regime boundaries with a "
+            f"{settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% bootstrap intervals). The figures are "
+            f"under `figures/`, the whole report in the report artifact.\n\n{markdown_table(summary)}\n")
+
 
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                 files: list[Path]) -> str:
-    from mlflow.entities import RunStatus
+                 files: list[Path], settings: dict[str, Any] | None = None) -> str:
+    from mlflow.entities import Metric, Param, RunStatus, RunTag
     from mlflow.tracking import MlflowClient
-    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
+    from analysis.report import fit_summary
+
+    settings = settings or {}
     client = MlflowClient(tracking_uri)
-    run_id = os.environ.get("MLFLOW_RUN_ID")
-    if not run_id:
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-        run_id = client.create_run(experiment_id, tags={MLFLOW_RUN_NAME: "analysis"}).info.run_id
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
     used = [r for r in studies.get("study_run_id", pd.Series(dtype=str)).dropna().astype(str)]
-    client.set_tag(run_id, n.TAG_KIND, n.KIND_ANALYSIS)
-    client.set_tag(run_id, n.TAG_ANALYSIS_STUDY_RUNS, ",".join(used)[:4900])
-    client.set_tag(run_id, n.TAG_ANALYSIS_STUDY_COUNT, str(len(used)))
+    sweeps = sorted(set(studies.get("sweep_run_id", pd.Series(dtype=str)).dropna().astype(str)))
+    tags = {n.TAG_KIND: n.KIND_ANALYSIS, n.TAG_ANALYSIS_STUDY_RUNS: ",".join(used)[:4900],
+            n.TAG_ANALYSIS_STUDY_COUNT: str(len(used)), n.TAG_ANALYSIS_SWEEP_RUNS: ",".join(sweeps)[:4900],
+            n.MLFLOW_RUN_NAME: run_name(studies)}
+    if "fit" in tables:
+        tags[n.MLFLOW_NOTE] = _description(fit_summary(tables["fit"]), settings)[:20_000]
+    if len(sweeps) == 1 and _run_experiment(client, sweeps[0]) == experiment_id:
+        tags[n.MLFLOW_PARENT_RUN_ID] = sweeps[0]
+    run_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, tags=tags).info.run_id
+    metrics = curve_metrics(tables["fit"]) if "fit" in tables else {}
+    params = {k: str(v)[:500] for k, v in settings.items()}
+    timestamp = int(pd.Timestamp.now().timestamp() * 1000)
+    metric_list = [Metric(k, v, timestamp, 0) for k, v in metrics.items()]
+    for start in range(0, max(len(metric_list), 1), 1000):
+        client.log_batch(run_id, metrics=metric_list[start:start + 1000],
+                         params=[Param(k, v) for k, v in params.items()] if start == 0 else [],
+                         tags=[RunTag(k, v) for k, v in tags.items()] if start == 0 else [])
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
             path = Path(scratch) / f"{name}.csv"
@@ -41,7 +98,17 @@ def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFram
         listing.write_text("\n".join(used) + "\n")
         client.log_artifact(run_id, str(listing))
     for path in files:
-        client.log_artifact(run_id, str(path), artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)
+        client.log_artifact(run_id, str(path),
+                            artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)
     if not os.environ.get("MLFLOW_RUN_ID"):
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run_id
+
+
+def _run_experiment(client: Any, run_id: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.experiment_id
+    except MlflowException:
+        return None

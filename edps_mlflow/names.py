@@ -21,6 +21,7 @@ Layout in the tracking store:
 # ---- MLflow's own tags ---------------------------------------------------------------------
 MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"
 MLFLOW_RUN_NAME = "mlflow.runName"
+MLFLOW_NOTE = "mlflow.note.content"  # the description shown on a run's or an experiment's page
 
 # ---- tags ----------------------------------------------------------------------------------
 TAG_KIND = "edps.kind"
@@ -40,6 +41,7 @@ TAG_ERROR = "edps.error"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
+TAG_ANALYSIS_SWEEP_RUNS = "edps.analysis.sweep_runs"
 
 # Values of TAG_KIND.
 KIND_SWEEP = "sweep"
@@ -93,6 +95,7 @@ METRIC_PROBE_LIPSCHITZ = "probe/lipschitz"
 METRIC_PROBE_NOISE_SCALE = "probe/noise_scale"
 METRIC_PROBE_GRAD_NORM_SQ = "probe/grad_norm_sq"
 METRIC_PROBE_TRACE_SIGMA = "probe/trace_sigma"
+METRIC_FIT_PREFIX = "fit/"  # + <optimizer>/sp<sparsity>/<quantity>, on an analysis run
 
 # ---- artifacts ------------------------------------------------------------------------------
 ARTIFACT_STUDY_JSON = "study.json"

@@ -31,7 +31,7 @@ from edps_mlflow.results import (
     best_reached_step,
     training_limit,
 )
-from edps_mlflow.tracking import StudyTracker
+from edps_mlflow.tracking import StudyTracker, ui_link
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
@@ -169,6 +169,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         tracker.abort(interrupted=False)
         raise
     _print_outcome(outcome, out)
+    print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)
     return outcome
 
 

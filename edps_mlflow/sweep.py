@@ -41,6 +41,7 @@ from edps_mlflow.tracking import (
     resolve_experiment,
     resolve_tracking_uri,
     store_errors,
+    ui_link,
 )
 from edps_mlflow.workloads import get_workload
 
@@ -390,5 +391,6 @@ def _finish(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, progress:
     sweep.tracker.finish(len(final), sum(1 for v in results.values() if v is not None),
                          time.monotonic() - progress.started)
     print(f"sweep {spec.sweep_key[:12]} complete: {len(final)} studies; `edps status --experiment "
-          f"{sweep.experiment_name}` shows the grid", file=out, flush=True)
+          f"{sweep.experiment_name}` shows the grid", file=out)
+    print(ui_link(sweep.tracking_uri, sweep.experiment_id), file=out, flush=True)
     return results

@@ -70,6 +70,19 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     return get_tracking_uri()
 
 
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where to look in the MLflow UI, in its machine-learning view: the run, else the experiment's runs.
+
+    A store reached over HTTP serves the UI itself; for a local store the line says how to start one.
+    """
+    page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
+            else f"#/experiments/{experiment_id}/runs?workflowType=machine_learning")
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {redact_uri(tracking_uri).rstrip('/')}/{page}"
+    return f"MLflow UI (start it with `mlflow ui --backend-store-uri {redact_uri(tracking_uri)}`): " \
+           f"http://127.0.0.1:5000/{page}"
+
+
 def connect(tracking_uri: str | None = None) -> MlflowClient:
     """A client of the store, resolved once (see :func:`resolve_tracking_uri`)."""
     return MlflowClient(resolve_tracking_uri(tracking_uri))

@@ -193,6 +193,20 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
     assert {"report.md", "fit.csv", "figures", "used_study_runs.txt"} <= artifacts
     figures = {a.path for a in client.list_artifacts(latest.info.run_id, "figures")}
     assert "figures/steps_digits-simple-cnn_sgd.png" in figures
+    # The analysis run summarises: its settings, a metric per fitted quantity, a description, a name
+    # saying what it analysed, and it sits under the sweep that measured the studies.
+    assert latest.data.params["tolerance"] == "0.2" and latest.data.params["bootstrap"] == "20"
+    assert latest.data.params["experiments"] == experiment
+    for sparsity in ("0", "0.5"):
+        for quantity in ("s_min", "b_crit", "r2_log"):
+            assert f"fit/sgd/sp{sparsity}/{quantity}" in latest.data.metrics
+    fitted = fits.set_index("sparsity")
+    assert latest.data.metrics["fit/sgd/sp0.5/s_min"] == pytest.approx(fitted.loc[0.5, "s_min"])
+    assert "S_min" in latest.data.tags["mlflow.note.content"]
+    assert latest.data.tags["mlflow.runName"] == "analysis digits-simple-cnn sgd 6 studies"
+    sweep = client.search_runs([experiment_id], "tags.`edps.kind` = 'sweep'")[0]
+    assert latest.data.tags["mlflow.parentRunId"] == sweep.info.run_id
+    assert f"#/experiments/{experiment_id}/runs/{latest.info.run_id}" in capsys.readouterr().err
 
 
 @pytest.mark.slow
