@@ -152,14 +152,15 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
                  {"tolerance": tolerance})
 
 
-def _figures(studies: pd.DataFrame, directory: Path, tolerance: float) -> dict[tuple[str, str], list[Path]]:
+def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
+             fits: pd.DataFrame | None = None) -> dict[tuple[str, str], list[Path]]:
     from analysis.plots import comparison_figures, steps_figure
     from analysis.regimes import sparsity_comparison
 
     comparison = sparsity_comparison(studies)
     figures = {}
     for (workload, optimizer), _ in studies.groupby(["workload", "optimizer"], sort=True):
-        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance)
+        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance, fits)
                                           + comparison_figures(comparison, workload, optimizer, directory))
     return figures
 
@@ -182,7 +183,7 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance)
+    figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance, fits)
     extra = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, path.parent / f"{path.stem}_figures")
     for _, _, paths in extra:
         figures.setdefault(("probes", ""), []).extend(paths)

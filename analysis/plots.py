@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.regimes import InsufficientData, fit_hyperbola, regime_boundaries  # noqa: E402
+from analysis.regimes import InsufficientData, fit_hyperbola, is_degenerate, regime_boundaries  # noqa: E402
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
 
@@ -35,11 +35,45 @@ def _save(figure: plt.Figure, directory: Path, stem: str) -> list[Path]:
     return paths
 
 
-def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2) -> list[Path]:
-    """log2-log2 steps-to-result against batch size, one line per sparsity, fitted hyperbolas dashed,
-    regimes of the densest curve shaded."""
+def _fit_row(fits: pd.DataFrame | None, workload: str, optimizer: str, sparsity: float) -> pd.Series | None:
+    if fits is None or not len(fits):
+        return None
+    match = fits[(fits["workload"] == workload) & (fits["optimizer"] == optimizer)
+                 & np.isclose(fits["sparsity"].astype(float), float(sparsity))]
+    return match.iloc[0] if len(match) else None
+
+
+def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
+              label_interval: bool) -> None:
+    """The fitted hyperbola, labelled with its values, and B_crit's interval as a horizontal bar at
+    S(B_crit) = 2 S_min; a fit that does not describe its curve is drawn grey and says so."""
+    try:
+        fit = fit_hyperbola(b, s)
+    except InsufficientData:
+        return
+    valid = np.isfinite(s)
+    grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
+    degenerate = row is not None and is_degenerate(row)
+    label = (f"fit: S_min {fit.s_min:.3g}, B_crit {fit.b_crit:.3g}" if not degenerate
+             else "fit does not apply (see the fit's note)")
+    axis.plot(grid, fit.steps(grid), "--", color="0.6" if degenerate else colour, linewidth=1.0, alpha=0.8,
+              label=label)
+    if row is None or degenerate:
+        return
+    low, high = row.get("b_crit_low"), row.get("b_crit_high")
+    if low is not None and high is not None and pd.notna(low) and pd.notna(high):
+        axis.errorbar([fit.b_crit], [2 * fit.s_min], xerr=[[fit.b_crit - low], [high - fit.b_crit]], fmt="D",
+                      color=colour, markersize=4, capsize=3, linewidth=1.0,
+                      label="B_crit with its 95% interval" if label_interval else None)
+
+
+def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2,
+                 fits: pd.DataFrame | None = None) -> list[Path]:
+    """log2-log2 steps-to-result against batch size, one line per sparsity, fitted hyperbolas dashed and
+    labelled with their values (grey when a fit does not apply), B_crit's interval, regimes of the densest
+    curve shaded; the legend sits beside the axes, off the data."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
-    figure, axis = plt.subplots(figsize=(6.4, 4.6))
+    figure, axis = plt.subplots(figsize=(8.4, 4.6))
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
     shaded = False
     for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
@@ -48,12 +82,7 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s)
         axis.plot(b[valid], s[valid], "o-", color=colour, label=f"sparsity {sparsity:g}", linewidth=1.6)
-        try:
-            fit = fit_hyperbola(b, s)
-            grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
-            axis.plot(grid, fit.steps(grid), "--", color=colour, linewidth=1.0, alpha=0.8)
-        except InsufficientData:
-            pass
+        _draw_fit(axis, b, s, colour, _fit_row(fits, workload, optimizer, sparsity), label_interval=not shaded)
         if not shaded:
             try:
                 bounds = regime_boundaries(b, s, tolerance)
@@ -73,7 +102,7 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
     _log2_axes(axis, "steps to result")
     axis.set_title(f"{workload}, {optimizer}: steps to reach the goal\n(dashed: fitted S_min (1 + B_crit / B); "
                    f"shading: regimes of the densest curve)", fontsize=9)
-    axis.legend(fontsize=8, loc="upper right", framealpha=0.9)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     return _save(figure, directory, f"steps_{workload}_{optimizer}")
 
 

@@ -194,8 +194,51 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
                     row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
             else:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"
+        row["perfect_scaling_last"] = last_perfect_scaling(b, s, row.get("perfect_scaling_end"))
+        row["note"] = "; ".join([part for part in (row["note"],) if part] + fit_warnings(row, b, s))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def last_perfect_scaling(batch_sizes: np.ndarray, steps: np.ndarray, first_beyond: float | None) -> int | None:
+    """The last measured batch size that still scales perfectly (the one before ``first_beyond``)."""
+    b, _ = _points(batch_sizes, steps)
+    if len(b) < 2:
+        return None
+    inside = b[b < first_beyond] if first_beyond is not None and not pd.isna(first_beyond) else b
+    return int(inside[-1]) if len(inside) else None
+
+
+def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[str]:
+    """Why a curve's fit may not mean what it seems: said in the fit's note, drawn grey in the figure."""
+    b, s = _points(batch_sizes, steps)
+    warnings = []
+    if 0 < len(b) < 2 + 1:
+        warnings.append(f"{len(b)} points for a 2-parameter fit: the fit cannot be checked")
+    if len(b) >= 2 and s[-1] > s[0]:
+        warnings.append("steps rise with batch size: the hyperbola does not describe this curve")
+    b_crit = row.get("b_crit")
+    if b_crit is not None and not pd.isna(b_crit) and len(b):
+        if b_crit < b[0] / 100 or b_crit > b[-1] * 100:
+            warnings.append(f"B_crit {b_crit:.3g} lies far outside the measured batch sizes {int(b[0])}..{int(b[-1])}: "
+                            f"not determined by these points")
+    for name in ("s_min", "b_crit"):
+        low, high, value = row.get(f"{name}_low"), row.get(f"{name}_high"), row.get(name)
+        if value is None or pd.isna(value) or low is None or high is None or pd.isna(low) or pd.isna(high):
+            continue
+        if high > value * 100 or low < value / 100:
+            warnings.append(f"the {name} interval is practically unbounded ({low:.3g} .. {high:.3g})")
+    end, start = row.get("perfect_scaling_end"), row.get("maximal_parallelism_start")
+    if end is not None and start is not None and not pd.isna(end) and not pd.isna(start) and start < end:
+        warnings.append(f"maximal data parallelism seems to start ({int(start)}) before perfect scaling ends "
+                        f"({int(end)}): the curve is too flat or noisy to separate the regimes")
+    return warnings
+
+
+def is_degenerate(row: pd.Series | dict) -> bool:
+    """A fit whose note says it does not describe the curve (drawn grey)."""
+    note = str(row.get("note", "") or "")
+    return any(flag in note for flag in ("no fit", "steps rise", "far outside", "cannot be checked"))
 
 
 def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:

@@ -48,8 +48,8 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
-            "perfect scaling ends at": _with_interval(row, "perfect_scaling_end"),
-            "maximal parallelism from": _with_interval(row, "maximal_parallelism_start"),
+            "last batch size with perfect scaling": _number(row.get("perfect_scaling_last")),
+            "first batch size of maximal data parallelism": _with_interval(row, "maximal_parallelism_start"),
             "note": row.get("note", "") or "",
         })
     return pd.DataFrame(rows)
