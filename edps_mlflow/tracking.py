@@ -116,7 +116,8 @@ def resolve_experiment(client: MlflowClient, name: str) -> str:
             raise EdpsError(f"experiment {name!r} is deleted; restore it or choose another name")
         return experiment.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri), name),
+                                        tags={n.MLFLOW_NOTE: EXPERIMENT_DESCRIPTION})
     except MlflowException:
         # Another process created it in the meantime.
         experiment = client.get_experiment_by_name(name)
@@ -125,19 +126,75 @@ def resolve_experiment(client: MlflowClient, name: str) -> str:
         return experiment.experiment_id
 
 
+def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None:
+    """For a sqlite store, a folder next to the database file (``<db stem>-artifacts/<experiment>``), so
+    that two stores used from one working directory never mix their artifacts; otherwise the store's
+    default (None)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri[len("sqlite:///"):])
+    if not database.is_absolute():
+        database = Path.cwd() / database
+    folder = re.sub(r"[^A-Za-z0-9_.-]+", "_", experiment_name).strip("._") or "experiment"
+    return (database.parent / f"{database.stem}-artifacts" / folder).as_uri()
+
+
 def experiment_name_for(workload: str, requested: str | None) -> str:
     """``--experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else the workload's default experiment."""
     return requested or os.environ.get("MLFLOW_EXPERIMENT_NAME") or n.default_experiment(workload)
 
 
 # ---- names of runs ---------------------------------------------------------------------------
+# Run names put what varies first, so that they still read when the UI truncates them.
+_SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end"}
+
+
 def study_run_name(spec: StudySpec) -> str:
-    return f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g}"
+    """``bs=16 sp=0.9 sgd digits-simple-cnn``."""
+    return f"bs={spec.batch_size} sp={spec.sparsity:g} {spec.optimizer.value} {spec.workload}"
 
 
-def trial_run_name(trial: TrialSpec) -> str:
-    values = " ".join(f"{k}={v:.4g}" for k, v in trial.metaparameters.items())
-    return f"trial {trial.index:03d} {values}"
+def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
+    """``lr=0.1 t001 bs=16 sp=0.9``, with the outcome (``reached@400``, ``superseded``) once it ended."""
+    values = " ".join(f"{_SHORT.get(k, k)}={v:.3g}" for k, v in trial.metaparameters.items())
+    study = f"bs={trial.study.batch_size} sp={trial.study.sparsity:g}"
+    return " ".join(part for part in (values, f"t{trial.index:03d}", outcome, study) if part)
+
+
+def trial_outcome(result: TrialResult) -> str:
+    if result.status is TrialStatus.REACHED:
+        return f"reached@{result.steps_to_result}"
+    return result.status.value.replace("_", " ")
+
+
+def _display(value: Any) -> str:
+    """A param as people read it: floats without binary noise (0.1, not 0.10000000000000006), tuples as lists."""
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    if isinstance(value, (tuple, list)):
+        return ",".join(_display(v) for v in value)
+    return str(value)
+
+
+def study_description(spec: StudySpec, outcome: StudyOutcome) -> str:
+    """The study run's description (Markdown, shown on its page)."""
+    best = outcome.best_record()
+    result = (f"**steps-to-result {outcome.steps_to_result}** (trial {best.trial.index}: "
+              + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items()) + ")"
+              if best else "**no trial reached the goal**")
+    counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
+    return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}: "
+            f"{result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from earlier runs). "
+            f"Goal: validation error <= {spec.goal_error:g}, checked every {spec.check_interval} steps; "
+            f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all.")
+
+
+EXPERIMENT_DESCRIPTION = (
+    "Steps-to-result against batch size and sparsity, measured by edps-mlflow. A **sweep** run (optional) is "
+    "the parent of its **study** runs; a study tunes one (workload, optimizer, sparsity, batch size) with "
+    "quasi-random **trial** runs nested under it, and its `steps_to_result` is the fewest steps any trial "
+    "needed to reach the goal. Switch the UI to *Model training* to see the runs; filter with "
+    "`tags.edps.kind = 'study'` for the grid. `edps-analyze report --log-to-mlflow` adds an analysis run.")
 
 
 def _study_tags(spec: StudySpec) -> dict[str, str]:
@@ -203,6 +260,7 @@ class StudyTracker:
         self.created_run = created_run
         self.sweep_key = sweep_key
         self.trial_runs: dict[int, str] = {}
+        self.trial_specs: dict[int, TrialSpec] = {}
         self._scratch = Path(tempfile.mkdtemp(prefix="edps-artifacts-"))
 
     # ---- opening and closing -------------------------------------------------------------
@@ -251,7 +309,8 @@ class StudyTracker:
         """The study's summary metrics, the best trial's metaparameters and the two artifacts."""
         best = outcome.best_record()
         params = {n.PARAM_BEST_PREFIX + k: v for k, v in (best.trial.metaparameters if best else {}).items()}
-        self._log(self.study_run_id, params=params, metrics=study_metrics(outcome))
+        self._log(self.study_run_id, params=params, metrics=study_metrics(outcome),
+                  tags={n.MLFLOW_NOTE: study_description(spec, outcome)})
         buffer = io.StringIO()
         trials_table(outcome).to_csv(buffer, index=False)
         (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
@@ -293,6 +352,7 @@ class StudyTracker:
             **tags, n.MLFLOW_PARENT_RUN_ID: self.study_run_id, n.MLFLOW_RUN_NAME: trial_run_name(trial)})
         run_id = run.info.run_id
         self.trial_runs[trial.index] = run_id
+        self.trial_specs[trial.index] = trial
         params = {**trial.metaparameters, n.PARAM_SEED: trial.init_seed, n.PARAM_TRIAL_INDEX: trial.index,
                   n.PARAM_BATCH_SIZE: spec.batch_size, n.PARAM_SPARSITY: spec.sparsity,
                   n.PARAM_OPTIMIZER: spec.optimizer.value, n.PARAM_WORKLOAD: spec.workload}
@@ -328,7 +388,10 @@ class StudyTracker:
             metrics[n.METRIC_STEPS_TO_RESULT] = result.steps_to_result
         if result.best_validation_error is not None:
             metrics[n.METRIC_BEST_VALIDATION_ERROR] = result.best_validation_error
-        self._log(run_id, metrics=metrics, tags={n.TAG_STATUS: result.status.value}, step=result.steps_trained)
+        tags = {n.TAG_STATUS: result.status.value}
+        if result.index in self.trial_specs:
+            tags[n.MLFLOW_RUN_NAME] = trial_run_name(self.trial_specs.pop(result.index), trial_outcome(result))
+        self._log(run_id, metrics=metrics, tags=tags, step=result.steps_trained)
         self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return run_id
 
@@ -404,7 +467,7 @@ def _log_batch(client: MlflowClient, run_id: str, params: dict[str, Any] | None 
                tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
     timestamp = _now_ms()
     metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
-    param_list = [Param(k, str(v)) for k, v in (params or {}).items()]
+    param_list = [Param(k, _display(v)) for k, v in (params or {}).items()]
     tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
     # MLflow's limits per call: 1,000 metrics, 100 params, 100 tags.
     while metric_list or param_list or tag_list:
