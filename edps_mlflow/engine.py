@@ -45,6 +45,9 @@ class EngineSettings:
     # Seed of the data order; the same for every trial of a study, as in the original.
     data_seed: int
     early_abort_evaluation: bool = True
+    # Every this many steps a check evaluates the whole validation split even with early abort, so each
+    # trial has a validation-error curve (0: only when early abort is off).
+    curve_interval: int = 0
     evaluation_batch_size: int = 1000
     channels_last: bool = True
     probes: tuple[str, ...] = ()  # names from probes.PROBES; none: the loop is untouched
@@ -343,7 +346,8 @@ def _check(trainer: SingleTrainer | PackedTrainer, data: DataSplits, settings: E
            observer: Observer) -> list[TrialStatus | None]:
     """The validation check at ``step``: each active trial's new status, or None while it trains on."""
     diverged = [not math.isfinite(loss) for loss in mean_losses]
-    allowed = settings.allowed_errors if settings.early_abort_evaluation else None
+    curve_point = settings.curve_interval > 0 and step % settings.curve_interval == 0
+    allowed = settings.allowed_errors if settings.early_abort_evaluation and not curve_point else None
     errors, complete = trainer.count_errors(
         data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
     reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]

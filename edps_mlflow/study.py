@@ -54,9 +54,13 @@ class ExecutionOptions:
     attach_run_id: str | None = None
     sweep_key: str | None = None
     threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
+    # Steps between full validation passes that draw each trial's validation-error curve (None: the
+    # workload's default; see curve_interval_for).
+    curve_interval: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("workers", self.workers), ("pack size", self.pack_size), ("threads", self.threads)):
+        for name, value in (("workers", self.workers), ("pack size", self.pack_size), ("threads", self.threads),
+                            ("curve interval", self.curve_interval)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise EdpsError(f"{name} must be a positive integer, got {value!r}")
 
@@ -110,17 +114,34 @@ def plan_reuse(trials: list[TrialSpec], stored: dict[str, StoredTrial], full_tri
     return reuse
 
 
+# A validation split this small costs little to evaluate whole: every check draws a curve point.
+SMALL_VALIDATION = 1000
+# Otherwise one check in this many is a full pass: ~10 curve points per 100 checks, and with a full pass
+# costing about as much as 100 training steps at batch 16, a small fraction of the training time.
+CURVE_EVERY_CHECKS = 10
+
+
+def curve_interval_for(spec: StudySpec, validation_size: int, requested: int | None) -> int:
+    """Steps between the full validation passes that give each trial its curve (a multiple of the check
+    interval: only checks evaluate)."""
+    if requested is not None:
+        return max(1, round(requested / spec.check_interval)) * spec.check_interval
+    every = 1 if validation_size <= SMALL_VALIDATION else CURVE_EVERY_CHECKS
+    return every * spec.check_interval
+
+
 def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
                     options: ExecutionOptions) -> EngineSettings:
     return EngineSettings(
         batch_size=spec.batch_size, max_steps=spec.max_steps, check_interval=spec.check_interval,
         allowed_errors=workload.allowed_errors(spec.goal_error, validation_size), data_seed=spec.seed,
-        early_abort_evaluation=options.early_abort_evaluation, channels_last=uses_channels_last(spec.batch_size),
-        probes=spec.probes, probe_interval=spec.probe_interval)
+        early_abort_evaluation=options.early_abort_evaluation,
+        curve_interval=curve_interval_for(spec, validation_size, options.curve_interval),
+        channels_last=uses_channels_last(spec.batch_size), probes=spec.probes, probe_interval=spec.probe_interval)
 
 
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,
-               device: str) -> StudyPlan:
+               device: str, curve_interval: int) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
     space = workload.search_space(spec.optimizer.value)
     trials = [TrialSpec(spec, index, point) for index, point in enumerate(space.points(spec.trials))]
@@ -134,7 +155,7 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
     run_settings = {"full_trials": options.full_trials, "device": device, "workers": layout.workers,
                     "threads_per_worker": layout.threads, "pack_size": layout.pack_size,
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
-                    "allow_tf32": spec.allow_tf32}
+                    "allow_tf32": spec.allow_tf32, "curve_interval": curve_interval}
     return StudyPlan(trials, reused, to_train, trial_order, layout, run_settings)
 
 
@@ -154,7 +175,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
                                 parent_run_id=options.parent_run_id, attach_run_id=options.attach_run_id,
                                 sweep_key=options.sweep_key)
     try:
-        plan = plan_study(spec, workload, tracker, options, str(device))
+        plan = plan_study(spec, workload, tracker, options, str(device), settings.curve_interval)
         tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
         _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
         records = _train(spec, plan, data, settings, str(device), options, tracker, out)

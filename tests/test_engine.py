@@ -1,4 +1,6 @@
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -177,6 +179,35 @@ def test_early_abort_evaluation_is_exact_for_steps_to_result():
             assert error == complete[(index, step)]
         else:
             assert complete[(index, step)] > spec.goal_error
+
+
+def test_curve_points_leave_the_goal_test_exact():
+    """Full passes at the curve interval give every trial a validation-error curve; the other checks may
+    abort early; the outcomes equal those of a fully evaluated run."""
+    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=800)
+    setups = setups_for(spec, DIGITS.search_space("sgd").points(3))
+    data = digits_data()
+    checks = []
+
+    class Recorder:
+        def on_check(self, index, check):
+            checks.append((index, check.step, check.validation_error))
+
+        def on_finish(self, result):
+            pass
+
+    curve = replace(engine_settings(spec, early_abort=True), curve_interval=200)
+    with_curve = [(r.status, r.steps_to_result) for setup in setups
+                  for r in train_trials(DIGITS.build_model, data, [setup], curve, LocalStepBound(800, 100, False),
+                                        Recorder())]
+    full = [(r.status, r.steps_to_result) for setup in setups
+            for r in train_trials(DIGITS.build_model, data, [setup], engine_settings(spec, early_abort=False),
+                                  LocalStepBound(800, 100, False))]
+    assert with_curve == full
+    assert all(error is not None for _, step, error in checks if step % 200 == 0)
+    assert any(error is None for _, step, error in checks if step % 200 != 0), "other checks still abort early"
+    for index in range(len(setups)):
+        assert [s for i, s, e in checks if i == index and e is not None and s % 200 == 0], "each trial has a curve"
 
 
 def test_pack_size_choice():
