@@ -24,7 +24,7 @@ CASES = [
     (["--full-trials", "maybe"], "'maybe' is not a valid boolean"),
     (["--bs", "abc"], "'abc' is not a valid integer"),
     (["--trials", "0"], "trials must be a positive integer"),
-    (["--max-steps", "50"], "max steps (50) must be at least the check interval (100)"),
+    (["--max-steps", "10"], "max steps (10) must be at least the check interval (20)"),
     (["--device", "cuda:0"], "no CUDA device is available"),
 ]
 

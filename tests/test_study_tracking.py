@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from conftest import run_edps
 
 ARGS = ["study", "--bs", "64", "--trials", "4", "--goal-error", "0.06", "--max-steps", "1000",
-        "--sparsity", "0.5", "--log-interval", "1"]
+        "--check-interval", "100", "--sparsity", "0.5", "--log-interval", "1"]
 
 
 def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_server, tmp_path):
