@@ -1,0 +1,71 @@
+"""What a researcher sees: the MLflow UI, driven in headless Chromium, on what a real sweep and a real
+analysis logged to a real `mlflow server`.
+
+Skips with its reason when Debian's `chromium` is not installed (`.ci/run` installs it).
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, clean_environment, run_edps
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+
+
+def rendered(url: str, profile: Path) -> str:
+    """The DOM of ``url`` after the single-page app has had time to render it."""
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--virtual-time-budget=30000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_printed_links_open_the_runs_and_the_report_renders_its_figures(mlflow_server, tmp_path):
+    experiment = "ui-test"
+    for batch_size in ("64", "256"):
+        study = run_edps(["study", "--bs", batch_size, "--trials", "2", "--max-steps", "100", "--goal-error", "0.1",
+                          "--workers", "1", "--experiment", experiment], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
+        assert study.returncode == 0, study.stderr[-3000:]
+    link = re.search(r"MLflow UI: (\S+)", study.stdout).group(1)
+    assert link.startswith(f"{mlflow_server}/#/experiments/")
+
+    # The printed link opens the study run, named with what varies first ...
+    page = rendered(link, tmp_path / "profile-run")
+    assert "bs=256 sp=0 sgd digits-simple-cnn" in page
+    # ... and its experiment, in the machine-learning view, lists both studies.
+    experiment_link = link.split("/runs/")[0] + "/runs?workflowType=machine_learning"
+    page = rendered(experiment_link, tmp_path / "profile-runs")
+    assert "bs=64 sp=0 sgd" in page and "bs=256 sp=0 sgd" in page
+
+    report = subprocess.run(
+        [sys.executable, "-c", "from analysis.cli import main; main()", "report", "--experiment", experiment,
+         "--bootstrap", "0", "--output", str(tmp_path / "report.html"), "--log-to-mlflow"],
+        cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=mlflow_server),
+        capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    run_link = re.search(r"MLflow UI: (\S+)", report.stderr).group(1)
+    run_id = run_link.rsplit("/", 1)[-1]
+    client = MlflowClient(mlflow_server)
+    assert client.get_run(run_id).data.tags["edps.kind"] == "analysis"
+
+    # The artifact viewer renders report.html as a page (not as text) ...
+    viewer = rendered(f"{run_link}/artifacts/report.html", tmp_path / "profile-report")
+    assert "mlflow-html-iframe" in viewer
+    # ... and the file it renders carries its figures inline: nothing for the viewer to resolve.
+    with urllib.request.urlopen(f"{mlflow_server}/get-artifact?path=report.html&run_uuid={run_id}",
+                                timeout=30) as response:
+        html = response.read().decode()
+    images = re.findall(r"<img[^>]*\ssrc='([^']*)'", html)
+    assert images and all(src.startswith("data:image/png;base64,") for src in images)
