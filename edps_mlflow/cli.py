@@ -153,6 +153,7 @@ def cli() -> None:
 @click.option("--pack-size", type=click.IntRange(min=1), default=None,
               help="Trials trained in lockstep (default: per device and batch size).")
 @click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
+@click.option("--system-metrics", is_flag=True, help="Log CPU, memory (and GPU) use on the study run (needs psutil).")
 @click.option("--curve-interval", type=OPTIONAL_INT, default="default", show_default=True,
               help="Steps between full validation passes that draw each trial's validation-error curve "
                    "(rounded to a multiple of the check interval); 'default': every check on small validation "
@@ -161,7 +162,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
           allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
-          full_evaluation: bool, curve_interval: int | None) -> None:
+          full_evaluation: bool, system_metrics: bool, curve_interval: int | None) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
@@ -171,7 +172,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval, curve_interval=curve_interval)
+        log_interval=log_interval, curve_interval=curve_interval, system_metrics=system_metrics)
     run_study(spec, options)
 
 

@@ -22,6 +22,11 @@ Layout in the tracking store:
 MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"
 MLFLOW_RUN_NAME = "mlflow.runName"
 MLFLOW_NOTE = "mlflow.note.content"  # the description shown on a run's or an experiment's page
+MLFLOW_USER = "mlflow.user"
+MLFLOW_SOURCE_NAME = "mlflow.source.name"
+MLFLOW_SOURCE_TYPE = "mlflow.source.type"
+MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
+MLFLOW_DATA_CONTEXT = "mlflow.data.context"  # of a logged dataset: training or validation
 
 # ---- tags ----------------------------------------------------------------------------------
 TAG_KIND = "edps.kind"
@@ -35,6 +40,8 @@ TAG_OPTIMIZER = "edps.optimizer"
 TAG_SPARSITY = "edps.sparsity"
 TAG_BATCH_SIZE = "edps.batch_size"
 TAG_VERSION = "edps.version"
+TAG_CODE_VERSION = "edps.code_version"  # the version with the git commit, and .dirty for uncommitted changes
+TAG_GIT_DIRTY = "edps.git_dirty"
 TAG_STOPPING = "edps.early_stopping"
 TAG_REUSED = "edps.trials_reused"
 TAG_ERROR = "edps.error"

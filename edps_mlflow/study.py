@@ -57,6 +57,7 @@ class ExecutionOptions:
     # Steps between full validation passes that draw each trial's validation-error curve (None: the
     # workload's default; see curve_interval_for).
     curve_interval: int | None = None
+    system_metrics: bool = False  # CPU/memory/GPU of the machine on the study run (MLflow's monitor)
 
     def __post_init__(self) -> None:
         for name, value in (("workers", self.workers), ("pack size", self.pack_size), ("threads", self.threads),
@@ -175,8 +176,13 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
                                 parent_run_id=options.parent_run_id, attach_run_id=options.attach_run_id,
                                 sweep_key=options.sweep_key)
     try:
+        if options.system_metrics:
+            tracker.start_system_metrics()
         plan = plan_study(spec, workload, tracker, options, str(device), settings.curve_interval)
         tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
+        tracker.log_datasets(workload.dataset, {
+            "training": (data.train_images.numpy(), data.train_labels.numpy()),
+            "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
         _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
         records = _train(spec, plan, data, settings, str(device), options, tracker, out)
         outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,

@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow import __version__
 from edps_mlflow import names as n
+from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus
@@ -197,6 +198,19 @@ EXPERIMENT_DESCRIPTION = (
     "`tags.edps.kind = 'study'` for the grid. `edps-analyze report --log-to-mlflow` adds an analysis run.")
 
 
+def provenance_tags(launched_by_mlflow: bool = False) -> dict[str, str]:
+    """Who ran what code: MLflow's context tags (user, source, git commit) and the code version. A run
+    that `mlflow run` created already has its own source tags; only the code version is added then."""
+    code = provenance.code_version()
+    tags = {n.TAG_CODE_VERSION: code.label, n.TAG_GIT_DIRTY: str(code.dirty).lower()}
+    if not launched_by_mlflow:
+        tags.update({n.MLFLOW_USER: provenance.user(), n.MLFLOW_SOURCE_NAME: provenance.command_line(),
+                     n.MLFLOW_SOURCE_TYPE: "LOCAL"})
+        if code.commit:
+            tags[n.MLFLOW_GIT_COMMIT] = code.commit
+    return tags
+
+
 def _study_tags(spec: StudySpec) -> dict[str, str]:
     return {n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: spec.study_key, n.TAG_STUDY_FAMILY: study_family(spec),
             n.TAG_WORKLOAD: spec.workload, n.TAG_OPTIMIZER: spec.optimizer.value,
@@ -261,6 +275,7 @@ class StudyTracker:
         self.sweep_key = sweep_key
         self.trial_runs: dict[int, str] = {}
         self.trial_specs: dict[int, TrialSpec] = {}
+        self._monitor: Any = None
         self._scratch = Path(tempfile.mkdtemp(prefix="edps-artifacts-"))
 
     # ---- opening and closing -------------------------------------------------------------
@@ -280,16 +295,38 @@ class StudyTracker:
                 run = client.get_run(attached)
                 if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
                     client.update_run(attached, status=RunStatus.to_string(RunStatus.RUNNING))
-                _log_batch(client, attached, tags={**tags, n.MLFLOW_RUN_NAME: study_run_name(spec)})
+                _log_batch(client, attached, tags={**tags, **provenance_tags(launched_by_mlflow=True),
+                                                   n.MLFLOW_RUN_NAME: study_run_name(spec)})
                 return cls(client, run.info.experiment_id, attached, False, sweep_key)
             experiment_id = resolve_experiment(client, experiment_name_for(spec.workload, experiment_name))
-            tags[n.MLFLOW_RUN_NAME] = study_run_name(spec)
+            tags.update({**provenance_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)})
             if parent_run_id:
                 tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
             run = client.create_run(experiment_id, tags=tags)
             return cls(client, experiment_id, run.info.run_id, True, sweep_key)
         except MlflowException as error:
             raise store_error(client, error) from None
+
+    def start_system_metrics(self) -> None:
+        """CPU, memory (and GPU, with nvidia-ml-py) of this machine on the study run every 10 s, until it ends."""
+        try:
+            import psutil  # noqa: F401  (MLflow's monitor needs it)
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        except ImportError:
+            raise EdpsError("--system-metrics needs psutil: pip install psutil") from None
+        self._monitor = SystemMetricsMonitor(self.study_run_id, tracking_uri=str(self.client.tracking_uri))
+        self._monitor.start()
+
+    def log_datasets(self, name: str, splits: dict[str, tuple[Any, Any]]) -> None:
+        """The study's data as MLflow datasets (with a digest of the arrays), one per split: context ->
+        (images, labels) as numpy arrays."""
+        from mlflow.data.numpy_dataset import from_numpy
+        from mlflow.entities import DatasetInput, InputTag
+
+        inputs = [DatasetInput(from_numpy(images, targets=labels, name=f"{name} {context}")._to_mlflow_entity(),
+                               tags=[InputTag(n.MLFLOW_DATA_CONTEXT, context)])
+                  for context, (images, labels) in splits.items()]
+        self.client.log_inputs(self.study_run_id, datasets=inputs)
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}
@@ -335,7 +372,10 @@ class StudyTracker:
         self.close()
 
     def close(self) -> None:
-        """Remove the scratch folder of artifacts (every artifact is in the store by now)."""
+        """Stop the system-metrics monitor and remove the scratch folder (every artifact is in the store)."""
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ---- trials ----------------------------------------------------------------------------
@@ -349,7 +389,8 @@ class StudyTracker:
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
         run = self.client.create_run(self.experiment_id, tags={
-            **tags, n.MLFLOW_PARENT_RUN_ID: self.study_run_id, n.MLFLOW_RUN_NAME: trial_run_name(trial)})
+            **tags, **provenance_tags(), n.MLFLOW_PARENT_RUN_ID: self.study_run_id,
+            n.MLFLOW_RUN_NAME: trial_run_name(trial)})
         run_id = run.info.run_id
         self.trial_runs[trial.index] = run_id
         self.trial_specs[trial.index] = trial
@@ -432,7 +473,8 @@ class SweepTracker:
                     client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
                 _log_batch(client, run_id, tags=tags)
             else:
-                run_id = client.create_run(experiment_id, tags={**tags, n.MLFLOW_RUN_NAME: name}).info.run_id
+                run_id = client.create_run(experiment_id, tags={**tags, **provenance_tags(),
+                                                                n.MLFLOW_RUN_NAME: name}).info.run_id
         except MlflowException as error:
             raise store_error(client, error) from None
         return cls(client, experiment_id, run_id)
