@@ -214,12 +214,13 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
 
 
 @cli.command()
-@click.option("--experiment", required=True, help="MLflow experiment name.")
-def status(experiment: str) -> None:
+@click.option("--experiment", default=None,
+              help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
+def status(experiment: str | None) -> None:
     """The grid of an experiment (batch size x sparsity per optimizer) from the tracking store."""
-    from edps_mlflow.status import format_status, status_tables
+    from edps_mlflow.status import default_experiment, format_status, status_tables
 
-    click.echo(format_status(status_tables(experiment)))
+    click.echo(format_status(status_tables(experiment or default_experiment())))
 
 
 @cli.command()

@@ -40,7 +40,7 @@ from edps_mlflow.names import (
     TAG_WORKLOAD,
 )
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.tracking import connect, redact_uri, sparsity_tag, store_error, study_family
+from edps_mlflow.tracking import connect, redact_uri, sparsity_tag, store_error, store_errors, study_family
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,15 @@ class StudyRow:
     trials: int  # the study's trial count
     finished_trials: int  # FINISHED trial runs with the study's key
     start_time: int
+
+
+def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
+    """Names of the active experiments that hold at least one study run."""
+    client = connect(tracking_uri)
+    with store_errors(client):
+        experiments = client.search_experiments(max_results=50_000)
+        return [e.name for e in experiments
+                if client.search_runs([e.experiment_id], f"tags.`{TAG_KIND}` = '{KIND_STUDY}'", max_results=1)]
 
 
 def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:

@@ -7,10 +7,26 @@ It reads the store through the registry and imports neither torch nor the engine
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 from edps_mlflow import registry
 from edps_mlflow.errors import EdpsError
+
+
+def default_experiment(tracking_uri: str | None = None) -> str:
+    """The experiment to show when none is named: ``MLFLOW_EXPERIMENT_NAME``, else the store's only
+    experiment with studies."""
+    if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
+        return os.environ["MLFLOW_EXPERIMENT_NAME"]
+    names = registry.experiments_with_studies(tracking_uri)
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise EdpsError("the tracking store holds no study runs yet")
+    raise EdpsError(f"the tracking store holds studies in {len(names)} experiments; name one with --experiment: "
+                    + ", ".join(repr(name) for name in sorted(names)[:20]))
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple[str, str], pd.DataFrame]:

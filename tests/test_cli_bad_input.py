@@ -102,3 +102,21 @@ def test_help_and_workloads(capsys):
     main(["workloads"])
     out = capsys.readouterr().out
     assert "digits-simple-cnn" in out and "mnist-simple-cnn" in out
+
+
+def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_several(sqlite_uri, capsys):
+    client = MlflowClient(sqlite_uri)
+    tags = {"edps.kind": "study", "edps.workload": "digits-simple-cnn", "edps.optimizer": "sgd",
+            "edps.sparsity": "0.0", "edps.batch_size": "64", "edps.study_key": "k"}
+    first = client.create_experiment("first")
+    client.create_experiment("no-studies")
+    client.set_terminated(client.create_run(first, tags=tags).info.run_id)
+    main(["status"])
+    assert "digits-simple-cnn / sgd" in capsys.readouterr().out
+    client.create_run(client.create_experiment("second"), tags=tags)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status"])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["edps: error: the tracking store holds studies in 2 experiments; name one with --experiment: "
+                     "'first', 'second'"]
