@@ -119,9 +119,11 @@ class SweepSpec:
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
+        p = self.protocol
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
-                "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(map(str, self.sparsities)),
-                **self._protocol_fields()}
+                "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
+                **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
+                "allow_tf32": p.allow_tf32}
 
 
 class PlanState(str, Enum):
@@ -339,7 +341,7 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
     sweep.tracker.mark_failed(stale)
     plan = plan_sweep(sweep.client, sweep.experiment_id, spec, options.full_trials)
     counts = {state: sum(1 for p in plan if p.state is state) for state in PlanState}
-    sweep.tracker.log_start(spec.params(), {
+    sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {
         "studies": len(plan), "done": counts[PlanState.DONE], "partial": counts[PlanState.PARTIAL],
         "todo": counts[PlanState.TODO]})
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}): {len(plan)} studies, run {sweep.tracker.run_id} in "
