@@ -329,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("edps: interrupted", err=True)
         sys.exit(130)
     except KeyboardInterrupt:
-        click.echo("edps: interrupted; open runs were marked KILLED", err=True)
+        click.echo("edps: interrupted; open runs were marked KILLED. Run the same command again to resume: "
+                   "finished trials and studies are reused, nothing is trained twice", err=True)
         sys.exit(130)
     except click.UsageError as error:
         message = error.format_message().replace("\n", " ")
