@@ -9,8 +9,12 @@ batches rotating through a device-resident tensor by index:
   - one trial: the engine's fast path against a plain PyTorch loop (nn.Module in NCHW,
     torch.optim.SGD, the mask re-applied to the weights after each step, same thread count);
   - packed K = 8 and 32 trials in lockstep against K sequential single trials (trial-steps/s).
-Part 2, the digits workload: wall time of the default study (bs 256) with exact early stopping
-against full_trials=true, and their steps-to-result (which must be equal).
+Part 2, the digits workload (SGD, dense, a check every 20 steps), batch sizes 16, 256 and 1,024 with
+8 and 32 trials: trial-steps and wall time of exact early stopping breadth-first (the default) against
+depth-first and against full_trials=true, their steps-to-result (which must be equal), and each one's
+trial-steps over the lower bound of any exact method (``study/trial_steps_ratio``).
+
+    python bench/engine.py --skip-steps --study-max-steps 1000 --study-trials 8
 """
 
 from __future__ import annotations
@@ -112,26 +116,45 @@ def step_rates(device: torch.device, batch_sizes: list[int], budget: float, pack
               flush=True)
 
 
-def study_times(device: str | None) -> None:
-    from edps_mlflow.config import StudySpec
+_MODES = {  # bench name -> (full_trials, schedule)
+    "breadth": (False, "breadth_first"),
+    "depth": (False, "depth_first"),
+    "full": (True, "breadth_first"),
+}
+
+
+def study_times(device: str | None, batch_sizes: list[int], trial_counts: list[int], modes: list[str],
+                max_steps: int | None, workers: int, check_interval: int, threads: int) -> None:
+    """Digits studies (SGD, dense) per batch size and trial count: trial-steps and wall time of each mode,
+    and the ratio of trial-steps to the lower bound of an exact method (results.trial_steps_lower_bound)."""
+    from edps_mlflow.config import Schedule, StudySpec
+    from edps_mlflow.results import trial_steps_lower_bound
     from edps_mlflow.study import ExecutionOptions, run_study
     from edps_mlflow.workloads import get_workload
 
     workload = get_workload("digits-simple-cnn")
-    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 32, workload.goal_error, workload.max_steps,
-                     100, 0)
-    results = {}
-    for full in (False, True):
-        with tempfile.TemporaryDirectory() as directory:
-            os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory}/mlflow.db"
-            started = time.perf_counter()
-            outcome = run_study(spec, ExecutionOptions(full_trials=full, device=device, log_interval=1e9),
-                                out=open(os.devnull, "w"))
-            results[full] = (time.perf_counter() - started, outcome.steps_to_result, outcome.trial_steps)
-    (early, early_steps, early_work), (full, full_steps, full_work) = results[False], results[True]
-    print(f"digits study bs=256, 32 trials: exact early stopping {early:.1f} s ({early_work} trial-steps), "
-          f"full_trials {full:.1f} s ({full_work} trial-steps): {full / early:.1f}x cheaper; "
-          f"steps_to_result {early_steps} vs {full_steps} ({'equal' if early_steps == full_steps else 'DIFFERENT'})")
+    print(f"digits studies, SGD, dense, check every {check_interval} steps, cap {max_steps or workload.max_steps}, "
+          f"{workers} trial worker(s); ratio = trial-steps / lower bound")
+    print(f"{'batch':>6} {'trials':>6} {'mode':>8} {'steps_to_result':>15} {'trial-steps':>11} {'ratio':>6} "
+          f"{'wall s':>7}")
+    with tempfile.TemporaryDirectory() as directory:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory}/mlflow.db"
+        for batch_size in batch_sizes:
+            for trials in trial_counts:
+                spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, batch_size, trials, workload.goal_error,
+                                 max_steps or workload.max_steps, check_interval, 0)
+                for mode in modes:
+                    full, schedule = _MODES[mode]
+                    # One experiment per study and mode: nothing is reused, and no neighbour orders the trials.
+                    options = ExecutionOptions(full_trials=full, device=device, workers=workers, threads=threads,
+                                               log_interval=1e9,
+                                               schedule=Schedule(schedule), experiment=f"bench/{batch_size}/{trials}/{mode}")
+                    started = time.perf_counter()
+                    outcome = run_study(spec, options, out=open(os.devnull, "w"))
+                    seconds = time.perf_counter() - started
+                    ratio = outcome.trial_steps / max(1, trial_steps_lower_bound(outcome.records))
+                    print(f"{batch_size:>6} {trials:>6} {mode:>8} {str(outcome.steps_to_result):>15} "
+                          f"{outcome.trial_steps:>11} {ratio:>6.2f} {seconds:>7.1f}", flush=True)
 
 
 def main() -> None:
@@ -143,6 +166,12 @@ def main() -> None:
     parser.add_argument("--pack-limit", type=int, default=8192, help="skip packs with K x batch above this")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-study", action="store_true")
+    parser.add_argument("--study-batch-sizes", default="16,256,1024")
+    parser.add_argument("--study-trials", default="8,32")
+    parser.add_argument("--study-modes", default="breadth,depth,full", help="any of breadth, depth, full")
+    parser.add_argument("--study-max-steps", type=int, default=None, help="default: the workload's cap")
+    parser.add_argument("--study-workers", type=int, default=1, help="trial workers inside a study")
+    parser.add_argument("--study-check-interval", type=int, default=20)
     parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -151,7 +180,9 @@ def main() -> None:
         step_rates(device, [int(b) for b in args.batch_sizes.split(",")], args.budget,
                    [int(k) for k in args.pack_sizes.split(",")], args.pack_limit)
     if not args.skip_study:
-        study_times(args.device)
+        study_times(args.device, [int(b) for b in args.study_batch_sizes.split(",")],
+                    [int(t) for t in args.study_trials.split(",")], args.study_modes.split(","),
+                    args.study_max_steps, args.study_workers, args.study_check_interval, args.threads)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,17 @@ from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
 
 
+class Schedule(str, Enum):
+    """The order in which a study's chunks of trials train. Either gives the same trials the same
+    batches and updates and the study the same result; only the cost differs."""
+
+    # Every chunk advances one check interval at a time, the one furthest behind first: the study costs
+    # about what proving its minimum costs, whatever the trial order.
+    BREADTH_FIRST = "breadth_first"
+    # Each chunk trains to its end before the next starts (the cost depends on finding the best early).
+    DEPTH_FIRST = "depth_first"
+
+
 class OptimizerKind(str, Enum):
     """The paper's optimizers; momentum is heavy-ball as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf)."""
 

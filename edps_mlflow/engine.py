@@ -278,67 +278,146 @@ class _TrialState:
     best_validation_error: float | None = None
     probe_seconds: float = 0.0
 
-    def result(self, status: TrialStatus, step: int, started: float) -> TrialResult:
+    def result(self, status: TrialStatus, step: int, seconds: float) -> TrialResult:
         return TrialResult(
             index=self.setup.index, status=status, steps_to_result=step if status is TrialStatus.REACHED else None,
             steps_trained=step, best_validation_error=self.best_validation_error, checks=self.checks,
-            checks_cut_short=self.checks_cut_short, seconds=time.perf_counter() - started,
-            probe_seconds=self.probe_seconds)
+            checks_cut_short=self.checks_cut_short, seconds=seconds, probe_seconds=self.probe_seconds)
+
+
+class ChunkRun:
+    """One chunk of trials (one setup: the fast path; several: packed in lockstep) that trains one check
+    interval at a time, so that a scheduler can interleave chunks: it holds the trainer (parameters and
+    optimizer buffers), its own BatchStream and each trial's state between calls. Every trial sees the
+    same batches and updates whatever the interleaving; only when it stops depends on the shared bound.
+    ``data`` must be on the device."""
+
+    def __init__(self, model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],
+                 settings: EngineSettings, observer: Observer | None = None) -> None:
+        self.data, self.settings, self.observer = data, settings, observer or NullObserver()
+        self.active = [_TrialState(setup) for setup in setups]
+        self.results: dict[int, TrialResult] = {}
+        self.step = 0
+        self.seconds = 0.0  # this chunk's own time: other chunks train between its calls
+        self._advance_started = time.perf_counter()
+        # The mean training loss of each active trial at its last check (a hint for the scheduler only).
+        self.last_losses: list[float] = []
+        device = data.train_images.device
+        self.trainer = make_trainer(model_factory, setups, device, settings.channels_last)
+        self.stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
+        self.hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
+                              settings.data_seed)
+        self.scheduled = any(s.optimizer.decay_steps is not None for s in setups)
+        self.loss_sums = torch.zeros(len(self.active), device=device)
+
+    @property
+    def done(self) -> bool:
+        return not self.active
+
+    @property
+    def last_loss(self) -> float:
+        """The lowest mean training loss of the active trials at their last check (inf before the first)."""
+        return min((loss for loss in self.last_losses if math.isfinite(loss)), default=math.inf)
+
+    def advance(self, bound: StepBound) -> None:
+        """Train to the next check and check, or stop every trial the bound has already ruled out."""
+        self._advance_started = time.perf_counter()
+        if self.step >= bound.limit():
+            # Its next check could only tie the study's best (exact: see results.training_limit).
+            self._finish(list(range(len(self.active))), [TrialStatus.SUPERSEDED] * len(self.active))
+        else:
+            steps = self._train_to_check()
+            mean_losses = (self.loss_sums / steps).tolist()
+            self.loss_sums.zero_()
+            statuses = _check(self.trainer, self.data, self.settings, bound, self.active, self.step, mean_losses,
+                              self.observer)
+            self.last_losses = mean_losses
+            self._finish([k for k, s in enumerate(statuses) if s is not None], statuses)
+        self.seconds += time.perf_counter() - self._advance_started
+
+    def _train_to_check(self) -> int:
+        """Train every active trial to the next check step; how many steps that took."""
+        settings, data, trainer = self.settings, self.data, self.trainer
+        target = min(settings.max_steps, (self.step // settings.check_interval + 1) * settings.check_interval)
+        steps = target - self.step
+        while self.step < target:
+            self.step += 1
+            rates = ([s.setup.optimizer.learning_rate_at(self.step - 1) for s in self.active]
+                     if self.scheduled else None)
+            batch = self.stream.next()
+            losses, probe_values, probe_seconds = self.hook.around_step(
+                self.step, trainer.probe_view,
+                lambda: trainer.step(data.train_images[batch], data.train_labels[batch], rates))
+            self.loss_sums += losses
+            if probe_values:
+                for k, state in enumerate(self.active):
+                    state.probe_seconds += probe_seconds / len(self.active)
+                    self.observer.on_probe(state.setup.index, self.step,
+                                           {name: v[k] for name, v in probe_values.items()})
+        return steps
+
+    def _finish(self, positions: list[int], statuses: Sequence[TrialStatus | None]) -> None:
+        """End the trials at ``positions`` with their statuses; the trainer keeps the rest."""
+        if not positions:
+            return
+        seconds = self.seconds + time.perf_counter() - self._advance_started
+        for k in positions:
+            state, status = self.active[k], statuses[k]
+            assert status is not None
+            self.results[state.setup.index] = state.result(status, self.step, seconds)
+            self.observer.on_finish(self.results[state.setup.index])
+        survivors = [k for k in range(len(self.active)) if k not in positions]
+        if survivors:
+            self.trainer.keep(survivors)
+            self.hook.keep(survivors)
+            self.loss_sums = self.loss_sums[torch.tensor(survivors, device=self.loss_sums.device)]
+            self.last_losses = [self.last_losses[k] for k in survivors] if self.last_losses else []
+        self.active = [self.active[k] for k in survivors]
+
+
+class Advancing(Protocol):
+    """A chunk that trains one check interval per call: ChunkRun, or a wrapper that prepares it first."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def last_loss(self) -> float: ...
+
+    def advance(self, bound: StepBound) -> None: ...
+
+
+def interleave(runs: Sequence[Advancing], bound: StepBound) -> None:
+    """Train ``runs`` to their ends breadth-first: always advance the one furthest behind by one check
+    interval. Every trial then stops within one check of the study's best step as soon as any trial finds
+    it, whatever the order: the study costs about what proving its minimum costs. Among runs at the same
+    step the lowest training loss at the last check goes first (the likeliest to reach, which spares the
+    others that round's interval), then the given order (the study's trial order, which alone decides the
+    first round). A single run is plain depth-first training."""
+    while True:
+        pending = [(run.step, run.last_loss, position) for position, run in enumerate(runs) if not run.done]
+        if not pending:
+            return
+        runs[min(pending)[2]].advance(bound)
 
 
 def train_trials(model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],
                  settings: EngineSettings, bound: StepBound, observer: Observer | None = None) -> list[TrialResult]:
-    """Train ``setups`` in lockstep (one setup: the plain fast path). ``data`` must be on the device."""
-    observer = observer or NullObserver()
-    started = time.perf_counter()
-    active = [_TrialState(setup) for setup in setups]
-    results: dict[int, TrialResult] = {}
-
-    def finish(state: _TrialState, status: TrialStatus, step: int) -> None:
-        results[state.setup.index] = state.result(status, step, started)
-        observer.on_finish(results[state.setup.index])
-
-    if bound.limit() < settings.check_interval:
-        for state in active:
-            finish(state, TrialStatus.SUPERSEDED, 0)
-        return [results[s.index] for s in setups]
-    device = data.train_images.device
-    trainer = make_trainer(model_factory, setups, device, settings.channels_last)
-    stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
-    hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
-                     settings.data_seed)
-    scheduled = any(s.optimizer.decay_steps is not None for s in setups)
-    loss_sums = torch.zeros(len(active), device=device)
-    steps_since_check, step = 0, 0
-    while active:
-        step += 1
-        rates = [s.setup.optimizer.learning_rate_at(step - 1) for s in active] if scheduled else None
-        batch = stream.next()
-        losses, probe_values, probe_seconds = hook.around_step(
-            step, trainer.probe_view,
-            lambda: trainer.step(data.train_images[batch], data.train_labels[batch], rates))
-        loss_sums += losses
-        for k, state in enumerate(active):
-            if probe_values:
-                state.probe_seconds += probe_seconds / len(active)
-                observer.on_probe(state.setup.index, step, {name: v[k] for name, v in probe_values.items()})
-        steps_since_check += 1
-        if step % settings.check_interval != 0 and step < settings.max_steps:
-            continue
-        mean_losses = (loss_sums / steps_since_check).tolist()
-        loss_sums.zero_()
-        steps_since_check = 0
-        statuses = _check(trainer, data, settings, bound, active, step, mean_losses, observer)
-        survivors = [k for k, status in enumerate(statuses) if status is None]
-        for state, status in zip(active, statuses):
-            if status is not None:
-                finish(state, status, step)
-        if survivors and len(survivors) < len(active):
-            trainer.keep(survivors)
-            hook.keep(survivors)
-            loss_sums = loss_sums[torch.tensor(survivors, device=device)]
-        active = [active[k] for k in survivors]
-    return [results[s.index] for s in setups]
+    """Train ``setups`` in lockstep to their ends (one setup: the plain fast path). ``data`` must be on the
+    device."""
+    if bound.limit() <= 0:
+        # The study already has a result no trial could beat: nothing to build.
+        results = [TrialResult.superseded_before_start(s.index) for s in setups]
+        for result in results:
+            (observer or NullObserver()).on_finish(result)
+        return results
+    run = ChunkRun(model_factory, data, setups, settings, observer)
+    while not run.done:
+        run.advance(bound)
+    return [run.results[s.index] for s in setups]
 
 
 def _check(trainer: SingleTrainer | PackedTrainer, data: DataSplits, settings: EngineSettings, bound: StepBound,

@@ -92,6 +92,9 @@ METRIC_TRIALS_REUSED = METRIC_TRIALS_PREFIX + "reused"
 METRIC_TRIALS_TRAINED = METRIC_TRIALS_PREFIX + "trained"
 METRIC_STUDY_SECONDS = "study/seconds"
 METRIC_STUDY_TRIAL_STEPS = "study/trial_steps"
+# The fewest trial-steps an exact method could have spent (results.trial_steps_lower_bound), and the ratio.
+METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND = "study/trial_steps_lower_bound"
+METRIC_STUDY_TRIAL_STEPS_RATIO = "study/trial_steps_ratio"
 METRIC_BEST_PREFIX = "best/"  # + a metaparameter of the best trial
 METRIC_HP_PREFIX = "hp/"  # + a metaparameter of a trial
 METRIC_PLAN_PREFIX = "plan/"  # + a plan count of a sweep

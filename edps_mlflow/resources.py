@@ -99,6 +99,41 @@ def uses_channels_last(batch_size: int) -> bool:
     return batch_size >= CHANNELS_LAST_FROM_BATCH
 
 
+# Breadth-first scheduling keeps every trial of a study alive between its turns; what they hold may
+# take at most this share of the memory free when the study starts (the rest is for the data, the
+# activations of a step and the other processes of the machine).
+HELD_TRIALS_MEMORY_FRACTION = 0.25
+
+
+def held_bytes_per_trial(parameter_count: int, momentum: bool, sparse: bool, train_size: int) -> int:
+    """What one trial trained breadth-first holds between its turns: float32 parameters, their gradients
+    and the initial copy of its setup, the momentum buffer, the mask (trainer and setup), and its batch
+    stream (up to two epochs of int64 indices)."""
+    copies = 3 + int(momentum) + 2 * int(sparse)
+    return 4 * parameter_count * copies + 2 * 8 * train_size
+
+
+def available_memory(device: str) -> int:
+    """Bytes free for training on ``device``: the GPU's free memory, or the RAM the kernel calls available."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def breadth_first_fits(held_bytes: int, device: str) -> bool:
+    """Whether ``held_bytes`` of trials kept alive at once fit the budget on ``device``."""
+    return held_bytes <= HELD_TRIALS_MEMORY_FRACTION * available_memory(device)
+
+
 @dataclass(frozen=True)
 class WorkerLayout:
     """How one study's trials are spread over processes."""

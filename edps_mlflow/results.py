@@ -6,7 +6,8 @@ them, the registry reads them back, and the sweep reports them.
 The rules, each written once:
 - :func:`training_limit`: under exact early stopping no trial trains past the best reached step
   minus one check interval, since it could then only tie or lose;
-- :func:`best_reached_step`: a study's steps-to-result is the minimum over its reached trials.
+- :func:`best_reached_step`: a study's steps-to-result is the minimum over its reached trials;
+- :func:`trial_steps_lower_bound`: the fewest trial-steps any exact method could have spent.
 """
 
 from __future__ import annotations
@@ -145,3 +146,39 @@ def training_limit(max_steps: int, check_interval: int, best_step: int | None, e
     if not exact_early_stopping or best_step is None:
         return max_steps
     return min(max_steps, best_step - check_interval)
+
+
+def first_check_from(step: int, max_steps: int, check_interval: int) -> int:
+    """The first check step at or after ``step`` (checks: every ``check_interval`` steps and at the cap)."""
+    if step <= 0:
+        return 0
+    return min(max_steps, -(-step // check_interval) * check_interval)
+
+
+def trial_steps_lower_bound(records: dict[int, TrialRecord]) -> int:
+    """The fewest trial-steps in which any exact method could have trained the study's trained (not reused)
+    trials, given what they showed.
+
+    Every trial must train until it reaches the goal, fails (diverges or hits the cap), or passes the best
+    step minus one check interval (the first check from there); the best trial must train to the best step
+    itself. A superseded trial had not ended before the first check from that limit.
+    """
+    if not records:
+        return 0
+    spec = next(iter(records.values())).trial.study
+    best = best_reached_step((r.status, r.steps_to_result) for r in records.values())
+    stop = first_check_from(training_limit(spec.max_steps, spec.check_interval, best), spec.max_steps,
+                            spec.check_interval)
+    reached = [r for r in records.values() if r.status is TrialStatus.REACHED]
+    best_index = min(reached, key=lambda r: (r.steps_to_result, r.trial.index)).trial.index if reached else None
+    total = 0
+    for index, record in records.items():
+        if record.reused:
+            continue
+        if index == best_index:
+            total += record.steps_trained
+        elif record.status is TrialStatus.SUPERSEDED:
+            total += stop
+        else:
+            total += min(record.steps_trained, stop)
+    return total

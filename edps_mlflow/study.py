@@ -15,13 +15,20 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from edps_mlflow.config import StudySpec, TrialSpec
+from edps_mlflow.config import OptimizerKind, Schedule, StudySpec, TrialSpec
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning import Mask
 from edps_mlflow.registry import StoredTrial, finished_trials, neighbour_best_point
-from edps_mlflow.resources import WorkerLayout, resolve_device, study_layout, uses_channels_last
+from edps_mlflow.resources import (
+    WorkerLayout,
+    breadth_first_fits,
+    held_bytes_per_trial,
+    resolve_device,
+    study_layout,
+    uses_channels_last,
+)
 from edps_mlflow.results import (
     Check,
     StudyOutcome,
@@ -58,6 +65,7 @@ class ExecutionOptions:
     # workload's default; see curve_interval_for).
     curve_interval: int | None = None
     system_metrics: bool = False  # CPU/memory/GPU of the machine on the study run (MLflow's monitor)
+    schedule: Schedule = Schedule.BREADTH_FIRST
 
     def __post_init__(self) -> None:
         for name, value in (("workers", self.workers), ("pack size", self.pack_size), ("threads", self.threads),
@@ -75,7 +83,9 @@ class StudyPlan:
     to_train: list[TrialSpec]
     trial_order: str
     layout: WorkerLayout
+    schedule: Schedule
     run_settings: dict[str, Any] = field(repr=False)
+    warning: str | None = None
 
     @property
     def chunks(self) -> list[list[int]]:
@@ -142,7 +152,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
 
 
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,
-               device: str, curve_interval: int) -> StudyPlan:
+               device: str, train_size: int, curve_interval: int) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
     space = workload.search_space(spec.optimizer.value)
     trials = [TrialSpec(spec, index, point) for index, point in enumerate(space.points(spec.trials))]
@@ -153,11 +163,26 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
     trial_order = f"nearest to the best trial at batch size {neighbour[0]}" if neighbour else "sobol"
     layout = study_layout(device.split(":")[0], spec.batch_size, len(to_train), options.workers, options.threads,
                           options.pack_size)
+    schedule, held, warning = choose_schedule(spec, workload, len(to_train), options.schedule, device, train_size)
     run_settings = {"full_trials": options.full_trials, "device": device, "workers": layout.workers,
                     "threads_per_worker": layout.threads, "pack_size": layout.pack_size,
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
-                    "allow_tf32": spec.allow_tf32, "curve_interval": curve_interval}
-    return StudyPlan(trials, reused, to_train, trial_order, layout, run_settings)
+                    "schedule": schedule.value, "held_bytes_per_trial": held, "allow_tf32": spec.allow_tf32,
+                    "curve_interval": curve_interval}
+    return StudyPlan(trials, reused, to_train, trial_order, layout, schedule, run_settings, warning)
+
+
+def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, wanted: Schedule, device: str,
+                    train_size: int) -> tuple[Schedule, int, str | None]:
+    """The schedule, the bytes each trial holds between its turns, and a warning when breadth-first would
+    not fit the memory budget (resources.breadth_first_fits) and the study falls back to depth-first."""
+    parameters = sum(p.numel() for p in workload.build_model().parameters())
+    held = held_bytes_per_trial(parameters, spec.optimizer is not OptimizerKind.SGD, spec.sparsity > 0, train_size)
+    if wanted is Schedule.BREADTH_FIRST and not breadth_first_fits(held * trials_to_train, device):
+        return Schedule.DEPTH_FIRST, held, (
+            f"warning: {trials_to_train} trials x {held} bytes held at once do not fit the memory budget on "
+            f"{device}; training depth-first (same result, likely more trial-steps)")
+    return wanted, held, None
 
 
 def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = None) -> StudyOutcome:
@@ -178,7 +203,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     try:
         if options.system_metrics:
             tracker.start_system_metrics()
-        plan = plan_study(spec, workload, tracker, options, str(device), settings.curve_interval)
+        plan = plan_study(spec, workload, tracker, options, str(device), data.train_size, settings.curve_interval)
         tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
         tracker.log_datasets(workload.dataset, {
             "training": (data.train_images.numpy(), data.train_labels.numpy()),
@@ -234,7 +259,7 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress)
     job = TrainingJob(spec=spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
-                      exact_early_stopping=not options.full_trials)
+                      exact_early_stopping=not options.full_trials, schedule=plan.schedule)
     best_known = plan.best_known if not options.full_trials else None
     if plan.chunks and plan.layout.workers == 1:
         bound = LocalStepBound(settings.max_steps, settings.check_interval, not options.full_trials, best_known)
@@ -260,9 +285,12 @@ def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device:
     if plan.reused:
         print(f"reusing {len(plan.reused)} finished trials from earlier runs (same trial keys); training "
               f"{len(plan.to_train)}", file=out)
+    if plan.warning:
+        print(plan.warning, file=out)
     print(f"training {len(plan.to_train)} trials on {device} in {len(plan.chunks)} chunks of up to "
           f"{layout.pack_size}, {layout.workers} worker(s) x {layout.threads} thread(s), "
-          f"{'full trials' if full_trials else 'exact early stopping'}, trial order: {plan.trial_order}",
+          f"{'full trials' if full_trials else 'exact early stopping'}, {plan.schedule.value.replace('_', '-')} "
+          f"({plan.run_settings['held_bytes_per_trial']} bytes held per trial), trial order: {plan.trial_order}",
           file=out, flush=True)
 
 

@@ -34,7 +34,7 @@ from edps_mlflow import names as n
 from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus
+from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
 
 if TYPE_CHECKING:
     from edps_mlflow.pruning import Mask
@@ -243,6 +243,10 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
                     n.METRIC_STUDY_TRIAL_STEPS: outcome.trial_steps})
     if outcome.steps_to_result is not None:
         metrics[n.METRIC_STEPS_TO_RESULT] = outcome.steps_to_result
+    lower_bound = trial_steps_lower_bound(outcome.records)
+    metrics[n.METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND] = lower_bound
+    if lower_bound > 0:  # nothing trained, or nothing needed: no ratio
+        metrics[n.METRIC_STUDY_TRIAL_STEPS_RATIO] = outcome.trial_steps / lower_bound
     best = outcome.best_record()
     metrics.update({n.METRIC_BEST_PREFIX + k: v for k, v in (best.trial.metaparameters if best else {}).items()})
     return metrics
@@ -259,6 +263,7 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
                                                   "metaparameters": best.trial.metaparameters},
         "counts": {status.value: outcome.count(status) for status in TrialStatus},
         "reused": outcome.reused, "trained": outcome.trained, "trial_steps": outcome.trial_steps,
+        "trial_steps_lower_bound": trial_steps_lower_bound(outcome.records),
         "seconds": outcome.seconds, "execution": run_settings, "allowed_validation_errors": allowed_errors,
     }
 

@@ -1,5 +1,11 @@
 """Where the trials of a study train: in this process, or in single-thread worker processes.
 
+The study's chunks of trials are split into shares; a process trains a share by interleaving its
+chunks (engine.interleave). Breadth-first (the default), each worker takes one share of the chunks,
+dealt round-robin in the study's trial order, and advances them one check interval at a time; depth-first,
+every chunk is a share of its own and trains to its end before the next. The shared best step stops every
+trial, in every worker, as soon as any trial reaches.
+
 Workers never touch MLflow. They send events (trial started with its mask, check, finished) to
 the parent, which is the only writer to the tracking store. The best reached step lives in shared
 memory so that exact early stopping works across workers.
@@ -7,15 +13,16 @@ memory so that exact early stopping works across workers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from edps_mlflow.config import StudySpec, TrialSpec
+from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.engine import EngineSettings, LocalStepBound, StepBound, train_trials
+from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, StepBound, interleave
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int
 from edps_mlflow.resources import configure_training_process
 from edps_mlflow.results import Check, TrialResult
@@ -45,6 +52,7 @@ class TrainingJob:
     device: str
     threads: int
     exact_early_stopping: bool
+    schedule: Schedule = Schedule.BREADTH_FIRST
 
 
 class SharedStepBound(LocalStepBound):
@@ -74,27 +82,64 @@ class SharedStepBound(LocalStepBound):
             super().offer(step)
 
 
-def train_chunk(job: TrainingJob, chunk: Sequence[int], data: DataSplits, bound: StepBound,
+class _Chunk:
+    """One chunk of trials that prepares them (seeded init + SNIP) only when it first trains, so that a
+    chunk the study's best step rules out before its turn skips SNIP too."""
+
+    def __init__(self, job: TrainingJob, indices: Sequence[int], data: DataSplits, sink: TrainingSink) -> None:
+        self.job, self.indices, self.data, self.sink = job, indices, data, sink
+        self.run: ChunkRun | None = None
+        self.skipped = False
+
+    @property
+    def step(self) -> int:
+        return self.run.step if self.run is not None else 0
+
+    @property
+    def done(self) -> bool:
+        return self.skipped or (self.run is not None and self.run.done)
+
+    @property
+    def last_loss(self) -> float:
+        return self.run.last_loss if self.run is not None else math.inf
+
+    def advance(self, bound: StepBound) -> None:
+        if self.run is None and bound.limit() <= 0:
+            # The study already has a result no trial of this chunk could beat.
+            for index in self.indices:
+                self.sink.trial_started(index, None)
+                self.sink.on_finish(TrialResult.superseded_before_start(index))
+            self.skipped = True
+            return
+        if self.run is None:
+            workload = get_workload(self.job.spec.workload)
+            setups = [prepare_trial(workload, self.data, TrialSpec(self.job.spec, index, self.job.points[index]))
+                      for index in self.indices]
+            for setup in setups:
+                self.sink.trial_started(setup.index, setup.mask)
+            self.run = ChunkRun(workload.build_model, self.data, setups, self.job.settings, self.sink)
+        self.run.advance(bound)
+
+
+def shares(chunks: Sequence[Sequence[int]], processes: int, schedule: Schedule) -> list[list[list[int]]]:
+    """What each process trains interleaved: breadth-first, one share per process with the chunks dealt
+    round-robin (each process then holds the promising chunks of the trial order early on); depth-first,
+    one share per chunk, taken in order by whichever process is free."""
+    if schedule is Schedule.DEPTH_FIRST:
+        return [[list(chunk)] for chunk in chunks]
+    return [[list(c) for c in chunks[i::processes]] for i in range(min(processes, len(chunks)))]
+
+
+def train_share(job: TrainingJob, share: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
                 sink: TrainingSink) -> None:
-    """Prepare (seeded init + SNIP) and train one chunk of trials in lockstep."""
-    workload = get_workload(job.spec.workload)
-    if bound.limit() < job.settings.check_interval:
-        # The study already has a result no trial of this chunk could beat: skip SNIP too.
-        for index in chunk:
-            sink.trial_started(index, None)
-            sink.on_finish(TrialResult.superseded_before_start(index))
-        return
-    setups = [prepare_trial(workload, data, TrialSpec(job.spec, index, job.points[index])) for index in chunk]
-    for setup in setups:
-        sink.trial_started(setup.index, setup.mask)
-    train_trials(workload.build_model, data, setups, job.settings, bound, sink)
+    interleave([_Chunk(job, chunk, data, sink) for chunk in share], bound)
 
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
                  sink: TrainingSink) -> None:
     configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
-    for chunk in chunks:
-        train_chunk(job, chunk, data, bound, sink)
+    for share in shares(chunks, 1, job.schedule):
+        train_share(job, share, data, bound, sink)
 
 
 class _QueueSink:
@@ -124,8 +169,8 @@ def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any) -> None:
     bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,
                             job.exact_early_stopping)
     sink = _QueueSink(worker)
-    for chunk in worker.tasks():
-        train_chunk(job, chunk, data, bound, sink)
+    for share in worker.tasks():
+        train_share(job, share, data, bound, sink)
 
 
 def _record(event: tuple[Any, ...], sink: TrainingSink) -> None:
@@ -151,4 +196,4 @@ def train_in_workers(job: TrainingJob, chunks: Sequence[Sequence[int]], workers:
                                                           best_step))
     # The parent decides what an interrupt means; trial workers hold no state worth a clean stop.
     spec = PoolSpec(name="edps-worker", target=_trial_worker, worker_args=((job, best_value),) * workers)
-    run_pool(spec, [list(chunk) for chunk in chunks], lambda event: _record(event, sink))
+    run_pool(spec, shares(chunks, workers, job.schedule), lambda event: _record(event, sink))

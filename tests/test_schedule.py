@@ -1,0 +1,126 @@
+"""Breadth-first scheduling: the same trajectories as depth-first, the same study result, and the
+trial-steps lower bound it is measured against."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
+from edps_mlflow.engine import ChunkRun, LocalStepBound, interleave, train_trials
+from edps_mlflow.results import TrialRecord, TrialStatus, best_reached_step, trial_steps_lower_bound
+
+from helpers import DIGITS, digits_data, engine_settings, setups_for, study_spec
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Single-thread torch is ~10x faster on a shared machine (docs/performance.md), as in the workers.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class _Log:
+    """Every check of every trial, and how each ended."""
+
+    def __init__(self) -> None:
+        self.checks: dict[int, list[tuple[int, float, float | None]]] = defaultdict(list)
+        self.results = {}
+
+    def on_check(self, index, check):
+        self.checks[index].append((check.step, check.train_loss, check.validation_error))
+
+    def on_probe(self, index, step, values):
+        pass
+
+    def on_finish(self, result):
+        self.results[result.index] = result
+
+
+def _chunks(spec: StudySpec, trials: int, pack: int):
+    setups = setups_for(spec, DIGITS.search_space(spec.optimizer.value).points(trials))
+    return [setups[i:i + pack] for i in range(0, trials, pack)]
+
+
+def _depth_first(spec, chunks, exact: bool) -> _Log:
+    """Today's way: each chunk trained to its end by train_trials before the next starts."""
+    log, bound = _Log(), LocalStepBound(spec.max_steps, spec.check_interval, exact)
+    for chunk in chunks:
+        train_trials(DIGITS.build_model, digits_data(), chunk, engine_settings(spec), bound, log)
+    return log
+
+
+def _breadth_first(spec, chunks, exact: bool) -> _Log:
+    log, bound = _Log(), LocalStepBound(spec.max_steps, spec.check_interval, exact)
+    runs = [ChunkRun(DIGITS.build_model, digits_data(), chunk, engine_settings(spec), log) for chunk in chunks]
+    interleave(runs, bound)
+    return log
+
+
+@pytest.mark.parametrize("pack", [1, 3])  # the single fast path, and packed chunks in lockstep
+def test_breadth_first_trains_every_trial_exactly_as_depth_first(pack):
+    spec = study_spec(optimizer="momentum", batch_size=16, goal_error=0.06, max_steps=160, check_interval=20)
+    chunks = _chunks(spec, 6, pack)
+    depth, breadth = _depth_first(spec, chunks, exact=False), _breadth_first(spec, chunks, exact=False)
+    # Bit for bit: every check of every trial (step, training loss, validation error).
+    assert dict(breadth.checks) == dict(depth.checks)
+    assert {i: (r.status, r.steps_to_result) for i, r in breadth.results.items()} == \
+           {i: (r.status, r.steps_to_result) for i, r in depth.results.items()}
+
+
+@pytest.mark.parametrize("pack", [1, 2])
+def test_breadth_first_early_stopping_keeps_the_result_and_costs_no_more(pack):
+    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.06, max_steps=600, check_interval=20)
+    chunks = _chunks(spec, 8, pack)
+    full = _depth_first(spec, chunks, exact=False)
+    depth, breadth = _depth_first(spec, chunks, exact=True), _breadth_first(spec, chunks, exact=True)
+
+    def result(log):
+        return best_reached_step((r.status, r.steps_to_result) for r in log.results.values())
+
+    assert result(full) is not None and result(breadth) == result(depth) == result(full)
+    for index, checks in breadth.checks.items():
+        assert checks == full.checks[index][:len(checks)]  # a prefix of the trial's own full trajectory
+        status = breadth.results[index].status
+        if status is not TrialStatus.SUPERSEDED:  # ended by itself: as it does with full trials
+            assert (status, breadth.results[index].steps_to_result) == \
+                   (full.results[index].status, full.results[index].steps_to_result)
+        if full.results[index].steps_to_result == result(full):
+            assert status is TrialStatus.REACHED  # a trial reaching at the best step is never cut off
+    steps = {name: sum(r.steps_trained for r in log.results.values())
+             for name, log in (("breadth", breadth), ("depth", depth))}
+    assert steps["breadth"] <= steps["depth"]
+
+
+def _record(spec: StudySpec, index: int, status: TrialStatus, trained: int, reused: bool = False) -> TrialRecord:
+    return TrialRecord(TrialSpec(spec, index, {"learning_rate": 0.1}), status,
+                       trained if status is TrialStatus.REACHED else None, trained, None, f"run{index}", reused)
+
+
+def test_trial_steps_lower_bound():
+    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 5000, 20, 0)
+    s = TrialStatus
+    # The issue's example: one trial reaches at 80; every other must pass 60 (or end before).
+    records = {0: _record(spec, 0, s.SUPERSEDED, 1120), 1: _record(spec, 1, s.REACHED, 80),
+               2: _record(spec, 2, s.DIVERGED, 20), 3: _record(spec, 3, s.REACHED, 1140),
+               4: _record(spec, 4, s.SUPERSEDED, 60)}
+    assert trial_steps_lower_bound(records) == 60 + 80 + 20 + 60 + 60
+    # Ties: one trial proves the best; the other needs only the limit. Reused trials cost nothing.
+    records = {0: _record(spec, 0, s.REACHED, 80), 1: _record(spec, 1, s.REACHED, 80),
+               2: _record(spec, 2, s.SUPERSEDED, 60, reused=True)}
+    assert trial_steps_lower_bound(records) == 80 + 60
+    # A reused best: every trained trial needs only the limit.
+    records = {0: _record(spec, 0, s.REACHED, 80, reused=True), 1: _record(spec, 1, s.SUPERSEDED, 60)}
+    assert trial_steps_lower_bound(records) == 60
+    # No trial reached: each to its own end (the cap, or divergence).
+    records = {0: _record(spec, 0, s.NOT_REACHED, 5000), 1: _record(spec, 1, s.DIVERGED, 40)}
+    assert trial_steps_lower_bound(records) == 5040
+    # The best at a cap that is not a multiple of the check interval: the limit rounds up to a check.
+    capped = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 130, 20, 0)
+    records = {0: _record(capped, 0, s.REACHED, 130), 1: _record(capped, 1, s.SUPERSEDED, 120)}
+    assert trial_steps_lower_bound(records) == 130 + 120
+    assert trial_steps_lower_bound({}) == 0
