@@ -94,6 +94,28 @@ class _NumberList(click.ParamType):
         return numbers
 
 
+class _FiniteRange(click.FloatRange):
+    """click's FloatRange lets nan through (every comparison with nan is false): this one does not."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number, got {value!r}", param, ctx)
+        return number
+
+
+class _ExperimentName(click.ParamType):
+    """A non-empty experiment name (empty would silently mean the default experiment)."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail("must not be empty (leave the option out for the default experiment)", param, ctx)
+        return text
+
+
 OPTIONAL_INT, OPTIONAL_FLOAT = _OptionalNumber(integer=True), _OptionalNumber(integer=False)
 
 
@@ -122,9 +144,9 @@ protocol_options = _options(
     click.option("--full-trials", type=click.BOOL, default=False, show_default=True,
                  help="true: run every trial to its own end instead of exact early stopping (same result)."),
     click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
-    click.option("--experiment", default=None,
+    click.option("--experiment", type=_ExperimentName(), default=None,
                  help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
-    click.option("--log-interval", type=click.FloatRange(min=0.1, max=86_400), default=10.0, show_default=True,
+    click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=10.0, show_default=True,
                  help="Seconds between progress lines when not on a terminal."),
     click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
     click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
@@ -193,7 +215,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
 
 
 @cli.command()
-@click.option("--experiment", required=True, help="MLflow experiment name.")
+@click.option("--experiment", type=_ExperimentName(), required=True, help="MLflow experiment name.")
 def status(experiment: str) -> None:
     """The grid of an experiment (batch size x sparsity per optimizer) from the tracking store."""
     from edps_mlflow.status import format_status, status_tables

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -34,6 +33,9 @@ from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus
+from edps_mlflow.uris import redact_uri
+
+__all__ = ["redact_uri"]  # kept here too: the tracking module is where callers look for it
 
 if TYPE_CHECKING:
     from edps_mlflow.pruning import Mask
@@ -55,11 +57,6 @@ def _now_ms() -> int:
 
 
 # ---- the store -----------------------------------------------------------------------------------
-def redact_uri(uri: str) -> str:
-    """``scheme://user:password@host`` -> ``scheme://***:***@host``: URIs are printed, secrets are not."""
-    return re.sub(r"(?<=://)[^/@\s]+(?=@)", lambda m: "***:***" if ":" in m.group(0) else "***", uri)
-
-
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """The URI given, else what MLflow resolves now (the environment, else its default local store),
     made explicit so that worker processes and other machines write to the same store."""
@@ -71,13 +68,28 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 
 
 def connect(tracking_uri: str | None = None) -> MlflowClient:
-    """A client of the store, resolved once (see :func:`resolve_tracking_uri`)."""
-    return MlflowClient(resolve_tracking_uri(tracking_uri))
+    """A client of the store, resolved once (see :func:`resolve_tracking_uri`).
+
+    MLflow refuses an unknown scheme (``foo://``) or a retired backend when the client is made, and
+    a missing database driver surfaces as an ImportError: each becomes the one line the user sees.
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        return MlflowClient(uri)
+    except (MlflowException, ImportError) as error:
+        raise uri_error(uri, error) from None
+
+
+def uri_error(uri: str, error: BaseException) -> EdpsError:
+    """Any error about the store ``uri`` as one line, without the credentials of any URI in it."""
+    text = error.message if isinstance(error, MlflowException) else str(error)
+    first = (text.strip().splitlines() or [type(error).__name__])[0]
+    return EdpsError(f"tracking store {redact_uri(uri)}: {redact_uri(first)}")
 
 
 def store_error(client: MlflowClient, error: MlflowException) -> EdpsError:
     """An MLflow error as the one line the user sees, naming the store without its secrets."""
-    return EdpsError(f"tracking store {redact_uri(str(client.tracking_uri))}: {error.message.splitlines()[0]}")
+    return uri_error(str(client.tracking_uri), error)
 
 
 @contextmanager

@@ -1,0 +1,45 @@
+"""URIs as the user sees them: credentials replaced by ``***``; local sqlite stores that do not exist.
+
+No imports beyond the standard library, so that data downloads, the tracking code and the analysis
+all print URIs through the same function.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from edps_mlflow.errors import EdpsError
+
+# ``scheme://userinfo@host``: the user information is the part of the authority (which ends at the
+# first ``/``, ``?`` or ``#``) before its last ``@``, so an unencoded ``@`` in a password is covered.
+_USERINFO = re.compile(r"(?<=://)[^\s/?#'\"<>]*@")
+
+
+def redact_uri(text: str) -> str:
+    """Every ``scheme://user:password@host`` in ``text`` -> ``scheme://***:***@host``.
+
+    Works on any text (an error message that quotes a URL too), so that a secret is never printed.
+    """
+    def replace(match: re.Match[str]) -> str:
+        userinfo = match.group(0)[:-1]
+        return ("***:***" if ":" in userinfo else "***") + "@"
+
+    return _USERINFO.sub(replace, str(text))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///path`` URI (None for other stores and in-memory ones)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def require_existing_store(uri: str) -> None:
+    """Readers (status, analysis) refuse a local store that does not exist, instead of creating an
+    empty one as MLflow would: a typo in the URI should not leave a new database behind."""
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise EdpsError(f"no tracking store at {redact_uri(uri)}: {path} does not exist "
+                        "(set MLFLOW_TRACKING_URI or --tracking-uri to the store the studies were written to)")
