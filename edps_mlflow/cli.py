@@ -285,7 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     missing = training_environment_missing(os.environ)
     if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
         # The allocator settings are read when a process starts: start again with them.
-        environment = {**os.environ, **missing, _REEXEC_MARK: "1"}
+        # PYTHONSAFEPATH (Python >= 3.11): no process of ours puts the working directory on the import
+        # path, including the worker processes that multiprocessing starts with ``python -c``, which
+        # import part of the standard library before they take over our sys.path.
+        environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1"}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
