@@ -228,10 +228,10 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
     naming the file, the line and the column."""
     text = _read_text(Path(path))
     try:
-        header = next(csv.reader(io.StringIO(text)), [])
+        records = [record for record in csv.reader(io.StringIO(text)) if record]
     except csv.Error as error:
-        raise EdpsError(f"{path}: line 1 is not a CSV header: {error}") from None
-    header = [name.strip() for name in header]
+        raise EdpsError(f"{path} is not a readable CSV file: {error}") from None
+    header = [name.strip() for name in (records[0] if records else [])]
     if not any(header):
         raise EdpsError(f"{path} is empty: it needs a header line with the columns {', '.join(columns)}")
     seen: set[str] = set()
@@ -242,6 +242,11 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
     missing = [c for c in columns if c not in header]
     if missing:
         raise EdpsError(f"{path} lacks the column(s) {', '.join(missing)}; required: {', '.join(columns)}")
+    for number, record in enumerate(records[1:], 2):
+        if len(record) > len(header):
+            # pandas would silently drop the extra cells or shift the row onto an index
+            raise EdpsError(f"{path} is not a readable CSV file: row {number} has {len(record)} cells, "
+                            f"the header {len(header)}")
     try:
         # Everything as text: numbers are converted and checked below, cell by cell.
         table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""],
@@ -297,6 +302,14 @@ def _line(mask: pd.Series) -> int:
     return int(mask.to_numpy().argmax()) + 2
 
 
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _checked_numbers(path: str | Path, table: pd.DataFrame, column: str) -> pd.Series:
     low, high, low_included, integer = _RANGES[column]
     text = table[column]
@@ -311,14 +324,15 @@ def _checked_numbers(path: str | Path, table: pd.DataFrame, column: str) -> pd.S
     bad = present & ~in_range
     if bad.any():
         row = _line(bad)
-        if pd.isna(numbers.iloc[row - 2]):
+        value = text.iloc[row - 2]
+        if not _parses_as_float(value):
             demand = "numeric"
         else:
             kind = "an integer" if integer else "a finite number"
             bounds = (f"in [{low:g}, {high:g})" if high == 1.0 and low_included else f"in ({low:g}, {high:g})"
                       if high == 1.0 else f">= {low:g}" if low_included else f"> {low:g}")
             demand = f"{kind} {bounds}"
-        raise EdpsError(f"{path}: column {column} must be {demand}; row {row} has {text.iloc[row - 2]!r}")
+        raise EdpsError(f"{path}: column {column} must be {demand}; row {row} has {value!r}")
     return numbers
 
 
