@@ -39,7 +39,7 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.uris import redact_uri, require_existing_store
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
 
@@ -101,6 +101,7 @@ def _client(tracking_uri: str | None):
 
     uri = tracking_uri or get_tracking_uri()
     require_existing_store(uri)
+    quiet_links_with_credentials(uri)
     try:
         return MlflowClient(uri)
     except (MlflowException, ImportError) as error:

@@ -14,10 +14,26 @@ from pathlib import Path
 import pandas as pd
 
 from edps_mlflow import names as n
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
                  files: list[Path]) -> str:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import get_tracking_uri
+
+    uri = tracking_uri or get_tracking_uri()
+    quiet_links_with_credentials(uri)
+    try:
+        return _log_analysis(uri, experiment, studies, tables, files)
+    except (MlflowException, ImportError, OSError) as error:
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise EdpsError(f"cannot log the analysis to {redact_uri(uri)}: {redact_uri(lines[0])[:300]}") from None
+
+
+def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                  files: list[Path]) -> str:
     from mlflow.entities import RunStatus
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME

@@ -33,7 +33,7 @@ from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus
-from edps_mlflow.uris import redact_uri
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 __all__ = ["redact_uri"]  # kept here too: the tracking module is where callers look for it
 
@@ -74,6 +74,7 @@ def connect(tracking_uri: str | None = None) -> MlflowClient:
     a missing database driver surfaces as an ImportError: each becomes the one line the user sees.
     """
     uri = resolve_tracking_uri(tracking_uri)
+    quiet_links_with_credentials(uri)
     try:
         return MlflowClient(uri)
     except (MlflowException, ImportError) as error:

@@ -6,6 +6,7 @@ all print URIs through the same function.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -26,6 +27,20 @@ def redact_uri(text: str) -> str:
         return ("***:***" if ":" in userinfo else "***") + "@"
 
     return _USERINFO.sub(replace, str(text))
+
+
+# MLflow prints "View run ... at: <host>/#/..." when a run ends, with the host taken from the tracking
+# URI as typed, user and password included. This MLflow setting turns those lines off.
+_SUPPRESS_RUN_LINKS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+def quiet_links_with_credentials(uri: str) -> None:
+    """When ``uri`` carries credentials, stop MLflow from printing run links (they would show them).
+
+    Set in the environment, so the worker processes that talk to the same store inherit it.
+    """
+    if redact_uri(uri) != uri:
+        os.environ.setdefault(_SUPPRESS_RUN_LINKS, "true")
 
 
 def sqlite_path(uri: str) -> Path | None:
