@@ -275,8 +275,10 @@ def data_download(name: str, data_dir: str | None) -> None:
 
 
 # The re-executed launcher imports nothing from the working directory: ``python -c`` puts it first
-# on the import path, so it is removed before anything else is imported.
-_LAUNCHER = "import sys; del sys.path[0]; from edps_mlflow.cli import main; main()"
+# on the import path, so it is removed before anything else is imported, unless PYTHONSAFEPATH
+# (set for the re-exec, Python >= 3.11) kept it off, when the first entry is PYTHONPATH's and stays.
+_LAUNCHER = ("import sys; getattr(sys.flags, 'safe_path', False) or sys.path.pop(0); "
+             "from edps_mlflow.cli import main; main()")
 
 
 def main(argv: list[str] | None = None) -> None:

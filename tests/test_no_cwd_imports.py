@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from edps_mlflow.cli import _LAUNCHER
+
 from conftest import REPO, clean_environment
 
 SHADOWED = ("click", "torch", "numpy", "mlflow", "socket", "pickle")
@@ -41,3 +43,18 @@ def test_modules_in_the_working_directory_are_not_imported(arguments, tmp_path):
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert any(r.data.tags.get("edps.kind") == "study" and r.info.status == "FINISHED" for r in runs)
+
+
+def test_the_re_executed_command_runs_this_code(tmp_path):
+    """The re-exec keeps PYTHONPATH first (it removes only the working directory entry)."""
+    result = subprocess.run(
+        [_console_script(), "study", "--bs", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env=clean_environment(PYTHONPATH=str(REPO),
+                              MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    assert result.returncode == 2 and "batch size must be a positive integer" in result.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER.replace("from edps_mlflow.cli import main; main()",
+                                                 "import edps_mlflow; print(edps_mlflow.__file__)")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=clean_environment(PYTHONPATH=str(REPO), PYTHONSAFEPATH="1"))
+    assert probe.stdout.strip() == str(REPO / "edps_mlflow" / "__init__.py"), probe
