@@ -39,7 +39,7 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_existing_store
+from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ def _client(tracking_uri: str | None):
 
 def _store_error(uri: str, error: BaseException) -> EdpsError:
     lines = str(error).strip().splitlines() or [type(error).__name__]
-    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {redact_uri(lines[0])[:300]}")
+    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(lines[0][:400])}")
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:

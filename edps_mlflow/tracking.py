@@ -33,7 +33,7 @@ from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus
-from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
+from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
 
 __all__ = ["redact_uri"]  # kept here too: the tracking module is where callers look for it
 
@@ -85,7 +85,7 @@ def uri_error(uri: str, error: BaseException) -> EdpsError:
     """Any error about the store ``uri`` as one line, without the credentials of any URI in it."""
     text = error.message if isinstance(error, MlflowException) else str(error)
     first = (text.strip().splitlines() or [type(error).__name__])[0]
-    return EdpsError(f"tracking store {redact_uri(uri)}: {redact_uri(first)}")
+    return EdpsError(f"tracking store {redact_uri(uri)}: {explain_store_error(first)}")
 
 
 def store_error(client: MlflowClient, error: MlflowException) -> EdpsError:

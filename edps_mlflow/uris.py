@@ -43,6 +43,15 @@ def quiet_links_with_credentials(uri: str) -> None:
         os.environ.setdefault(_SUPPRESS_RUN_LINKS, "true")
 
 
+def explain_store_error(first_line: str) -> str:
+    """An MLflow error line about the store, redacted, with what to do when the server refused us."""
+    text = redact_uri(first_line)
+    if "error code 401" in text or "error code 403" in text:
+        # MLflow's message says only that we are not authenticated, and points at its website.
+        text += " (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for this server)"
+    return text
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///path`` URI (None for other stores and in-memory ones)."""
     if not uri.startswith("sqlite:///"):

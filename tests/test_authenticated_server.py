@@ -81,7 +81,7 @@ def test_sweep_with_credentials_and_refusal_without(auth_server, tmp_path, monke
     for environment in ({}, {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": "wrong"}):
         line = _one_clean_line(run_edps(["status", "--experiment", "edps/digits-simple-cnn"], cwd=tmp_path,
                                         MLFLOW_TRACKING_URI=auth_server, **environment))
-        assert "401" in line
+        assert "401" in line and "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in line
         line = _one_clean_line(run_edps(TINY_SWEEP, cwd=tmp_path, MLFLOW_TRACKING_URI=auth_server, **environment))
         assert "401" in line
     for name, value in credentials.items():
