@@ -11,7 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.regimes import InsufficientData, fit_hyperbola, regime_boundaries  # noqa: E402
+from analysis.regimes import (  # noqa: E402
+    CURVE_KEYS,
+    InsufficientData,
+    curve_columns,
+    curves,
+    fit_hyperbola,
+    regime_boundaries,
+)
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
 
@@ -40,14 +47,19 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
     regimes of the densest curve shaded."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
     figure, axis = plt.subplots(figsize=(6.4, 4.6))
-    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
+    # One line per curve as the fits see it: studies of another protocol (goal, trials, check
+    # interval, step cap) are another line, never joined to these.
+    lines = curves(group)
+    columns = curve_columns(group)
+    varying = [i for i in range(len(CURVE_KEYS), len(columns)) if len({str(k[i]) for k in lines}) > 1]
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     shaded = False
-    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
-        curve = curve.sort_values("batch_size")
+    for colour, (key, curve) in zip(colours, lines.items()):
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s)
-        axis.plot(b[valid], s[valid], "o-", color=colour, label=f"sparsity {sparsity:g}", linewidth=1.6)
+        label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {key[i]}" for i in varying])
+        axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         try:
             fit = fit_hyperbola(b, s)
             grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
@@ -81,11 +93,16 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     """Curves normalised by their first point, and steps relative to the dense curve."""
     group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.2))
-    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
-    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
+    # One line per sparsity and protocol (the protocol columns that sparsity_comparison kept).
+    keys = ["sparsity"] + [c for c in curve_columns(group)[len(CURVE_KEYS):] if group[c].nunique(dropna=False) > 1]
+    lines = list(group.groupby(keys, sort=True, dropna=False))
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
+    for colour, (key, curve) in zip(colours, lines):
+        key = key if isinstance(key, tuple) else (key,)
+        label = " ".join([f"sparsity {key[0]:g}"] + [f"{c} {v}" for c, v in zip(keys[1:], key[1:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
-        left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=f"sparsity {sparsity:g}")
-        right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=f"sparsity {sparsity:g}")
+        left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
+        right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
     _log2_axes(left, "steps / steps at the smallest batch size")
     left.set_title("normalised curves (same shape: same scaling)", fontsize=9)
     right.set_xscale("log", base=2)

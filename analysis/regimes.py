@@ -220,8 +220,12 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
     normalised by its own first (smallest batch size) point."""
     rows = []
-    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
-        dense = group[group["sparsity"] == 0.0].set_index("batch_size")["steps_to_result"]
+    # Compared only within one protocol (see PROTOCOL_KEYS); a batch size measured twice counts once.
+    protocol = curve_columns(table)[len(CURVE_KEYS):]
+    for _, group in table.groupby(["workload", "optimizer", *protocol], sort=True, dropna=False):
+        workload, optimizer = group["workload"].iloc[0], group["optimizer"].iloc[0]
+        dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
+        dense = dense_rows.set_index("batch_size")["steps_to_result"]
         for sparsity, curve in group.groupby("sparsity", sort=True):
             curve = curve.sort_values("batch_size")
             valid = curve["steps_to_result"].dropna()
@@ -229,6 +233,7 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
             for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
                 reference = dense.get(batch_size, math.nan)
                 rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                             **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
                              "normalised_by_first": steps / first if first else math.nan})

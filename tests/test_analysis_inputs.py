@@ -191,3 +191,16 @@ def test_csv_without_protocol_columns_still_reads(folder, capsys):
                  "w,sgd,0,4,4000\nw,sgd,0,16,1100\nw,sgd,0,64,400\nw,sgd,-0.0,256,300\n")
     code, _ = run(["fit", "--csv", path, "--bootstrap", "0", "--format", "csv"], capsys)
     assert code == 0
+
+
+def test_plot_and_report_of_two_protocols_and_a_repeated_row(folder, capsys):
+    """Figures and the sparsity comparison keep protocols apart too; a batch size listed twice is no crash."""
+    sizes = [4, 16, 64, 256]
+    table = pd.concat([_curve(sizes, [4000.0, 1100.0, 400.0, 300.0], goal_error=0.05),
+                       _curve(sizes, [9000.0, 2500.0, 900.0, 700.0], goal_error=0.02),
+                       _curve([16], [1000.0], goal_error=0.05)], ignore_index=True)
+    path = write(folder, "two-protocols.csv", table.to_csv(index=False))
+    code, _ = run(["report", "--csv", path, "--bootstrap", "0", "--output", str(folder / "r.md")], capsys)
+    assert code == 0
+    text = (folder / "r.md").read_text()
+    assert text.count("the studies differ in goal_error") >= 2
