@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.cli import main
-from analysis.load import STUDY_COLUMNS, TRIAL_COLUMNS
+from analysis.load import STUDY_COLUMNS
 from analysis.regimes import fit_table
 
 FIXTURES = Path(__file__).parent / "fixtures"

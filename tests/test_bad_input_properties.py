@@ -66,10 +66,6 @@ def edps_refused(argv: list[str], capsys, category: str = "CLI options") -> str:
     return refused(edps_mlflow.cli.main, argv, capsys, "edps: error: ", category)
 
 
-def number_text(value: float) -> str:
-    return repr(value) if not isinstance(value, str) else value
-
-
 # ---- invalid values, by option ----------------------------------------------------------------
 GARBAGE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                   min_size=1, max_size=12).filter(
