@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -25,13 +26,31 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 
 
+class _Finite(click.FloatRange):
+    """A finite number in a range (click's FloatRange lets nan through: nan compares false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number, got {value!r}", param, ctx)
+        return number
+
+
+# A regime tolerance is a fraction such as 0.2 (20%); 10 (1000%) would make every curve one regime.
+TOLERANCE = _Finite(min=0, max=10, min_open=True, max_open=True)
+SEED = click.IntRange(0, 2**32 - 1)  # what numpy's generators take as a plain seed
+# 100,000 resamples are already far more than a 95% interval needs; more would only hang the command.
+BOOTSTRAP = click.IntRange(0, 100_000)
+
+
 def _source_options(command: Callable) -> Callable:
     @click.option("--tracking-uri", default=None, help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db).")
     @click.option("--experiment", "experiments", multiple=True, help="Experiment name or glob pattern (repeatable).")
     @click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead.")
     @click.option("--workload", default=None, help="Only this workload.")
     @click.option("--optimizer", default=None, help="Only this optimizer.")
-    @click.option("--sparsity", "sparsities", multiple=True, type=float, help="Only these sparsities (repeatable).")
+    @click.option("--sparsity", "sparsities", multiple=True, type=_Finite(min=0, max=1, max_open=True),
+                  help="Only these sparsities (repeatable).")
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return command(*args, **kwargs)
@@ -66,7 +85,12 @@ def _trials(table: pd.DataFrame, tracking_uri: str | None, trials_csv: str | Non
     if bootstrap <= 0:
         return None
     if trials_csv:
-        return read_csv(trials_csv, columns=TRIAL_COLUMNS)
+        trials = read_csv(trials_csv, columns=TRIAL_COLUMNS)
+        if "study_key" not in table.columns or table["study_key"].isna().all():
+            raise EdpsError("--trials-csv needs a study_key column in the study table to match trials to studies")
+        if not trials["study_key"].isin(set(table["study_key"].dropna())).any():
+            raise EdpsError(f"{trials_csv}: none of its study_key values matches a study of the study table")
+        return trials
     if table["study_run_id"].notna().any():
         return load_trials(table, tracking_uri)
     return None
@@ -99,14 +123,13 @@ def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
 
 
 def _fit_options(command: Callable) -> Callable:
-    @click.option("--tolerance", type=float, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
-    @click.option("--bootstrap", type=int, default=200, show_default=True, help="Bootstrap resamples (0: no intervals).")
-    @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+    @click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
+    @click.option("--bootstrap", type=BOOTSTRAP, default=200, show_default=True,
+                  help="Bootstrap resamples (0: no intervals).")
+    @click.option("--seed", type=SEED, default=0, show_default=True, help="Bootstrap seed.")
     @click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes for intervals with --csv.")
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not 0 < kwargs["tolerance"] < 10:
-            raise EdpsError(f"tolerance must be a positive fraction such as 0.2, got {kwargs['tolerance']}")
         return command(*args, **kwargs)
 
     return wrapper
@@ -139,7 +162,7 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
 @cli.command()
 @_source_options
 @click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where figures go.")
-@click.option("--tolerance", type=float, default=0.2, show_default=True)
+@click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
 @click.option("--log-to-mlflow", is_flag=True, help="Record the figures on an analysis run.")
 def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, out_dir, tolerance, log_to_mlflow) -> None:
     """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity."""
@@ -303,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("edps-analyze: interrupted", err=True)
         sys.exit(130)
     except click.UsageError as error:
-        click.echo(f"edps-analyze: error: {error.format_message()}", err=True)
+        click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
         sys.exit(2)
     except EdpsError as error:
         click.echo(f"edps-analyze: error: {error}", err=True)

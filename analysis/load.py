@@ -3,6 +3,7 @@
 The study table has one row per study (the latest finished study run per study key). Columns:
 
     workload, optimizer, sparsity, batch_size, goal_error   what was measured
+    check_interval, max_steps                               the study's protocol (from its spec params)
     steps_to_result                                         empty when no trial reached the goal
     trials_total, trials_reached, trials_not_reached,
     trials_diverged, trials_superseded                      trial counts by status
@@ -10,7 +11,9 @@ The study table has one row per study (the latest finished study run per study k
     experiment, study_run_id, study_key                     where it came from
 
 A CSV needs at least ``workload, optimizer, sparsity, batch_size, steps_to_result``; the other
-columns are optional. The trial table (for the bootstrap) has ``study_key, trial_index, status,
+columns are optional. Every cell is checked when the file is read (numbers finite and in range,
+batch sizes positive integers, statuses known), and the first bad one is named by file, line and
+column in one line. The trial table (for the bootstrap) has ``study_key, trial_index, status,
 steps_to_result, steps_trained`` and is read from each study run's ``trials.csv`` artifact, so a
 fit that needs only study runs never pages through the trial runs.
 
@@ -19,9 +22,11 @@ This is the only module of the analysis that reads MLflow.
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import functools
 import io
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -32,18 +37,35 @@ import pandas as pd
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.results import RunState
+from edps_mlflow.filters import filter_string
+from edps_mlflow.results import RunState, TrialStatus
+from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
-NUMERIC_COLUMNS = ("sparsity", "batch_size", "steps_to_result", "steps_trained", "trial_index", "goal_error", "trials_total", "trials_reached",
-                   "trials_not_reached", "trials_diverged", "trials_superseded", "best_learning_rate",
-                   "best_momentum")
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error", "steps_to_result", "trials_total",
-                 "trials_reached", "trials_not_reached", "trials_diverged", "trials_superseded",
-                 "best_learning_rate", "best_momentum", "experiment", "study_run_id", "study_key", "sweep_run_id")
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error", "check_interval", "max_steps",
+                 "steps_to_result", "trials_total", "trials_reached", "trials_not_reached", "trials_diverged",
+                 "trials_superseded", "best_learning_rate", "best_momentum", "experiment", "study_run_id", "study_key",
+                 "sweep_run_id")
 TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps_trained")
+
+# What a number in each column may be: (lowest, highest, lowest included, must be an integer).
+# Empty cells are allowed (a missing value) except in the columns of _REQUIRED_VALUES.
+_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "sparsity": (0.0, 1.0, True, False), "batch_size": (1, math.inf, True, True),
+    "goal_error": (0.0, 1.0, False, False), "check_interval": (1, math.inf, True, True),
+    "max_steps": (1, math.inf, True, True), "steps_to_result": (0, math.inf, False, False),
+    "steps_trained": (0, math.inf, True, False), "trial_index": (0, math.inf, True, True),
+    "trials_total": (1, math.inf, True, True), "trials_reached": (0, math.inf, True, True),
+    "trials_not_reached": (0, math.inf, True, True), "trials_diverged": (0, math.inf, True, True),
+    "trials_superseded": (0, math.inf, True, True), "best_learning_rate": (0.0, math.inf, False, False),
+    "best_momentum": (0.0, 1.0, True, False),
+}
+NUMERIC_COLUMNS = tuple(_RANGES)
+_REQUIRED_VALUES = ("workload", "optimizer", "sparsity", "batch_size", "study_key", "trial_index", "status")
+# A CSV larger than this is not a study table of this project (a sweep of 10,000 studies is ~2 MB).
+MAX_CSV_BYTES = 256 * 2**20
 
 
 # A user waiting on an unreachable server should hear about it in seconds, not minutes. MLflow reads
@@ -73,36 +95,56 @@ def _http_limits() -> Iterator[None]:
 
 
 def _client(tracking_uri: str | None):
-    from mlflow.tracking import MlflowClient
+    """A client of the store that exists (an unknown scheme, a missing driver or a missing local
+    database is one line naming the store, without its credentials)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient, get_tracking_uri
 
-    return MlflowClient(tracking_uri)
+    uri = tracking_uri or get_tracking_uri()
+    require_existing_store(uri)
+    quiet_links_with_credentials(uri)
+    try:
+        return MlflowClient(uri)
+    except (MlflowException, ImportError) as error:
+        raise _store_error(uri, error) from None
+
+
+def _store_error(uri: str, error: BaseException) -> EdpsError:
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(lines[0][:400])}")
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(id, name) for each name or glob pattern; an unknown name is an error."""
-    from mlflow.exceptions import MlflowException
+    """(id, name) for each name, else glob pattern; an unknown name is an error.
 
+    A name is matched exactly first, so an experiment whose name holds ``*``, ``?`` or ``[`` is found
+    by its own name; only a name that no experiment has is read as a pattern.
+    """
     try:
         everything = client.search_experiments(max_results=50_000)
-    except MlflowException as error:
-        raise EdpsError(f"cannot reach the tracking store {client.tracking_uri}: "
-                        f"{str(error).splitlines()[0][:200]}") from None
-    except Exception as error:  # connection errors surface as requests exceptions
-        raise EdpsError(f"cannot reach the tracking store {client.tracking_uri}: {str(error)[:200]}") from None
+    except Exception as error:  # MLflow's errors, and connection errors surfacing as requests exceptions
+        raise _store_error(str(client.tracking_uri), error) from None
     found: list[tuple[str, str]] = []
     for name in names:
-        matches = [(e.experiment_id, e.name) for e in everything
-                   if (fnmatch.fnmatchcase(e.name, name) if any(c in name for c in "*?[") else e.name == name)]
+        matches = [(e.experiment_id, e.name) for e in everything if e.name == name]
+        if not matches and any(c in name for c in "*?["):
+            matches = [(e.experiment_id, e.name) for e in everything if fnmatch.fnmatchcase(e.name, name)]
         if not matches:
-            raise EdpsError(f"no experiment matches {name!r} in {client.tracking_uri}")
+            raise EdpsError(f"no experiment matches {name!r} in {redact_uri(str(client.tracking_uri))}")
         found.extend(m for m in matches if m not in found)
     return found
 
 
-def _paged(client, experiment_ids: list[str], filter_string: str) -> list:
+def _paged(client, experiment_ids: list[str], conditions: str) -> list:
+    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page."""
+    from mlflow.exceptions import MlflowException
+
     runs, token = [], None
     while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000, page_token=token)
+        try:
+            page = client.search_runs(experiment_ids, filter_string=conditions, max_results=1000, page_token=token)
+        except MlflowException as error:
+            raise _store_error(str(client.tracking_uri), error) from None
         runs.extend(page)
         token = page.token
         if not token:
@@ -118,24 +160,27 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     found = _experiments(client, experiments)
     names = dict(found)
     runs = _paged(client, [i for i, _ in found],
-                  f"tags.`{n.TAG_KIND}` = '{n.KIND_STUDY}' and attributes.status = '{RunState.FINISHED.value}'")
+                  filter_string(tags={n.TAG_KIND: n.KIND_STUDY}, status=RunState.FINISHED.value))
     rows = []
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-        if n.TAG_BATCH_SIZE not in tags:
-            continue
+        try:
+            sparsity, batch_size = float(tags[n.TAG_SPARSITY]), int(tags[n.TAG_BATCH_SIZE])
+        except (KeyError, ValueError):
+            continue  # not a study run of ours, or one refused before it logged anything
         best_learning_rate = params.get(n.PARAM_BEST_PREFIX + "learning_rate")
         best_momentum = params.get(n.PARAM_BEST_PREFIX + "momentum")
         rows.append({
             "workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
-            "sparsity": float(tags[n.TAG_SPARSITY]), "batch_size": int(tags[n.TAG_BATCH_SIZE]),
-            "goal_error": metrics.get(n.METRIC_GOAL_ERROR), "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT),
+            "sparsity": sparsity, "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
+            "check_interval": _number(params.get(n.PARAM_SPEC_PREFIX + "check_interval")),
+            "max_steps": _number(params.get(n.PARAM_SPEC_PREFIX + "max_steps")),
+            "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT),
             "trials_total": metrics.get(n.METRIC_TRIALS_TOTAL), "trials_reached": metrics.get(n.trials_metric("reached")),
             "trials_not_reached": metrics.get(n.trials_metric("not_reached")),
             "trials_diverged": metrics.get(n.trials_metric("diverged")),
             "trials_superseded": metrics.get(n.trials_metric("superseded")),
-            "best_learning_rate": float(best_learning_rate) if best_learning_rate is not None else None,
-            "best_momentum": float(best_momentum) if best_momentum is not None else None,
+            "best_learning_rate": _number(best_learning_rate), "best_momentum": _number(best_momentum),
             "experiment": names[run.info.experiment_id], "study_run_id": run.info.run_id,
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
         })
@@ -144,6 +189,14 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     table = pd.DataFrame(rows, columns=list(STUDY_COLUMNS))
     # A study run again (same key) is the same measurement: keep the latest.
     return table.drop_duplicates("study_key", keep="last").reset_index(drop=True)
+
+
+def _number(text: str | None) -> float | None:
+    """A param (MLflow stores them as strings) as a number; None when absent or not a number."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 @_with_http_limits
@@ -161,7 +214,10 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
                 path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=scratch)
             except (MlflowException, OSError):
                 continue
-            frame = pd.read_csv(path)
+            try:
+                frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
+            except EdpsError:
+                continue  # an artifact that is not a trials table of ours: that study gets no intervals
             frame["study_key"] = key
             frames.append(frame[[c for c in TRIAL_COLUMNS if c in frame.columns]])
     if not frames:
@@ -170,33 +226,116 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
 
 
 def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> pd.DataFrame:
-    """A study (or trial) table from CSV, with its columns and types checked."""
+    """A study (or trial) table from CSV, every cell checked; the first bad one is an EdpsError
+    naming the file, the line and the column."""
+    text = _read_text(Path(path))
     try:
-        table = pd.read_csv(path)
-    except FileNotFoundError:
-        raise EdpsError(f"no such CSV file: {path}") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise EdpsError(f"{path} is not a readable CSV file: {str(error).splitlines()[0]}") from None
-    missing = [c for c in columns if c not in table.columns]
+        records = [record for record in csv.reader(io.StringIO(text)) if record]
+    except csv.Error as error:
+        raise EdpsError(f"{path} is not a readable CSV file: {error}") from None
+    header = [name.strip() for name in (records[0] if records else [])]
+    if not any(header):
+        raise EdpsError(f"{path} is empty: it needs a header line with the columns {', '.join(columns)}")
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise EdpsError(f"{path}: the column {name!r} appears more than once in the header")
+        seen.add(name)
+    missing = [c for c in columns if c not in header]
     if missing:
         raise EdpsError(f"{path} lacks the column(s) {', '.join(missing)}; required: {', '.join(columns)}")
-    for column in NUMERIC_COLUMNS:
-        if column in table.columns:
-            converted = pd.to_numeric(table[column], errors="coerce")
-            bad = table[column].notna() & converted.isna()
-            if bad.any():
-                row = int(bad.idxmax())
-                raise EdpsError(f"{path}: column {column} must be numeric; row {row + 2} has {table[column][row]!r}")
-            table[column] = converted
+    for number, record in enumerate(records[1:], 2):
+        if len(record) > len(header):
+            # pandas would silently drop the extra cells or shift the row onto an index
+            raise EdpsError(f"{path} is not a readable CSV file: row {number} has {len(record)} cells, "
+                            f"the header {len(header)}")
+    try:
+        # Everything as text: numbers are converted and checked below, cell by cell.
+        table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""],
+                            skipinitialspace=True, index_col=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError, csv.Error) as error:
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise EdpsError(f"{path} is not a readable CSV file: {lines[0]}") from None
+    if len(table.columns) != len(header):
+        raise EdpsError(f"{path}: the header has {len(header)} columns but was read as {len(table.columns)}")
+    table.columns = header
+    if table.empty:
+        raise EdpsError(f"{path} has a header but no rows")
+    for column in table.columns:
+        if column in _REQUIRED_VALUES:
+            empty = table[column].isna() | (table[column].astype(str).str.strip() == "")
+            if empty.any():
+                raise EdpsError(f"{path}: column {column} needs a value in every row; row {_line(empty)} has none")
+        if column in _RANGES:
+            table[column] = _checked_numbers(path, table, column)
+    if "status" in table.columns:
+        known = {status.value for status in TrialStatus}
+        bad = table["status"].notna() & ~table["status"].isin(known)
+        if bad.any():
+            row = _line(bad)
+            raise EdpsError(f"{path}: column status must be one of {', '.join(sorted(known))}; "
+                            f"row {row} has {table['status'].iloc[row - 2]!r}")
     if "batch_size" in table.columns:
-        if table["batch_size"].isna().any() or (table["batch_size"] <= 0).any() \
-                or (table["batch_size"] != table["batch_size"].round()).any():
-            raise EdpsError(f"{path}: batch_size must hold positive integers")
         table["batch_size"] = table["batch_size"].astype(int)
         for column in STUDY_COLUMNS:
             if column not in table.columns:
                 table[column] = None
     return table
+
+
+def _read_text(path: Path) -> str:
+    try:
+        if not path.is_file():
+            raise EdpsError(f"no such CSV file: {path}" if not path.exists() else f"{path} is not a file")
+        if path.stat().st_size > MAX_CSV_BYTES:
+            raise EdpsError(f"{path} is larger than {MAX_CSV_BYTES // 2**20} MiB; not a study table")
+        data = path.read_bytes()
+    except OSError as error:
+        raise EdpsError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        row = data[:error.start].count(b"\n") + 1
+        raise EdpsError(f"{path}: row {row} is not UTF-8 text (byte {error.start})") from None
+
+
+def _line(mask: pd.Series) -> int:
+    """The row of the file of the first True entry (row 1 is the header; blank lines are not counted)."""
+    return int(mask.to_numpy().argmax()) + 2
+
+
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _checked_numbers(path: str | Path, table: pd.DataFrame, column: str) -> pd.Series:
+    low, high, low_included, integer = _RANGES[column]
+    text = table[column]
+    numbers = pd.to_numeric(text.str.strip(), errors="coerce")
+    present = text.notna()
+    finite = numbers.notna() & numbers.map(lambda v: math.isfinite(v) if v == v else False)
+    if integer:
+        in_range = finite & (numbers == numbers.round())
+    else:
+        in_range = finite
+    in_range &= (numbers >= low if low_included else numbers > low) & (numbers < high if high == 1.0 else True)
+    bad = present & ~in_range
+    if bad.any():
+        row = _line(bad)
+        value = text.iloc[row - 2]
+        if not _parses_as_float(value):
+            demand = "numeric"
+        else:
+            kind = "an integer" if integer else "a finite number"
+            bounds = (f"in [{low:g}, {high:g})" if high == 1.0 and low_included else f"in ({low:g}, {high:g})"
+                      if high == 1.0 else f">= {low:g}" if low_included else f"> {low:g}")
+            demand = f"{kind} {bounds}"
+        raise EdpsError(f"{path}: column {column} must be {demand}; row {row} has {value!r}")
+    return numbers
 
 
 def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:
@@ -216,7 +355,7 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
     runs = _paged(client, [i for i, _ in found],
-                  f"tags.`{n.TAG_KIND}` = '{n.KIND_TRIAL}' and metrics.`{metric}` > -1e300")
+                  filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300}))
     rows = []
     for run in runs:
         tags = run.data.tags

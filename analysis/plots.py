@@ -11,7 +11,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.regimes import InsufficientData, fit_hyperbola, is_degenerate, regime_boundaries  # noqa: E402
+from analysis.regimes import (  # noqa: E402
+    CURVE_KEYS,
+    InsufficientData,
+    curve_columns,
+    curves,
+    fit_hyperbola,
+    is_degenerate,
+    regime_boundaries,
+)
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
 
@@ -35,12 +43,19 @@ def _save(figure: plt.Figure, directory: Path, stem: str) -> list[Path]:
     return paths
 
 
-def _fit_row(fits: pd.DataFrame | None, workload: str, optimizer: str, sparsity: float) -> pd.Series | None:
+def _fit_row(fits: pd.DataFrame | None, columns: list[str], key: tuple) -> pd.Series | None:
+    """The fit of the curve ``key`` (its values of ``columns``), if the fits hold it."""
     if fits is None or not len(fits):
         return None
-    match = fits[(fits["workload"] == workload) & (fits["optimizer"] == optimizer)
-                 & np.isclose(fits["sparsity"].astype(float), float(sparsity))]
-    return match.iloc[0] if len(match) else None
+    match = pd.Series(True, index=fits.index)
+    for column, value in zip(columns, key):
+        if column not in fits.columns:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            match &= np.isclose(pd.to_numeric(fits[column], errors="coerce").astype(float), float(value))
+        else:
+            match &= fits[column].astype(str) == str(value)
+    return fits[match].iloc[0] if match.any() else None
 
 
 def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
@@ -74,15 +89,20 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
     curve shaded; the legend sits beside the axes, off the data."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
     figure, axis = plt.subplots(figsize=(8.4, 4.6))
-    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
+    # One line per curve as the fits see it: studies of another protocol (goal, trials, check
+    # interval, step cap) are another line, never joined to these.
+    lines = curves(group)
+    columns = curve_columns(group)
+    varying = [i for i in range(len(CURVE_KEYS), len(columns)) if len({str(k[i]) for k in lines}) > 1]
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     shaded = False
-    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
-        curve = curve.sort_values("batch_size")
+    for colour, (key, curve) in zip(colours, lines.items()):
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s)
-        axis.plot(b[valid], s[valid], "o-", color=colour, label=f"sparsity {sparsity:g}", linewidth=1.6)
-        _draw_fit(axis, b, s, colour, _fit_row(fits, workload, optimizer, sparsity), label_interval=not shaded)
+        label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {key[i]}" for i in varying])
+        axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
+        _draw_fit(axis, b, s, colour, _fit_row(fits, columns, key), label_interval=not shaded)
         if not shaded:
             try:
                 bounds = regime_boundaries(b, s, tolerance)
@@ -110,11 +130,16 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     """Curves normalised by their first point, and steps relative to the dense curve."""
     group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.2))
-    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, group["sparsity"].nunique())))
-    for colour, (sparsity, curve) in zip(colours, group.groupby("sparsity", sort=True)):
+    # One line per sparsity and protocol (the protocol columns that sparsity_comparison kept).
+    keys = ["sparsity"] + [c for c in curve_columns(group)[len(CURVE_KEYS):] if group[c].nunique(dropna=False) > 1]
+    lines = list(group.groupby(keys, sort=True, dropna=False))
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
+    for colour, (key, curve) in zip(colours, lines):
+        key = key if isinstance(key, tuple) else (key,)
+        label = " ".join([f"sparsity {key[0]:g}"] + [f"{c} {v}" for c, v in zip(keys[1:], key[1:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
-        left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=f"sparsity {sparsity:g}")
-        right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=f"sparsity {sparsity:g}")
+        left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
+        right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
     _log2_axes(left, "steps / steps at the smallest batch size")
     left.set_title("normalised curves (same shape: same scaling)", fontsize=9)
     right.set_xscale("log", base=2)

@@ -23,7 +23,10 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.regimes import PROTOCOL_KEYS
 from edps_mlflow import names as n
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 # A fit's columns that become metrics of the analysis run.
 _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
@@ -33,9 +36,11 @@ _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_c
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
     """``fit/<optimizer>/sp<sparsity>/<quantity>`` (prefixed by the workload when several are analysed)."""
     several = fits["workload"].nunique() > 1 if len(fits) else False
+    # Curves that differ only in their protocol (goal, trials, ...) get it in their names too.
+    varying = [c for c in PROTOCOL_KEYS if c in fits.columns and fits[c].nunique(dropna=True) > 1]
     metrics: dict[str, float] = {}
     for _, row in fits.iterrows():
-        curve = f"{row['optimizer']}/sp{row['sparsity']:g}"
+        curve = f"{row['optimizer']}/sp{row['sparsity']:g}" + "".join(f"/{c}{row[c]:g}" for c in varying)
         if several:
             curve = f"{row['workload']}/{curve}"
         for column in _FIT_METRICS:
@@ -62,6 +67,20 @@ def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
 
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
                  files: list[Path], settings: dict[str, Any] | None = None) -> str:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import get_tracking_uri
+
+    uri = tracking_uri or get_tracking_uri()
+    quiet_links_with_credentials(uri)
+    try:
+        return _log_analysis(uri, experiment, studies, tables, files, settings or {})
+    except (MlflowException, ImportError, OSError) as error:
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise EdpsError(f"cannot log the analysis to {redact_uri(uri)}: {redact_uri(lines[0])[:300]}") from None
+
+
+def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                  files: list[Path], settings: dict[str, Any]) -> str:
     from mlflow.entities import Metric, Param, RunStatus, RunTag
     from mlflow.tracking import MlflowClient
 

@@ -26,6 +26,11 @@ from scipy.optimize import least_squares
 
 MIN_POINTS = 3
 CURVE_KEYS = ("workload", "optimizer", "sparsity")
+# Studies measured under another protocol do not lie on one curve: a different goal, trial count,
+# check interval or step cap changes steps-to-result itself. When a table holds such columns, their
+# values are part of a curve's identity, and a (workload, optimizer, sparsity) measured under two
+# protocols becomes two curves, each fitted on its own (the fit's note says so).
+PROTOCOL_KEYS = ("goal_error", "trials_total", "check_interval", "max_steps")
 
 
 class InsufficientData(ValueError):
@@ -159,25 +164,38 @@ def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: i
     return intervals
 
 
+def curve_columns(table: pd.DataFrame) -> list[str]:
+    """The columns that identify a curve in ``table``: CURVE_KEYS, then the protocol columns it holds."""
+    return list(CURVE_KEYS) + [k for k in PROTOCOL_KEYS if k in table.columns and table[k].notna().any()]
+
+
 def curves(table: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-    """Study rows grouped per curve (workload, optimizer, sparsity), sorted by batch size."""
-    return {key: group.sort_values("batch_size") for key, group in table.groupby(list(CURVE_KEYS), sort=True)}
+    """Study rows grouped per curve (the values of :func:`curve_columns`), sorted by batch size."""
+    groups = table.groupby(curve_columns(table), sort=True, dropna=False)
+    return {key: group.sort_values("batch_size") for key, group in groups}
 
 
 def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance: float = 0.2,
               repeats: int = 200, seed: int = 0) -> pd.DataFrame:
     """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
     rows = []
-    for (workload, optimizer, sparsity), group in curves(table).items():
-        row: dict = {"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
-                     "points": int(group["steps_to_result"].notna().sum()), "note": ""}
+    columns = curve_columns(table)
+    grouped = curves(table)
+    base = len(CURVE_KEYS)
+    for key, group in grouped.items():
+        row: dict = {**dict(zip(columns, key)), "points": int(group["steps_to_result"].notna().sum()), "note": ""}
+        siblings = [other for other in grouped if other[:base] == key[:base]]
+        if len(siblings) > 1:
+            differing = [c for i, c in enumerate(columns[base:], base) if len({str(k[i]) for k in siblings}) > 1]
+            row["note"] = (f"one of {len(siblings)} curves of this workload, optimizer and sparsity: "
+                           f"the studies differ in {', '.join(differing)}")
         b, s = group["batch_size"].to_numpy(), group["steps_to_result"].to_numpy(dtype=float)
         fit = None
         try:
             fit = fit_hyperbola(b, s)
             row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "rmse_log": fit.rmse_log, "r2_log": fit.r2_log})
         except InsufficientData as error:
-            row["note"] = f"no fit: {error}"
+            row["note"] = (row["note"] + "; " if row["note"] else "") + f"no fit: {error}"
         try:
             bounds = regime_boundaries(b, s, tolerance)
             row.update({"perfect_scaling_end": bounds.perfect_scaling_end,
@@ -245,8 +263,12 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
     normalised by its own first (smallest batch size) point."""
     rows = []
-    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
-        dense = group[group["sparsity"] == 0.0].set_index("batch_size")["steps_to_result"]
+    # Compared only within one protocol (see PROTOCOL_KEYS); a batch size measured twice counts once.
+    protocol = curve_columns(table)[len(CURVE_KEYS):]
+    for _, group in table.groupby(["workload", "optimizer", *protocol], sort=True, dropna=False):
+        workload, optimizer = group["workload"].iloc[0], group["optimizer"].iloc[0]
+        dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
+        dense = dense_rows.set_index("batch_size")["steps_to_result"]
         for sparsity, curve in group.groupby("sparsity", sort=True):
             curve = curve.sort_values("batch_size")
             valid = curve["steps_to_result"].dropna()
@@ -254,6 +276,7 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
             for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
                 reference = dense.get(batch_size, math.nan)
                 rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                             **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
                              "normalised_by_first": steps / first if first else math.nan})

@@ -96,6 +96,28 @@ class _NumberList(click.ParamType):
         return numbers
 
 
+class _FiniteRange(click.FloatRange):
+    """click's FloatRange lets nan through (every comparison with nan is false): this one does not."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number, got {value!r}", param, ctx)
+        return number
+
+
+class _ExperimentName(click.ParamType):
+    """A non-empty experiment name (empty would silently mean the default experiment)."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail("must not be empty (leave the option out for the default experiment)", param, ctx)
+        return text
+
+
 OPTIONAL_INT, OPTIONAL_FLOAT = _OptionalNumber(integer=True), _OptionalNumber(integer=False)
 
 
@@ -124,9 +146,9 @@ protocol_options = _options(
     click.option("--full-trials", type=click.BOOL, default=False, show_default=True,
                  help="true: run every trial to its own end instead of exact early stopping (same result)."),
     click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
-    click.option("--experiment", default=None,
+    click.option("--experiment", type=_ExperimentName(), default=None,
                  help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
-    click.option("--log-interval", type=click.FloatRange(min=0.1, max=86_400), default=10.0, show_default=True,
+    click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=10.0, show_default=True,
                  help="Seconds between progress lines when not on a terminal."),
     click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
     click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
@@ -214,7 +236,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
 
 
 @cli.command()
-@click.option("--experiment", default=None,
+@click.option("--experiment", type=_ExperimentName(), default=None,
               help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
 def status(experiment: str | None) -> None:
     """The grid of an experiment (batch size x sparsity per optimizer) from the tracking store."""
@@ -310,8 +332,10 @@ def data_download(name: str, data_dir: str | None) -> None:
 
 
 # The re-executed launcher imports nothing from the working directory: ``python -c`` puts it first
-# on the import path, so it is removed before anything else is imported.
-_LAUNCHER = "import sys; del sys.path[0]; from edps_mlflow.cli import main; main()"
+# on the import path, so it is removed before anything else is imported, unless PYTHONSAFEPATH
+# (set for the re-exec, Python >= 3.11) kept it off, when the first entry is PYTHONPATH's and stays.
+_LAUNCHER = ("import sys; getattr(sys.flags, 'safe_path', False) or sys.path.pop(0); "
+             "from edps_mlflow.cli import main; main()")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -320,7 +344,10 @@ def main(argv: list[str] | None = None) -> None:
     missing = training_environment_missing(os.environ)
     if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
         # The allocator settings are read when a process starts: start again with them.
-        environment = {**os.environ, **missing, _REEXEC_MARK: "1"}
+        # PYTHONSAFEPATH (Python >= 3.11): no process of ours puts the working directory on the import
+        # path, including the worker processes that multiprocessing starts with ``python -c``, which
+        # import part of the standard library before they take over our sys.path.
+        environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1"}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.filters import filter_string
 from edps_mlflow.names import (
     KIND_STUDY,
     KIND_SWEEP,
@@ -40,7 +41,16 @@ from edps_mlflow.names import (
     TAG_WORKLOAD,
 )
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.tracking import connect, redact_uri, sparsity_tag, store_error, store_errors, study_family
+from edps_mlflow.tracking import (
+    connect,
+    redact_uri,
+    resolve_tracking_uri,
+    sparsity_tag,
+    store_error,
+    store_errors,
+    study_family,
+)
+from edps_mlflow.uris import require_existing_store
 
 
 @dataclass(frozen=True)
@@ -55,11 +65,12 @@ class StoredTrial:
     best_validation_error: float | None
 
 
-def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
+def _search_all(client: MlflowClient, experiment_id: str, conditions: str) -> list[Run]:
+    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page."""
     runs: list[Run] = []
     token = None
     while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        page = client.search_runs([experiment_id], filter_string=conditions, max_results=1000, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
@@ -70,8 +81,8 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
     """trial_key -> the earliest finished trial run with that key, from any study of the same family."""
     runs = _search_all(
         client, experiment_id,
-        f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_STUDY_FAMILY}` = '{study_family(spec)}' "
-        f"and attributes.status = '{RunState.FINISHED.value}'",
+        filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_STUDY_FAMILY: study_family(spec)},
+                      status=RunState.FINISHED.value),
     )
     found: dict[str, StoredTrial] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
@@ -98,9 +109,8 @@ def neighbour_best_point(client: MlflowClient, experiment_id: str,
     """
     runs = _search_all(
         client, experiment_id,
-        f"tags.`{TAG_KIND}` = '{KIND_STUDY}' and tags.`{TAG_WORKLOAD}` = '{spec.workload}' "
-        f"and tags.`{TAG_OPTIMIZER}` = '{spec.optimizer.value}' "
-        f"and tags.`{TAG_SPARSITY}` = '{sparsity_tag(spec.sparsity)}' and attributes.status = '{RunState.FINISHED.value}'",
+        filter_string(tags={TAG_KIND: KIND_STUDY, TAG_WORKLOAD: spec.workload, TAG_OPTIMIZER: spec.optimizer.value,
+                            TAG_SPARSITY: sparsity_tag(spec.sparsity)}, status=RunState.FINISHED.value),
     )
     candidates = []
     for run in runs:
@@ -137,7 +147,7 @@ class StoredStudy:
 def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[StoredStudy]:
     """Every study run of a workload in the experiment (one paged search)."""
     runs = _search_all(client, experiment_id,
-                       f"tags.`{TAG_KIND}` = '{KIND_STUDY}' and tags.`{TAG_WORKLOAD}` = '{workload}'")
+                       filter_string(tags={TAG_KIND: KIND_STUDY, TAG_WORKLOAD: workload}))
     stored = []
     for run in runs:
         steps = run.data.metrics.get(METRIC_STEPS_TO_RESULT)
@@ -152,8 +162,7 @@ def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[
 def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: str) -> dict[str, int]:
     """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
     runs = _search_all(client, experiment_id,
-                       f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_WORKLOAD}` = '{workload}' "
-                       f"and attributes.status = '{RunState.FINISHED.value}'")
+                       filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_WORKLOAD: workload}, status=RunState.FINISHED.value))
     counts: dict[str, int] = {}
     for run in runs:
         key = run.data.tags.get(TAG_STUDY_KEY)
@@ -164,14 +173,14 @@ def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: st
 
 def sweep_run_id(client: MlflowClient, experiment_id: str, sweep_key: str) -> str | None:
     runs = _search_all(client, experiment_id,
-                       f"tags.`{TAG_KIND}` = '{KIND_SWEEP}' and tags.`{TAG_SWEEP_KEY}` = '{sweep_key}'")
+                       filter_string(tags={TAG_KIND: KIND_SWEEP, TAG_SWEEP_KEY: sweep_key}))
     return min(runs, key=lambda r: r.info.start_time or 0).info.run_id if runs else None
 
 
 def running_runs_of_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> list[str]:
     """Study and trial runs of a sweep still marked RUNNING (left behind by a killed process)."""
     runs = _search_all(client, experiment_id,
-                       f"tags.`{TAG_SWEEP_KEY}` = '{sweep_key}' and attributes.status = '{RunState.RUNNING.value}'")
+                       filter_string(tags={TAG_SWEEP_KEY: sweep_key}, status=RunState.RUNNING.value))
     return [r.info.run_id for r in runs if r.data.tags.get(TAG_KIND) != KIND_SWEEP]
 
 
@@ -193,21 +202,26 @@ class StudyRow:
 
 def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
     """Names of the active experiments that hold at least one study run."""
-    client = connect(tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri)
+    require_existing_store(uri)  # before the client: MLflow creates a missing sqlite store when it connects
+    client = connect(uri)
     with store_errors(client):
         experiments = client.search_experiments(max_results=50_000)
         return [e.name for e in experiments
-                if client.search_runs([e.experiment_id], f"tags.`{TAG_KIND}` = '{KIND_STUDY}'", max_results=1)]
+                if client.search_runs([e.experiment_id], filter_string(tags={TAG_KIND: KIND_STUDY}),
+                                      max_results=1)]
 
 
 def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:
     """Every study run of the experiment named ``experiment``, with its finished-trial count."""
-    client = connect(tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri)
+    require_existing_store(uri)  # before the client: MLflow creates a missing sqlite store when it connects
+    client = connect(uri)
     try:
         found = client.get_experiment_by_name(experiment)
         if found is None:
             raise EdpsError(f"no experiment named {experiment!r} in {redact_uri(str(client.tracking_uri))}")
-        runs = _search_all(client, found.experiment_id, f"tags.`{TAG_KIND}` = '{KIND_STUDY}'")
+        runs = _search_all(client, found.experiment_id, filter_string(tags={TAG_KIND: KIND_STUDY}))
         counts: dict[str, int] = {}
         for workload in {r.data.tags.get(TAG_WORKLOAD) for r in runs} - {None}:
             counts.update(finished_trial_counts(client, found.experiment_id, workload))

@@ -246,7 +246,8 @@ def run_ray(tasks: list[StudyTask], address: str | None, gpus_per_study: float, 
     try:
         ray.init(**init)
     except (ConnectionError, RuntimeError) as error:
-        raise EdpsError(f"cannot start or reach Ray at {address or 'a local instance'}: {error}") from None
+        raise EdpsError(f"cannot start or reach Ray at {redact_uri(address or 'a local instance')}: "
+                        f"{redact_uri(str(error))}") from None
     try:
         remote = ray.remote(num_gpus=gpus_per_study, num_cpus=cpus_per_study, max_retries=3)(run_study_task)
         pending = {remote.remote(task): task for task in tasks}

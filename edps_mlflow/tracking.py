@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -35,6 +34,8 @@ from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
+from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
+
 
 if TYPE_CHECKING:
     from edps_mlflow.pruning import Mask
@@ -56,11 +57,6 @@ def _now_ms() -> int:
 
 
 # ---- the store -----------------------------------------------------------------------------------
-def redact_uri(uri: str) -> str:
-    """``scheme://user:password@host`` -> ``scheme://***:***@host``: URIs are printed, secrets are not."""
-    return re.sub(r"(?<=://)[^/@\s]+(?=@)", lambda m: "***:***" if ":" in m.group(0) else "***", uri)
-
-
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """The URI given, else what MLflow resolves now (the environment, else its default local store),
     made explicit so that worker processes and other machines write to the same store."""
@@ -85,13 +81,29 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
 
 
 def connect(tracking_uri: str | None = None) -> MlflowClient:
-    """A client of the store, resolved once (see :func:`resolve_tracking_uri`)."""
-    return MlflowClient(resolve_tracking_uri(tracking_uri))
+    """A client of the store, resolved once (see :func:`resolve_tracking_uri`).
+
+    MLflow refuses an unknown scheme (``foo://``) or a retired backend when the client is made, and
+    a missing database driver surfaces as an ImportError: each becomes the one line the user sees.
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    quiet_links_with_credentials(uri)
+    try:
+        return MlflowClient(uri)
+    except (MlflowException, ImportError) as error:
+        raise uri_error(uri, error) from None
+
+
+def uri_error(uri: str, error: BaseException) -> EdpsError:
+    """Any error about the store ``uri`` as one line, without the credentials of any URI in it."""
+    text = error.message if isinstance(error, MlflowException) else str(error)
+    first = (text.strip().splitlines() or [type(error).__name__])[0]
+    return EdpsError(f"tracking store {redact_uri(uri)}: {explain_store_error(first)}")
 
 
 def store_error(client: MlflowClient, error: MlflowException) -> EdpsError:
     """An MLflow error as the one line the user sees, naming the store without its secrets."""
-    return EdpsError(f"tracking store {redact_uri(str(client.tracking_uri))}: {error.message.splitlines()[0]}")
+    return uri_error(str(client.tracking_uri), error)
 
 
 @contextmanager

@@ -41,15 +41,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mlflow_server(root: Path, backend_uri: str | None = None) -> tuple[subprocess.Popen, str]:
-    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts."""
+def start_mlflow_server(root: Path, backend_uri: str | None = None, extra_args: tuple[str, ...] = (),
+                        **extra_environment: str) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts; ``extra_args``
+    (e.g. ``--app-name basic-auth``, where "{port}" is replaced by its port) and environment added."""
     port = _free_port()
-    environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **extra_environment)
     log = open(root / "server.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", backend_uri or f"sqlite:///{root / 'server.db'}",
-         "--artifacts-destination", str(root / "artifacts")],
+         "--artifacts-destination", str(root / "artifacts"), *(a.replace("{port}", str(port)) for a in extra_args)],
         stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
     )
     url = f"http://127.0.0.1:{port}"

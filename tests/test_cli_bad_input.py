@@ -82,6 +82,14 @@ def test_status_of_an_unknown_experiment(sqlite_uri, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["status", "--experiment", "nothing-here"])
     assert exit_info.value.code == 2
+    # status reads; it does not create the store that the URI names
+    assert "no tracking store at" in capsys.readouterr().err
+    assert not Path(sqlite_uri.removeprefix("sqlite:///")).exists()
+    MlflowClient(sqlite_uri).search_experiments()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--experiment", "nothing-here"])
+    assert exit_info.value.code == 2
     assert "no experiment named 'nothing-here'" in capsys.readouterr().err
 
 

@@ -28,6 +28,7 @@ from edps_mlflow.data.cifar import ARCHIVE, ARCHIVE_FOLDER, TRAIN_BATCHES, load_
 from edps_mlflow.data.idx import MNIST_TRAIN_FILES, load_idx_splits, resolve_data_dir
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.uris import redact_uri
 
 # A base URL that replaces the official hosts (an institutional mirror, or a test server).
 MIRROR_ENV = "EDPS_DATA_MIRROR"
@@ -170,6 +171,8 @@ def dataset_report(name: str, data_dir: str | Path | None) -> DatasetReport:
 def _urls(remote: RemoteFile) -> tuple[str, ...]:
     mirror = os.environ.get(MIRROR_ENV)
     if mirror:
+        if not mirror.lower().startswith(("http://", "https://")):
+            raise EdpsError(f"{MIRROR_ENV} must be an http:// or https:// URL, got {redact_uri(mirror)!r}")
         return (mirror.rstrip("/") + "/" + remote.name,)
     return remote.urls
 
@@ -218,11 +221,12 @@ def _download_files(source: DatasetSource, directory: Path, limits: _Limits, rep
             continue
         errors = []
         for url in _urls(remote):
-            report(f"{remote.name}: downloading {url}")
+            # A mirror URL may carry credentials: they are never printed.
+            report(f"{remote.name}: downloading {redact_uri(url)}")
             try:
                 _fetch_verified(url, remote, target, limits)
             except _TransferFailed as error:
-                errors.append(f"{url}: {error}")
+                errors.append(redact_uri(f"{url}: {error}"))
                 continue
             report(f"{remote.name}: checksum verified")
             break

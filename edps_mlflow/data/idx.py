@@ -27,11 +27,19 @@ DATA_DIR_ENV = "EDPS_DATA_DIR"
 def resolve_data_dir(data_dir: str | Path | None) -> Path:
     """--data-dir wins, then EDPS_DATA_DIR, then a per-user cache directory."""
     if data_dir:
-        return Path(data_dir).expanduser()
+        return _directory(Path(data_dir).expanduser(), "--data-dir")
     if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+        return _directory(Path(os.environ[DATA_DIR_ENV]).expanduser(), DATA_DIR_ENV)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "edps-mlflow" / "data"
+
+
+def _directory(path: Path, source: str) -> Path:
+    # A data directory may not exist yet (a download creates it), but a file in its place is a mistake
+    # the user should hear about once, not as "dataset missing" from every command.
+    if path.exists() and not path.is_dir():
+        raise EdpsError(f"{source} {path} is not a directory")
+    return path
 
 
 def find_file(directory: Path, stem: str) -> Path | None:

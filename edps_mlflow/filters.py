@@ -1,0 +1,55 @@
+"""MLflow search filters, built by one function that quotes every key and value.
+
+MLflow's search parser (sqlparse underneath) takes a string value between single or double quotes
+and strips the two ends; it unescapes nothing, so ``\\'`` or ``''`` inside a value would reach the
+comparison as typed, and a quote of the kind that encloses the value ends it early. A value is
+therefore enclosed in single quotes, or in double quotes when it holds a single quote; a value that
+holds both kinds cannot be written at all and is refused. Backslashes, brackets, ``%``, ``_`` and
+``*`` are ordinary characters to an ``=`` comparison. Keys are enclosed in backticks, so a key may
+not hold one.
+
+This module imports nothing from MLflow, so the training side and the analysis share it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from edps_mlflow.errors import EdpsError
+
+
+def quote_value(value: str) -> str:
+    """``value`` as a string literal of MLflow's search syntax."""
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    raise EdpsError(f"cannot search the tracking store for {text!r}: MLflow's search syntax cannot express a "
+                    "value that holds both a single and a double quote")
+
+
+def quote_key(key: str) -> str:
+    """``key`` as an identifier of MLflow's search syntax."""
+    if "`" in key or not key:
+        raise EdpsError(f"cannot search the tracking store for the name {key!r}: it is empty or holds a backtick")
+    return f"`{key}`"
+
+
+def filter_string(tags: Mapping[str, str] | None = None, status: str | None = None,
+                  metrics_above: Mapping[str, float] | None = None) -> str:
+    """Runs whose tags equal ``tags``, whose status is ``status`` and whose metrics exceed ``metrics_above``.
+
+    >>> filter_string(tags={"edps.kind": "study", "edps.workload": "it's"}, status="FINISHED")
+    'tags.`edps.kind` = \\'study\\' and tags.`edps.workload` = "it\\'s" and attributes.status = \\'FINISHED\\''
+    """
+    conditions = [f"tags.{quote_key(key)} = {quote_value(value)}" for key, value in (tags or {}).items()]
+    if status is not None:
+        conditions.append(f"attributes.status = {quote_value(status)}")
+    for key, bound in (metrics_above or {}).items():
+        if not math.isfinite(bound):
+            raise ValueError(f"a metric bound must be finite, got {bound!r}")
+        # sqlparse splits ``1e+300`` at the sign, so exponents are written without one.
+        conditions.append(f"metrics.{quote_key(key)} > {float(bound)!r}".replace("e+", "e"))
+    return " and ".join(conditions)

@@ -1,0 +1,89 @@
+"""The set-up the README describes for several machines: MLflow's basic-auth app, clients with
+MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD. A sweep with credentials works; a client without
+them (or with a wrong password) is refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import run_edps, start_mlflow_server, stop_process
+
+ADMIN, PASSWORD = "admin", "adm1n-Pa55word"
+TINY_SWEEP = ["sweep", "--batch-sizes", "64", "--trials", "2", "--max-steps", "40", "--check-interval", "20"]
+
+
+def _auth_config(directory: Path) -> Path:
+    """MLflow's own basic_auth.ini with a private user database, a known admin and no anonymous access."""
+    import mlflow.server.auth
+
+    template = (Path(mlflow.server.auth.__file__).parent / "basic_auth.ini").read_text()
+    lines = []
+    for line in template.splitlines():
+        key = line.split("=", 1)[0].strip().lstrip("# ")
+        if key == "database_uri":
+            line = f"database_uri = sqlite:///{directory / 'users.db'}"
+        elif key == "admin_password":
+            line = f"admin_password = {PASSWORD}"
+        elif key == "default_permission":
+            line = "default_permission = NO_PERMISSIONS"
+        lines.append(line)
+    path = directory / "basic_auth.ini"
+    path.write_text("\n".join(lines) + "\n")
+    assert f"admin_username = {ADMIN}" in path.read_text()
+    return path
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs Flask-WTF (mlflow[auth])")
+    root = tmp_path_factory.mktemp("auth-server")
+    process, url = start_mlflow_server(
+        root, extra_args=("--app-name", "basic-auth", "--allowed-hosts", "127.0.0.1:{port},localhost:{port}"),
+        MLFLOW_AUTH_CONFIG_PATH=str(_auth_config(root)), MLFLOW_FLASK_SERVER_SECRET_KEY="test-only-key")
+    yield url
+    stop_process(process)
+
+
+def _one_clean_line(result, prefix: str = "edps: error: ") -> str:
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_sweep_with_credentials_and_refusal_without(auth_server, tmp_path, monkeypatch):
+    credentials = {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+    result = run_edps(TINY_SWEEP, cwd=tmp_path, MLFLOW_TRACKING_URI=auth_server, **credentials)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PASSWORD not in result.stdout + result.stderr
+
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    client = MlflowClient(auth_server)
+    experiment = client.get_experiment_by_name("edps/digits-simple-cnn")
+    runs = client.search_runs([experiment.experiment_id])
+    kinds = sorted(r.data.tags.get("edps.kind") for r in runs)
+    assert kinds == ["study", "sweep", "trial", "trial"] and all(r.info.status == "FINISHED" for r in runs)
+
+    # The credentials in the URI work as well, and are never printed (MLflow's run links would show them).
+    inline = auth_server.replace("http://", f"http://{ADMIN}:{PASSWORD}@")
+    result = run_edps(["status", "--experiment", "edps/digits-simple-cnn"], cwd=tmp_path, MLFLOW_TRACKING_URI=inline)
+    assert result.returncode == 0 and PASSWORD not in result.stdout + result.stderr, result.stderr
+
+    runs_before = len(client.search_runs([experiment.experiment_id]))
+    for name in credentials:
+        monkeypatch.delenv(name)  # the commands below must not inherit them
+    for environment in ({}, {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": "wrong"}):
+        line = _one_clean_line(run_edps(["status", "--experiment", "edps/digits-simple-cnn"], cwd=tmp_path,
+                                        MLFLOW_TRACKING_URI=auth_server, **environment))
+        assert "401" in line and "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in line
+        line = _one_clean_line(run_edps(TINY_SWEEP, cwd=tmp_path, MLFLOW_TRACKING_URI=auth_server, **environment))
+        assert "401" in line
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    assert len(client.search_runs([experiment.experiment_id])) == runs_before  # the refused sweeps wrote nothing
