@@ -148,8 +148,8 @@ protocol_options = _options(
     click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
     click.option("--experiment", type=_ExperimentName(), default=None,
                  help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
-    click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=10.0, show_default=True,
-                 help="Seconds between progress lines when not on a terminal."),
+    click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=None,
+                 help="Seconds between progress lines when not on a terminal (default: 10 for a study, 30 for a sweep)."),
     click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
     click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
                  help="Steps between probe calls."),
@@ -194,7 +194,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval, curve_interval=curve_interval, system_metrics=system_metrics)
+        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics)
     run_study(spec, options)
 
 
@@ -232,7 +232,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
                            check_interval, seed, parse_probes(probes), probe_interval, allow_tf32)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
-        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval))
+        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0))
 
 
 @cli.command()

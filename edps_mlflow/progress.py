@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from edps_mlflow.results import StudyReport
 
@@ -13,7 +13,7 @@ class StudyProgress:
     """Tracks chunks, steps and the best validation error; renders at most every ``interval`` s."""
 
     def __init__(self, total_trials: int, to_train: int, stream: TextIO | None = None,
-                 log_interval: float = 10.0) -> None:
+                 log_interval: float = 10.0, on_trial: Callable[[str, int | None], None] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
         self.interval = 0.2 if self.live else log_interval
@@ -25,6 +25,7 @@ class StudyProgress:
         self.best_steps: int | None = None
         self.started = time.monotonic()
         self._last_render = 0.0
+        self.on_trial = on_trial  # told of every finished trial (a sweep worker forwards it to the sweep)
 
     def trial_started(self, index: int) -> None:
         self.training[index] = 0
@@ -38,6 +39,8 @@ class StudyProgress:
         self._render()
 
     def trial_finished(self, index: int, status: str, steps_to_result: int | None) -> None:
+        if self.on_trial is not None:
+            self.on_trial(status, steps_to_result)
         self.training.pop(index, None)
         self.finished += 1
         if steps_to_result is not None and (self.best_steps is None or steps_to_result < self.best_steps):
@@ -75,15 +78,19 @@ class StudyProgress:
 
 
 class SweepProgress:
-    """Studies done / running / to do, trials per second and an estimate of the time left."""
+    """Studies done / running / to do, trials done of all the sweep still has to train, trials per second
+    and an estimate of the time left from the trial rate. On a terminal one line updates in place; in a
+    log a line at most every ``interval`` seconds (and one per finished study)."""
 
-    def __init__(self, total: int, done: int, to_run: int, workers: int, out: TextIO, interval: float) -> None:
-        self.total, self.done, self.to_run, self.workers = total, done, to_run, workers
-        self.finished_here = 0
+    def __init__(self, total: int, done: int, trials_to_train: int, workers: int, out: TextIO,
+                 interval: float = 30.0) -> None:
+        self.total, self.done, self.trials_to_train, self.workers = total, done, trials_to_train, workers
         self.running = 0
-        self.trials_trained = 0
-        self.study_seconds = 0.0
-        self.out, self.interval = out, interval
+        self.trials_done = 0
+        self.best: dict[str, int] = {}  # study label -> best steps-to-result so far
+        self.out = out
+        self.live = out.isatty()
+        self.interval = 0.5 if self.live else interval
         self.started = time.monotonic()
         self._last = 0.0
 
@@ -91,29 +98,48 @@ class SweepProgress:
         self.running += 1
         self.render()
 
+    def trial_finished(self, label: str, steps_to_result: int | None) -> None:
+        """A trial of a running study ended (workers report each one)."""
+        self.trials_done += 1
+        if steps_to_result is not None and steps_to_result < self.best.get(label, steps_to_result + 1):
+            self.best[label] = steps_to_result
+        self.render()
+
     def finished_study(self, report: StudyReport, label: str) -> None:
         self.running = max(0, self.running - 1)
-        self.finished_here += 1
         self.done += 1
-        self.trials_trained += report.trained
-        self.study_seconds += report.seconds
+        self.best.pop(label, None)
         result = report.steps_to_result if report.steps_to_result is not None else "no result"
         self.render(force=True, event=f"{label}: steps_to_result {result}"
                     + (" (already done)" if report.skipped else ""))
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        remaining = self.total - self.done
+        rate = self.trials_done / elapsed if elapsed > 0 else 0.0
+        left = max(0, self.trials_to_train - self.trials_done)
+        if self.trials_done and rate > 0:
+            eta_text = f"~{left / rate / 60:.1f} min left"
+        else:
+            eta_text = "time left: after the first trial"
+        best = ", ".join(f"{label} {steps}" for label, steps in list(self.best.items())[:3])
+        return (f"[{elapsed:7.1f}s] studies {self.done}/{self.total} done, {self.running} running, "
+                f"{max(0, remaining - self.running)} to do | trials {self.trials_done}/{self.trials_to_train} | "
+                f"{rate:.2f} trials/s | {eta_text}" + (f" | best so far: {best}" if best else ""))
 
     def render(self, force: bool = False, event: str | None = None) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
         self._last = now
-        elapsed = now - self.started
-        remaining = self.total - self.done
-        rate = self.trials_trained / elapsed if elapsed > 0 else 0.0
-        if self.finished_here:
-            eta = self.study_seconds / self.finished_here * remaining / max(1, self.workers)
-            eta_text = f"~{eta / 60:.1f} min left"
+        if self.live:
+            text = ("\r\x1b[2K" + event + "\n" if event else "\r\x1b[2K") + self.line()[:200]
+            self.out.write(text)
+            self.out.flush()
         else:
-            eta_text = "time left unknown yet"
-        line = (f"[{elapsed:7.1f}s] studies {self.done}/{self.total} done, {self.running} running, "
-                f"{max(0, remaining - self.running)} to do | {rate:.2f} trials/s | {eta_text}")
-        print((f"{event}\n" if event else "") + line, file=self.out, flush=True)
+            print((f"{event}\n" if event else "") + self.line(), file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.live:
+            self.out.write("\n")
+            self.out.flush()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -185,8 +185,12 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
     return wanted, held, None
 
 
-def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = None) -> StudyOutcome:
-    """Plan, train and record one study. Bad input fails before the tracking store is touched."""
+def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = None,
+              on_trial: Callable[[str, int | None], None] | None = None) -> StudyOutcome:
+    """Plan, train and record one study. Bad input fails before the tracking store is touched.
+
+    ``on_trial(status, steps_to_result)`` hears of every trial that ends (a sweep's progress line).
+    """
     out = out or sys.stdout
     started = time.perf_counter()
     workload = get_workload(spec.workload)
@@ -209,7 +213,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
             "training": (data.train_images.numpy(), data.train_labels.numpy()),
             "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
         _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
-        records = _train(spec, plan, data, settings, str(device), options, tracker, out)
+        records = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial)
         outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
                                             time.perf_counter() - started)
         tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors)
@@ -253,9 +257,11 @@ class _Recorder:
 
 
 def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings, device: str,
-           options: ExecutionOptions, tracker: StudyTracker, out: TextIO) -> dict[int, TrialRecord]:
+           options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
+           on_trial: Callable[[str, int | None], None] | None = None) -> dict[int, TrialRecord]:
     """Train the plan's chunks here or in worker processes; every trial's record, reused ones included."""
-    progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval)
+    progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
+                             on_trial=on_trial)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress)
     job = TrainingJob(spec=spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
@@ -174,8 +174,9 @@ def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bo
     return plan
 
 
-def run_study_task(task: StudyTask) -> StudyReport:
-    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice."""
+def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None) -> StudyReport:
+    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice.
+    ``on_trial(status, steps_to_result)`` hears of each trial that ends (the local executor's progress)."""
     started = time.perf_counter()
     client = connect(task.tracking_uri)
     key = task.spec.study_key
@@ -190,7 +191,7 @@ def run_study_task(task: StudyTask) -> StudyReport:
         data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
         parent_run_id=task.sweep_run_id, attach_run_id=previous[0].run_id if previous else None,
         sweep_key=task.sweep_key, threads=task.threads)
-    outcome = run_study(task.spec, options, out=io.StringIO())
+    outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial)
     return StudyReport(key, outcome.steps_to_result, len(outcome.records), outcome.trained,
                        time.perf_counter() - started, skipped=False)
 
@@ -202,8 +203,9 @@ def _sweep_worker(worker: Worker, device: str | None) -> None:
         try:
             # The parent turns Ctrl-C into SIGTERM for its workers; SIGTERM ends a study as KILLED.
             # Between studies there is nothing to mark KILLED: a plain SIGTERM ends the worker.
+            key = task.spec.study_key
             with sigterm_interrupts():
-                report = run_study_task(task)
+                report = run_study_task(task, lambda status, steps: worker.send(("trial", key, status, steps)))
         except EdpsError as error:
             worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
             return
@@ -217,6 +219,8 @@ def run_local(tasks: list[StudyTask], devices: list[str | None], progress: Sweep
     def on_event(event: tuple[Any, ...]) -> None:
         if event[0] == "started":
             progress.started_study()
+        elif event[0] == "trial":
+            progress.trial_finished(labels[event[1]], event[3])
         elif event[0] == "finished":
             progress.finished_study(event[1], labels[event[1].study_key])
         elif event[0] == "error":
@@ -275,7 +279,7 @@ class SweepOptions:
     device: str | None = None
     data_dir: str | None = None
     full_trials: bool = False
-    log_interval: float = 10.0
+    log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -311,7 +315,8 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     try:
         plan = _plan(spec, options, sweep, out)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
-        progress = SweepProgress(len(plan), len(plan) - len(pending), len(pending), 1, out, options.log_interval)
+        progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
+                                 options.log_interval)
         if pending:
             _dispatch(pending, spec, options, sweep, progress)
         return _finish(spec, options, sweep, progress, out)
@@ -358,6 +363,11 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
     return plan
 
 
+def _trials_to_train(plan: list[PlannedStudy]) -> int:
+    """Trials the sweep still has to train (finished ones of partly done studies are reused)."""
+    return sum(max(0, p.spec.trials - p.finished_trials) for p in plan if p.state is not PlanState.DONE)
+
+
 def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep,
               progress: SweepProgress) -> None:
     """Run the pending studies on the chosen executor."""
@@ -386,6 +396,7 @@ def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, 
 def _finish(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, progress: SweepProgress,
             out: TextIO) -> dict[str, int | None]:
     """Check the grid in the store, close the sweep run and return its results."""
+    progress.close()
     final = plan_sweep(sweep.client, sweep.experiment_id, spec, options.full_trials)
     missing = [p for p in final if p.state is not PlanState.DONE]
     if missing:

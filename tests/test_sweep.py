@@ -52,6 +52,8 @@ def reference_sweep(tmp_path_factory):
 def test_complete_sweep_and_status(reference_sweep):
     directory, uri, stdout = reference_sweep
     assert "plan: 0 done, 0 partly done (finished trials are reused), 4 to do" in stdout
+    # Progress inside the studies: every trial of the 4 x 3 reached the sweep's line.
+    assert "| trials 12/12 |" in stdout.splitlines()[-3], stdout[-2000:]
     results = _results(uri)
     assert len(results) == 4 and all(steps is not None for steps, _, _ in results.values())
     status = run_edps(["status", "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
