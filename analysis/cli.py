@@ -215,9 +215,11 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]
+        probe_tables = {"noise_scale" if "noise scale" in title else "lipschitz" if "Lipschitz" in title
+                        else "lipschitz_verdict": table for title, table, _ in extra}
         _publish(tracking_uri, experiments, studies,
-                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies)}, files,
-                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
+                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
+                  **probe_tables}, files, {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
 
 
 @cli.command()
@@ -279,7 +281,7 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
 def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tuple[str, pd.DataFrame, list[Path]]]:
     """Probe summaries for the report, when the studies logged probes (else nothing)."""
     from analysis.load import load_probe_values
-    from analysis.plots import lipschitz_figure
+    from analysis.plots import lipschitz_figure, noise_scale_figure
     from analysis.probes import lipschitz_table, lipschitz_verdict, noise_scale_table
 
     sections = []
@@ -293,7 +295,9 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tu
         pass
     try:
         latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri, history=False)
-        sections.append(("Gradient noise scale B_simple beside the fitted B_crit", noise_scale_table(latest, fits), []))
+        table = noise_scale_table(latest, fits)
+        sections.append(("Gradient noise scale B_simple beside the fitted B_crit", table,
+                         noise_scale_figure(table, directory)))
     except EdpsError:
         pass
     return sections

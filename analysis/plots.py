@@ -170,3 +170,26 @@ def lipschitz_figure(summary: pd.DataFrame, directory: Path) -> list[Path]:
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     return _save(figure, directory, "lipschitz")
+
+
+def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
+    """The measured noise scale B_simple (median and quartiles over trials) beside the fitted B_crit,
+    against sparsity: McCandlish et al. predict B_crit ~ B_simple."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
+        group = group.sort_values("sparsity")
+        median = group["b_simple_median"].to_numpy(dtype=float)
+        spread = np.vstack([median - group["b_simple_p25"].to_numpy(dtype=float),
+                            group["b_simple_p75"].to_numpy(dtype=float) - median])
+        line = axis.errorbar(group["sparsity"], median, yerr=np.clip(spread, 0, None), fmt="o-", capsize=3,
+                             label=f"B_simple, {workload}, {optimizer}")
+        b_crit = group["b_crit"].to_numpy(dtype=float)
+        if np.isfinite(b_crit).any():
+            axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(), label=f"fitted B_crit, {optimizer}")
+    axis.set_yscale("log", base=2)
+    axis.set_xlabel("sparsity (fraction of parameters pruned)")
+    axis.set_ylabel("batch size (examples)")
+    axis.set_title("gradient noise scale (bars: quartiles over trials) and the fitted critical batch size", fontsize=9)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return _save(figure, directory, "noise_scale")

@@ -214,7 +214,8 @@ def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = run_edps(["sweep", "--batch-sizes", "32,64,128", "--sparsities", "0,0.9", "--trials", "2",
                        "--goal-error", "0.08", "--max-steps", "300", "--probes", "lipschitz,noise_scale",
-                       "--probe-interval", "100", "--experiment", "probes"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+                       "--probe-interval", "100", "--check-interval", "100", "--experiment", "probes"],
+                      cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert result.returncode == 0, result.stderr[-3000:]
     main(["lipschitz", "--tracking-uri", uri, "--experiment", "probes", "--format", "json",
           "--out-dir", str(tmp_path / "figures")])
@@ -229,3 +230,12 @@ def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
     studies = client.search_runs([client.get_experiment_by_name("probes").experiment_id],
                                  "tags.`edps.kind` = 'study'")
     assert all(s.data.metrics["probe/seconds"] > 0 for s in studies)
+    # The analysis run carries the probe tables and the noise-scale figure too.
+    main(["report", "--tracking-uri", uri, "--experiment", "probes", "--bootstrap", "0",
+          "--output", str(tmp_path / "r" / "report.html"), "--log-to-mlflow"])
+    analysis = client.search_runs([client.get_experiment_by_name("probes").experiment_id],
+                                  "tags.`edps.kind` = 'analysis'")[0]
+    artifacts = {a.path for a in client.list_artifacts(analysis.info.run_id)}
+    assert {"noise_scale.csv", "lipschitz.csv"} <= artifacts
+    figures = {a.path for a in client.list_artifacts(analysis.info.run_id, "figures")}
+    assert {"figures/noise_scale.png", "figures/lipschitz.png"} <= figures
