@@ -351,7 +351,8 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
         "studies": len(plan), "done": counts[PlanState.DONE], "partial": counts[PlanState.PARTIAL],
         "todo": counts[PlanState.TODO]})
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}): {len(plan)} studies, run {sweep.tracker.run_id} in "
-          f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}", file=out)
+          f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}; artifacts under "
+          f"{redact_uri(sweep.client.get_experiment(sweep.experiment_id).artifact_location)}", file=out)
     if stale:
         print(f"marked {len(stale)} runs left RUNNING by a killed process as FAILED", file=out)
     print(f"plan: {counts[PlanState.DONE]} done, {counts[PlanState.PARTIAL]} partly done "

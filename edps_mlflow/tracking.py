@@ -325,6 +325,10 @@ class StudyTracker:
         except MlflowException as error:
             raise store_error(client, error) from None
 
+    def artifact_location(self) -> str:
+        """Where this study's artifacts go (the experiment's artifact location, credentials hidden)."""
+        return redact_uri(self.client.get_experiment(self.experiment_id).artifact_location)
+
     def start_system_metrics(self) -> None:
         """CPU, memory (and GPU, with nvidia-ml-py) of this machine on the study run every 10 s, until it ends."""
         try:
