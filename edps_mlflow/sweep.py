@@ -364,6 +364,22 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
     return plan
 
 
+def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
+    """The sweep run's description: the grid and its steps-to-result, one Markdown table per optimizer."""
+    p = spec.protocol
+    parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
+             f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
+             f"reached the goal); each study is a child run."]
+    steps = {(s.spec.optimizer.value, s.spec.sparsity, s.spec.batch_size): s.steps_to_result for s in plan}
+    for optimizer in spec.optimizers:
+        header = "| batch size | " + " | ".join(f"sparsity {s:g}" for s in spec.sparsities) + " |"
+        rule = "|---|" + "---|" * len(spec.sparsities)
+        rows = [f"| {b} | " + " | ".join(str(steps.get((optimizer.value, s, b)) or "-") for s in spec.sparsities)
+                + " |" for b in spec.batch_sizes]
+        parts.append("\n".join([f"**{optimizer.value}**", "", header, rule, *rows]))
+    return "\n\n".join(parts)
+
+
 def _trials_to_train(plan: list[PlannedStudy]) -> int:
     """Trials the sweep still has to train (finished ones of partly done studies are reused)."""
     return sum(max(0, p.spec.trials - p.finished_trials) for p in plan if p.state is not PlanState.DONE)
@@ -404,7 +420,7 @@ def _finish(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, progress:
         raise RuntimeError(f"{len(missing)} studies did not finish")
     results = {p.spec.study_key: p.steps_to_result for p in final}
     sweep.tracker.finish(len(final), sum(1 for v in results.values() if v is not None),
-                         time.monotonic() - progress.started)
+                         time.monotonic() - progress.started, sweep_description(spec, final))
     print(f"sweep {spec.sweep_key[:12]} complete: {len(final)} studies; `edps status --experiment "
           f"{sweep.experiment_name}` shows the grid", file=out)
     print(ui_link(sweep.tracking_uri, sweep.experiment_id), file=out, flush=True)

@@ -513,10 +513,10 @@ class SweepTracker:
         for run_id in run_ids:
             self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
-    def finish(self, studies_done: int, studies_with_result: int, seconds: float) -> None:
+    def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
         _log_batch(self.client, self.run_id, metrics={
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
-            n.METRIC_SWEEP_SECONDS: seconds})
+            n.METRIC_SWEEP_SECONDS: seconds}, tags={n.MLFLOW_NOTE: description[:20_000]} if description else None)
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
 
     def abort(self, interrupted: bool) -> None:

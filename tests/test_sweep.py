@@ -65,6 +65,14 @@ def test_complete_sweep_and_status(reference_sweep):
         row = next(line for line in lines if line.split()[0] == batch_size)
         column = 1 if float(sparsity) == 0.0 else 2
         assert row.split()[column] == str(int(steps))
+    # The sweep run describes its grid with each study's steps-to-result.
+    client = MlflowClient(uri)
+    sweep = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id], "tags.`edps.kind` = 'sweep'")[0]
+    note = sweep.data.tags["mlflow.note.content"]
+    assert "| batch size | sparsity 0 | sparsity 0.5 |" in note
+    for steps, batch_size, sparsity in results.values():
+        row = next(line for line in note.splitlines() if line.startswith(f"| {batch_size} |"))
+        assert str(int(steps)) in row
     # Running the same sweep again trains nothing.
     again = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert again.returncode == 0 and "plan: 4 done, 0 partly done" in again.stdout
