@@ -1,6 +1,6 @@
 """Engine benchmark: prints ratios measured in one run. Not a test.
 
-    python bench/engine.py                 # everything (about 10 minutes on 2 CPU cores)
+    python bench/engine.py                 # everything (the full-trials studies alone take tens of minutes)
     python bench/engine.py --skip-study    # only the step-rate part
     python bench/engine.py --device cuda   # on a GPU machine
 
