@@ -1,6 +1,6 @@
 """Engine benchmark: prints ratios measured in one run. Not a test.
 
-    python bench/engine.py                 # everything (about 10 minutes on 2 CPU cores)
+    python bench/engine.py                 # everything (the full-trials studies alone take tens of minutes)
     python bench/engine.py --skip-study    # only the step-rate part
     python bench/engine.py --device cuda   # on a GPU machine
 
@@ -147,8 +147,8 @@ def study_times(device: str | None, batch_sizes: list[int], trial_counts: list[i
                     full, schedule = _MODES[mode]
                     # One experiment per study and mode: nothing is reused, and no neighbour orders the trials.
                     options = ExecutionOptions(full_trials=full, device=device, workers=workers, threads=threads,
-                                               log_interval=1e9,
-                                               schedule=Schedule(schedule), experiment=f"bench/{batch_size}/{trials}/{mode}")
+                                               log_interval=1e9, schedule=Schedule(schedule),
+                                               experiment=f"bench/{batch_size}/{trials}/{mode}")
                     started = time.perf_counter()
                     outcome = run_study(spec, options, out=open(os.devnull, "w"))
                     seconds = time.perf_counter() - started

@@ -390,18 +390,38 @@ class Advancing(Protocol):
     def advance(self, bound: StepBound) -> None: ...
 
 
-def interleave(runs: Sequence[Advancing], bound: StepBound) -> None:
+class Pace(Protocol):
+    """Keeps processes that interleave shares of one study's chunks in step: without it a process whose
+    chunks end early runs whole rounds ahead of the others, past a best step another process is about
+    to find."""
+
+    def publish(self, step: int | None) -> None:
+        """This share's furthest-behind step (None: the share is done)."""
+
+    def wait_for(self, step: int) -> None:
+        """Return once every other share is at ``step`` or beyond."""
+
+
+def interleave(runs: Sequence[Advancing], bound: StepBound, pace: Pace | None = None) -> None:
     """Train ``runs`` to their ends breadth-first: always advance the one furthest behind by one check
     interval. Every trial then stops within one check of the study's best step as soon as any trial finds
     it, whatever the order: the study costs about what proving its minimum costs. Among runs at the same
     step the lowest training loss at the last check goes first (the likeliest to reach, which spares the
     others that round's interval), then the given order (the study's trial order, which alone decides the
-    first round). A single run is plain depth-first training."""
+    first round). A single run is plain depth-first training. With a ``pace``, no round starts before
+    every other share has finished the one before."""
     while True:
         pending = [(run.step, run.last_loss, position) for position, run in enumerate(runs) if not run.done]
         if not pending:
-            return
-        runs[min(pending)[2]].advance(bound)
+            break
+        step, _, position = min(pending)
+        if pace is not None:
+            pace.publish(step)
+            if step < bound.limit():  # stopping a trial the bound rules out needs no waiting
+                pace.wait_for(step)
+        runs[position].advance(bound)
+    if pace is not None:
+        pace.publish(None)
 
 
 def train_trials(model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],

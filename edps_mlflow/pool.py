@@ -121,6 +121,12 @@ def shared_int(initial: int) -> Any:
     return _CONTEXT.Value("q", initial)
 
 
+def shared_ints(count: int, initial: int) -> Any:
+    """``count`` signed 64-bit integers in shared memory with a lock (indexable, ``.get_lock()``), to hand
+    to workers in ``worker_args``."""
+    return _CONTEXT.Array("q", [initial] * count)
+
+
 def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], None],
              on_idle: Callable[[], None] | None = None) -> None:
     """Start the workers, feed them ``tasks``, call ``on_event`` in this process for every event a

@@ -14,6 +14,7 @@ memory so that exact early stopping works across workers.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -22,8 +23,8 @@ import torch
 
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, StepBound, interleave
-from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int
+from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, Pace, StepBound, interleave
+from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int, shared_ints
 from edps_mlflow.resources import configure_training_process
 from edps_mlflow.results import Check, TrialResult
 from edps_mlflow.pruning import Mask
@@ -131,8 +132,28 @@ def shares(chunks: Sequence[Sequence[int]], processes: int, schedule: Schedule) 
 
 
 def train_share(job: TrainingJob, share: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
-                sink: TrainingSink) -> None:
-    interleave([_Chunk(job, chunk, data, sink) for chunk in share], bound)
+                sink: TrainingSink, pace: Pace | None = None) -> None:
+    interleave([_Chunk(job, chunk, data, sink) for chunk in share], bound, pace)
+
+
+class SharedPace:
+    """A Pace over shared memory: one slot per breadth-first share with its furthest-behind step.
+
+    Every share is taken by a worker of its own as the pool starts (a worker takes its next task only
+    when its share is done, and a share waits only for shares behind it), so the wait always ends."""
+
+    DONE = 2**62
+    POLL_SECONDS = 0.002  # a round is at least a few steps (milliseconds each)
+
+    def __init__(self, steps: Any, slot: int) -> None:
+        self.steps, self.slot = steps, slot
+
+    def publish(self, step: int | None) -> None:
+        self.steps[self.slot] = self.DONE if step is None else step
+
+    def wait_for(self, step: int) -> None:
+        while min(v for i, v in enumerate(self.steps[:]) if i != self.slot) < step:
+            time.sleep(self.POLL_SECONDS)
 
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
@@ -162,15 +183,16 @@ class _QueueSink:
         self.worker.send(("finished", result))
 
 
-def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any) -> None:
+def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any, share_steps: Any) -> None:
     configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
     workload = get_workload(job.spec.workload)
     data = workload.load_data(job.data_dir).to(torch.device(job.device))
     bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,
                             job.exact_early_stopping)
     sink = _QueueSink(worker)
-    for share in worker.tasks():
-        train_share(job, share, data, bound, sink)
+    for slot, share in worker.tasks():
+        pace = SharedPace(share_steps, slot) if slot is not None else None
+        train_share(job, share, data, bound, sink, pace)
 
 
 def _record(event: tuple[Any, ...], sink: TrainingSink) -> None:
@@ -195,5 +217,11 @@ def train_in_workers(job: TrainingJob, chunks: Sequence[Sequence[int]], workers:
     best_value = shared_int(SharedStepBound.initial_value(job.settings.max_steps, job.settings.check_interval,
                                                           best_step))
     # The parent decides what an interrupt means; trial workers hold no state worth a clean stop.
-    spec = PoolSpec(name="edps-worker", target=_trial_worker, worker_args=((job, best_value),) * workers)
-    run_pool(spec, shares(chunks, workers, job.schedule), lambda event: _record(event, sink))
+    tasks = shares(chunks, workers, job.schedule)
+    # Breadth-first shares keep pace with each other (one slot each); depth-first ones run freely.
+    paced = job.schedule is Schedule.BREADTH_FIRST and len(tasks) > 1
+    share_steps = shared_ints(len(tasks) if paced else 1, 0)
+    spec = PoolSpec(name="edps-worker", target=_trial_worker,
+                    worker_args=((job, best_value, share_steps),) * workers)
+    run_pool(spec, [(slot if paced else None, share) for slot, share in enumerate(tasks)],
+             lambda event: _record(event, sink))

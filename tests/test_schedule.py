@@ -124,3 +124,36 @@ def test_trial_steps_lower_bound():
     records = {0: _record(capped, 0, s.REACHED, 130), 1: _record(capped, 1, s.SUPERSEDED, 120)}
     assert trial_steps_lower_bound(records) == 130 + 120
     assert trial_steps_lower_bound({}) == 0
+
+
+def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(monkeypatch):
+    from edps_mlflow import study
+    from edps_mlflow.config import Schedule
+    from edps_mlflow.resources import held_bytes_per_trial
+
+    spec = study_spec(optimizer="momentum", sparsity=0.5)
+    schedule, held, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
+    assert (schedule, warning) == (Schedule.BREADTH_FIRST, None)
+    assert held == held_bytes_per_trial(6090, momentum=True, sparse=True, train_size=1618)
+    monkeypatch.setattr(study, "breadth_first_fits", lambda held_bytes, device: False)
+    schedule, _, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
+    assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning
+
+
+def test_a_first_study_costs_what_proving_its_minimum_costs(sqlite_uri):
+    """The issue's example (bs 256, 8 trials in Sobol order, a check every 20 steps): depth-first it spent
+    ~8.5x the lower bound; breadth-first it must stay within 10%, and the study run says so."""
+    import io
+
+    from mlflow import MlflowClient
+
+    from edps_mlflow import names
+    from edps_mlflow.study import ExecutionOptions, run_study
+
+    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 1000, 20, 0)
+    outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, experiment="breadth"), out=io.StringIO())
+    metrics = MlflowClient(sqlite_uri).get_run(outcome.study_run_id).data.metrics
+    assert metrics[names.METRIC_STUDY_TRIAL_STEPS] == outcome.trial_steps
+    assert metrics[names.METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND] == trial_steps_lower_bound(outcome.records)
+    assert outcome.steps_to_result is not None
+    assert metrics[names.METRIC_STUDY_TRIAL_STEPS_RATIO] <= 1.1
