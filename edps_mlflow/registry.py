@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
@@ -40,7 +39,7 @@ from edps_mlflow.names import (
     TAG_WORKLOAD,
 )
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.tracking import connect, redact_uri, sparsity_tag, store_error, study_family
+from edps_mlflow.tracking import StoreClient, open_store, redact_uri, sparsity_tag, store_error, study_family
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class StoredTrial:
     best_validation_error: float | None
 
 
-def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
+def _search_all(client: StoreClient, experiment_id: str, filter_string: str) -> list[Run]:
     runs: list[Run] = []
     token = None
     while True:
@@ -66,7 +65,7 @@ def _search_all(client: MlflowClient, experiment_id: str, filter_string: str) ->
             return runs
 
 
-def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
+def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
     """trial_key -> the earliest finished trial run with that key, from any study of the same family."""
     runs = _search_all(
         client, experiment_id,
@@ -90,7 +89,7 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
     return found
 
 
-def neighbour_best_point(client: MlflowClient, experiment_id: str,
+def neighbour_best_point(client: StoreClient, experiment_id: str,
                          spec: StudySpec) -> tuple[int, dict[str, float]] | None:
     """(batch size, best metaparameters) of the finished study at the nearest batch size, if any.
 
@@ -134,7 +133,7 @@ class StoredStudy:
         return self.state.is_finished
 
 
-def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[StoredStudy]:
+def study_runs(client: StoreClient, experiment_id: str, workload: str) -> list[StoredStudy]:
     """Every study run of a workload in the experiment (one paged search)."""
     runs = _search_all(client, experiment_id,
                        f"tags.`{TAG_KIND}` = '{KIND_STUDY}' and tags.`{TAG_WORKLOAD}` = '{workload}'")
@@ -149,7 +148,7 @@ def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[
     return stored
 
 
-def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: str) -> dict[str, int]:
+def finished_trial_counts(client: StoreClient, experiment_id: str, workload: str) -> dict[str, int]:
     """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
     runs = _search_all(client, experiment_id,
                        f"tags.`{TAG_KIND}` = '{KIND_TRIAL}' and tags.`{TAG_WORKLOAD}` = '{workload}' "
@@ -162,13 +161,13 @@ def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: st
     return counts
 
 
-def sweep_run_id(client: MlflowClient, experiment_id: str, sweep_key: str) -> str | None:
+def sweep_run_id(client: StoreClient, experiment_id: str, sweep_key: str) -> str | None:
     runs = _search_all(client, experiment_id,
                        f"tags.`{TAG_KIND}` = '{KIND_SWEEP}' and tags.`{TAG_SWEEP_KEY}` = '{sweep_key}'")
     return min(runs, key=lambda r: r.info.start_time or 0).info.run_id if runs else None
 
 
-def running_runs_of_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> list[str]:
+def running_runs_of_sweep(client: StoreClient, experiment_id: str, sweep_key: str) -> list[str]:
     """Study and trial runs of a sweep still marked RUNNING (left behind by a killed process)."""
     runs = _search_all(client, experiment_id,
                        f"tags.`{TAG_SWEEP_KEY}` = '{sweep_key}' and attributes.status = '{RunState.RUNNING.value}'")
@@ -193,7 +192,7 @@ class StudyRow:
 
 def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:
     """Every study run of the experiment named ``experiment``, with its finished-trial count."""
-    client = connect(tracking_uri)
+    client = open_store(tracking_uri)
     try:
         found = client.get_experiment_by_name(experiment)
         if found is None:

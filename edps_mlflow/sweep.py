@@ -36,10 +36,9 @@ from edps_mlflow.tracking import (
     SweepTracker,
     connect,
     experiment_name_for,
-    initialise_store,
+    open_store,
     redact_uri,
     resolve_experiment,
-    resolve_tracking_uri,
     store_errors,
 )
 from edps_mlflow.workloads import get_workload
@@ -318,10 +317,9 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
 
 
 def _open(spec: SweepSpec, options: SweepOptions) -> _OpenSweep:
-    tracking_uri = resolve_tracking_uri()
-    client = connect(tracking_uri)
+    client = open_store()
+    tracking_uri = client.tracking_uri
     with store_errors(client):
-        initialise_store(tracking_uri)
         experiment_name = experiment_name_for(spec.workload, options.experiment)
         experiment_id = resolve_experiment(client, experiment_name)
         existing = registry.sweep_run_id(client, experiment_id, spec.sweep_key)

@@ -13,16 +13,20 @@ This module imports neither torch nor the engine.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import random
 import re
 import shutil
+import sqlite3
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import pandas as pd
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -70,18 +74,99 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     return get_tracking_uri()
 
 
-def connect(tracking_uri: str | None = None) -> MlflowClient:
-    """A client of the store, resolved once (see :func:`resolve_tracking_uri`)."""
-    return MlflowClient(resolve_tracking_uri(tracking_uri))
+# Our processes give up on an unreachable server within about half a minute (MLflow's own defaults
+# retry for minutes); a user's own setting wins. MLflow reads these at every request.
+HTTP_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection.
+_TRANSIENT_MARKERS = ("database is locked", "database table is locked", "connection reset", "connection aborted",
+                      "connection refused", "max retries exceeded", "remote end closed", "timed out",
+                      "temporarily unavailable", "too many requests", "internal server error", "bad gateway",
+                      "service unavailable", "gateway timeout", "status code 500", "status code 502",
+                      "status code 503", "status code 504", "too many 500 error", "too many 502 error",
+                      "too many 503 error", "too many 504 error")
+STORE_ATTEMPTS = 5  # tries per store call in the middle of work; about a minute with MLflow's own retries
+_T = TypeVar("_T")
 
 
-def store_error(client: MlflowClient, error: MlflowException) -> EdpsError:
+def apply_client_defaults() -> None:
+    for name, value in HTTP_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a store error is worth another try (a blip), not a real answer."""
+    text = str(error).lower()
+    return any(marker in text for marker in _TRANSIENT_MARKERS)
+
+
+def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
+    """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except (MlflowException, OSError) as error:
+            if attempt == attempts - 1 or not is_transient(error):
+                raise
+            time.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+class StoreClient:
+    """An MlflowClient whose every call survives transient store errors (see :func:`call_store`).
+
+    A retried write may land twice when the first try succeeded unseen: metric points and tags
+    are then written twice with the same values, which changes nothing that we read.
+    """
+
+    def __init__(self, tracking_uri: str) -> None:
+        self._client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            return call_store(lambda: attribute(*args, **kwargs))
+
+        return retried
+
+
+def connect(tracking_uri: str | None = None) -> StoreClient:
+    """A client of the store, resolved once (see :func:`resolve_tracking_uri`), retrying blips."""
+    apply_client_defaults()
+    return StoreClient(resolve_tracking_uri(tracking_uri))
+
+
+def open_store(tracking_uri: str | None = None) -> StoreClient:
+    """The store, checked once at the start of a command: created safely when new, reachable, usable;
+    else one line naming it."""
+    apply_client_defaults()
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        initialise_store(uri)
+    except (MlflowException, OSError) as error:
+        raise EdpsError(describe_store_error(uri, error)) from None
+    return StoreClient(uri)
+
+
+def describe_store_error(uri: str, error: BaseException) -> str:
+    """The one line a user sees for a store error: the store (without secrets) and the first line."""
+    message = getattr(error, "message", None) or str(error) or type(error).__name__
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"tracking store {redact_uri(str(uri))}: {redact_uri(first)}"
+
+
+def store_error(client: Any, error: MlflowException) -> EdpsError:
     """An MLflow error as the one line the user sees, naming the store without its secrets."""
-    return EdpsError(f"tracking store {redact_uri(str(client.tracking_uri))}: {error.message.splitlines()[0]}")
+    return EdpsError(describe_store_error(str(client.tracking_uri), error))
 
 
 @contextmanager
-def store_errors(client: MlflowClient) -> Iterator[None]:
+def store_errors(client: Any) -> Iterator[None]:
     """Turn an MLflow error inside the block into the one line the user sees."""
     try:
         yield
@@ -89,13 +174,122 @@ def store_errors(client: MlflowClient) -> Iterator[None]:
         raise store_error(client, error) from None
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _schema_head() -> str:
+    # MLflow's newest schema revision (the alembic head of the MLflow installed here).
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def _sqlite_schema(path: Path) -> tuple[set[str], str | None]:
+    """(table names, alembic revision) of a sqlite file, read without writing to it."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+    try:
+        tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
+        revision = None
+        if "alembic_version" in tables:
+            row = connection.execute("select version_num from alembic_version").fetchone()
+            revision = row[0] if row else None
+        return tables, revision
+    finally:
+        connection.close()
+
+
+def _unusable_store(path: Path, uri: str) -> str | None:
+    """Why the sqlite file at ``path`` cannot be used as it is, or None when it is fully migrated."""
+    try:
+        tables, revision = _sqlite_schema(path)
+    except sqlite3.DatabaseError as error:
+        return f"{path} is not a usable sqlite database ({error}); move it away"
+    head = _schema_head()
+    if revision == head and "runs" in tables and "experiments" in tables:
+        return None
+    holds_runs = "runs" in tables
+    state = ("is empty" if not tables else f"has a half-migrated MLflow schema (revision {revision or 'none'}, "
+             f"expected {head})")
+    repair = (f"back it up and run `mlflow db upgrade {redact_uri(uri)}`" if holds_runs and revision
+              else "it holds no usable runs: remove it (and its -journal/-wal files) and run again")
+    return f"tracking store {redact_uri(uri)} {state}, probably left by a process killed while creating it; {repair}"
+
+
+_SETTLE_SECONDS = 10.0  # a file another process is still migrating changes within this time
+
+
 def initialise_store(tracking_uri: str) -> None:
-    """Touch the store once so that its schema exists before parallel workers open it
-    (several processes creating a new sqlite store at once crash in MLflow's migration)."""
-    MlflowClient(tracking_uri).search_experiments(max_results=1)
+    """Make sure the store exists and has MLflow's full schema before anything else opens it.
+
+    MLflow migrates a new database in place, one step at a time (many seconds on a loaded machine):
+    several processes doing that at once crash ("duplicate column name"), and a process killed
+    half-way leaves a file that no later process can open. So a new sqlite store is built in a
+    temporary file beside the target, under a file lock, and moved into place in one step: the
+    target either does not exist or is complete. Other stores (servers, PostgreSQL) are touched once.
+    """
+    path = sqlite_path(tracking_uri)
+    if path is None:
+        # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
+        MlflowClient(tracking_uri).search_experiments(max_results=1)
+        return
+    path = path.resolve()
+    if path.exists() and path.stat().st_size > 0 and _settled_problem(path, tracking_uri) is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        try:
+            if path.exists():
+                problem = _settled_problem(path, tracking_uri)
+                if problem:
+                    raise EdpsError(problem)
+                return
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+            try:
+                builder = MlflowClient(f"sqlite:///{temporary}")
+                builder.search_experiments(max_results=1)  # MLflow creates and migrates the schema here
+                _close_engine(builder)
+                problem = _unusable_store(temporary, f"sqlite:///{temporary}")
+                if problem:
+                    raise EdpsError(problem)
+                os.replace(temporary, path)
+            finally:
+                temporary.unlink(missing_ok=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def resolve_experiment(client: MlflowClient, name: str) -> str:
+def _close_engine(client: MlflowClient) -> None:
+    # The builder's connections point at the file that is about to become the store: close them.
+    engine = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _settled_problem(path: Path, uri: str) -> str | None:
+    """What is wrong with an existing sqlite store, after giving a process that is still creating it
+    (``mlflow`` itself, which takes no lock of ours) time to finish: None when it is usable."""
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    last = None
+    while True:
+        problem = _unusable_store(path, uri)
+        if problem is None:
+            return None
+        stat = path.stat()
+        state = (stat.st_size, stat.st_mtime_ns)
+        if state != last:
+            last, deadline = state, time.monotonic() + _SETTLE_SECONDS
+        elif time.monotonic() > deadline:
+            return problem
+        time.sleep(0.5)
+
+
+def resolve_experiment(client: StoreClient, name: str) -> str:
     """The id of the experiment ``name``, created when it does not exist yet."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -182,7 +376,7 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
 class StudyTracker:
     """The study run and its nested trial runs. Only this class writes to MLflow during a study."""
 
-    def __init__(self, client: MlflowClient, experiment_id: str, study_run_id: str, created_run: bool,
+    def __init__(self, client: StoreClient, experiment_id: str, study_run_id: str, created_run: bool,
                  sweep_key: str | None) -> None:
         self.client = client
         self.experiment_id = experiment_id
@@ -199,7 +393,7 @@ class StudyTracker:
              sweep_key: str | None = None) -> "StudyTracker":
         """The study run: ``attach_run_id`` (resuming a sweep's study), else ``MLFLOW_RUN_ID`` when not in a
         sweep (``mlflow run``), else a new run, nested under ``parent_run_id`` when given."""
-        client = connect(tracking_uri)
+        client = open_store(tracking_uri)
         attached = attach_run_id or (None if parent_run_id else os.environ.get("MLFLOW_RUN_ID"))
         tags = _study_tags(spec)
         if sweep_key:
@@ -340,11 +534,11 @@ def mark_refused(run_id: str, message: str) -> None:
 class SweepTracker:
     """The sweep run: the parent of the sweep's study runs."""
 
-    def __init__(self, client: MlflowClient, experiment_id: str, run_id: str) -> None:
+    def __init__(self, client: StoreClient, experiment_id: str, run_id: str) -> None:
         self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
 
     @classmethod
-    def open(cls, client: MlflowClient, experiment_id: str, existing_run_id: str | None, name: str,
+    def open(cls, client: StoreClient, experiment_id: str, existing_run_id: str | None, name: str,
              sweep_key: str, workload: str) -> "SweepTracker":
         """Continue the sweep's existing run (a resumed sweep), else ``MLFLOW_RUN_ID``, else a new run."""
         tags = {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
@@ -387,7 +581,7 @@ class SweepTracker:
             pass
 
 
-def _log_batch(client: MlflowClient, run_id: str, params: dict[str, Any] | None = None,
+def _log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = None,
                tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
     timestamp = _now_ms()
     metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
