@@ -4,6 +4,7 @@
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
     edps sweep --batch-sizes 2..1024 --sparsities 0,0.5,0.9
     edps status --experiment edps/digits-simple-cnn
+    edps doctor --experiment edps/digits-simple-cnn --repair
     edps workloads
     edps data list
     edps data download mnist
@@ -148,10 +149,12 @@ def cli() -> None:
 @click.option("--pack-size", type=click.IntRange(min=1), default=None,
               help="Trials trained in lockstep (default: per device and batch size).")
 @click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
+@click.option("--wait", is_flag=True,
+              help="When another live process runs this study, wait for it (or take over when it dies).")
 def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
-          device: str | None, workers: int | None, pack_size: int | None, full_evaluation: bool) -> None:
+          device: str | None, workers: int | None, pack_size: int | None, full_evaluation: bool, wait: bool) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
@@ -161,7 +164,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval)
+        log_interval=log_interval, wait=wait)
     run_study(spec, options)
 
 
@@ -176,11 +179,13 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
               help="Local: study processes (default one per core, or per GPU).")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--wait", is_flag=True,
+              help="When another live process runs this sweep, wait for it (or take over when it dies).")
 def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...], workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int, executor: str, workers: int | None, ray_address: str | None,
-          device: str | None) -> None:
+          device: str | None, wait: bool) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
@@ -189,7 +194,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
                            trials, goal_error, max_steps, check_interval, seed, parse_probes(probes), probe_interval)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
-        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval))
+        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval, wait=wait))
 
 
 @cli.command()
@@ -199,6 +204,20 @@ def status(experiment: str) -> None:
     from edps_mlflow.status import format_status, status_tables
 
     click.echo(format_status(status_tables(experiment)))
+
+
+@cli.command()
+@click.option("--experiment", default=None, help="MLflow experiment name (default: every experiment).")
+@click.option("--repair", is_flag=True, help="Mark runs left RUNNING by dead processes FAILED.")
+def doctor(experiment: str | None, repair: bool) -> None:
+    """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
+    from edps_mlflow.doctor import run_doctor
+
+    left = run_doctor(experiment, repair, sys.stdout)
+    if left:
+        click.echo(f"edps doctor: {left} problem(s)", err=True)
+        raise SystemExit(1)
+    click.echo("edps doctor: every invariant holds")
 
 
 @cli.command()
@@ -283,6 +302,21 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"edps: error: {error}", err=True)
         _mark_launcher_run(str(error))
         sys.exit(2)
+    except Exception as error:
+        line = _store_error_line(error)
+        if line is None:
+            raise
+        click.echo(f"edps: error: {line}", err=True)
+        sys.exit(2)
+
+
+def _store_error_line(error: Exception) -> str | None:
+    """A tracking-store error anywhere in a command is one line naming the store, not a traceback."""
+    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy"):
+        return None
+    from edps_mlflow.tracking import store_error_line
+
+    return store_error_line(error)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -22,6 +22,7 @@ import re
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -158,6 +159,16 @@ def describe_store_error(uri: str, error: BaseException) -> str:
     if len(first) > 300:
         first = first[:300] + "..."
     return f"tracking store {redact_uri(str(uri))}: {redact_uri(first)}"
+
+
+_STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "psycopg2", "psycopg")
+
+
+def store_error_line(error: BaseException, tracking_uri: str | None = None) -> str | None:
+    """The one line for an error raised by the tracking store or its client libraries; None for others."""
+    if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES:
+        return None
+    return describe_store_error(tracking_uri or resolve_tracking_uri(), error)
 
 
 def store_error(client: Any, error: MlflowException) -> EdpsError:
@@ -311,6 +322,81 @@ def experiment_name_for(workload: str, requested: str | None) -> str:
     return requested or os.environ.get("MLFLOW_EXPERIMENT_NAME") or n.default_experiment(workload)
 
 
+# ---- leases ---------------------------------------------------------------------------------
+LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
+_HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the lease when that is shorter
+
+
+def lease_seconds() -> float:
+    """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
+    text = os.environ.get(LEASE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value == value and 1.0 <= value <= 86_400.0):
+        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
+    return value
+
+
+def heartbeat_tags() -> dict[str, str]:
+    return {n.TAG_HEARTBEAT: f"{time.time():.3f}"}
+
+
+class Heartbeat:
+    """Renews the lease of one run from a daemon thread with its own client, until stopped.
+
+    A failed renewal is tried again at the next beat: the lease is several beats long, so one blip
+    of the store does not let another process take the run over.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.run_id = run_id
+        self._client = MlflowClient(tracking_uri)
+        self._stop = threading.Event()
+        self._every = min(_HEARTBEAT_EVERY, lease_seconds() / 6)
+        self._thread = threading.Thread(target=self._beat, name=f"edps-heartbeat-{run_id[:8]}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._every + 30)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._client.set_tag(self.run_id, n.TAG_HEARTBEAT, heartbeat_tags()[n.TAG_HEARTBEAT])
+            except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
+                pass
+
+
+def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
+    """Mark runs whose owner is gone FAILED, saying why (several processes may do this at once)."""
+    for run_id in run_ids:
+        _log_batch(client, run_id, tags={n.TAG_ERROR: reason})
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
+def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: bool = True) -> None:
+    """Give up our run because ``winner_run_id`` (live, same key, earlier) trains it: FAILED, tagged.
+
+    ``keep_kind=False`` also removes the kind tag, for the run that ``mlflow run`` made: MLflow
+    marks it FINISHED when we exit 0, and it must not then count as a finished study.
+    """
+    _log_batch(client, run_id, tags={n.TAG_YIELDED_TO: winner_run_id,
+                                     n.TAG_ERROR: f"gave way to the earlier live run {winner_run_id} of the same key"})
+    if not keep_kind:
+        client.delete_tag(run_id, n.TAG_KIND)
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
 # ---- names of runs ---------------------------------------------------------------------------
 def study_run_name(spec: StudySpec) -> str:
     return f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g}"
@@ -388,31 +474,32 @@ class StudyTracker:
 
     # ---- opening and closing -------------------------------------------------------------
     @classmethod
-    def open(cls, spec: StudySpec, experiment_name: str | None, tracking_uri: str | None = None,
-             parent_run_id: str | None = None, attach_run_id: str | None = None,
-             sweep_key: str | None = None) -> "StudyTracker":
-        """The study run: ``attach_run_id`` (resuming a sweep's study), else ``MLFLOW_RUN_ID`` when not in a
-        sweep (``mlflow run``), else a new run, nested under ``parent_run_id`` when given."""
-        client = open_store(tracking_uri)
-        attached = attach_run_id or (None if parent_run_id else os.environ.get("MLFLOW_RUN_ID"))
-        tags = _study_tags(spec)
+    def create(cls, client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
+               sweep_key: str | None = None, launcher_run_id: str | None = None) -> "StudyTracker":
+        """The study run, with its kind, keys and a fresh heartbeat from its first moment: the run
+        that ``mlflow run`` made for us (``launcher_run_id``), else a new run, nested under
+        ``parent_run_id`` when given."""
+        tags = {**_study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)}
         if sweep_key:
             tags[n.TAG_SWEEP_KEY] = sweep_key
         try:
-            if attached:
-                run = client.get_run(attached)
-                if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
-                    client.update_run(attached, status=RunStatus.to_string(RunStatus.RUNNING))
-                _log_batch(client, attached, tags={**tags, n.MLFLOW_RUN_NAME: study_run_name(spec)})
-                return cls(client, run.info.experiment_id, attached, False, sweep_key)
-            experiment_id = resolve_experiment(client, experiment_name_for(spec.workload, experiment_name))
-            tags[n.MLFLOW_RUN_NAME] = study_run_name(spec)
+            if launcher_run_id:
+                _log_batch(client, launcher_run_id, tags=tags)
+                return cls(client, experiment_id, launcher_run_id, False, sweep_key)
             if parent_run_id:
                 tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
             run = client.create_run(experiment_id, tags=tags)
             return cls(client, experiment_id, run.info.run_id, True, sweep_key)
         except MlflowException as error:
             raise store_error(client, error) from None
+
+    def start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(str(self.client.tracking_uri), self.study_run_id).start()
+
+    def stop_heartbeat(self) -> None:
+        heartbeat = getattr(self, "_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.stop()
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}
@@ -442,11 +529,13 @@ class StudyTracker:
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
 
     def finish_study(self) -> None:
+        self.stop_heartbeat()
         self.client.set_terminated(self.study_run_id, RunStatus.to_string(RunStatus.FINISHED))
         self.close()
 
     def abort(self, interrupted: bool) -> None:
         """Leave nothing RUNNING: open trial runs and the study run become KILLED (interrupt) or FAILED."""
+        self.stop_heartbeat()
         name = RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED)
         for run_id in [*self.trial_runs.values(), self.study_run_id]:
             try:
@@ -519,6 +608,27 @@ class StudyTracker:
         _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
 
 
+def launcher_run(client: StoreClient) -> str | None:
+    """The run that ``mlflow run`` made for this process (``MLFLOW_RUN_ID``), if any.
+
+    Honoured only while it is RUNNING and still empty (no kind of ours): any other run (a finished
+    study, another study's run) is never reopened; that is one line to the user.
+    """
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as error:
+        raise EdpsError(f"MLFLOW_RUN_ID={run_id}: {describe_store_error(str(client.tracking_uri), error)}") from None
+    kind = run.data.tags.get(n.TAG_KIND)
+    if run.info.status != RunStatus.to_string(RunStatus.RUNNING) or kind:
+        what = f"a {kind} run" if kind else "not a new run"
+        raise EdpsError(f"MLFLOW_RUN_ID={run_id} is {run.info.status} and {what}: only the empty RUNNING run that "
+                        f"`mlflow run` creates is used; unset MLFLOW_RUN_ID to start a new run")
+    return run_id
+
+
 def mark_refused(run_id: str, message: str) -> None:
     """Record why a study was refused on the run that ``mlflow run`` created before we started.
 
@@ -526,7 +636,11 @@ def mark_refused(run_id: str, message: str) -> None:
     deleting it would make ``mlflow run`` itself crash, so it stays, FAILED, with the reason as a tag.
     """
     try:
-        MlflowClient().set_tag(run_id, n.TAG_ERROR, message[:5000])
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        # Only the launcher's own new run: a finished study named by mistake keeps its tags.
+        if run.info.status == RunStatus.to_string(RunStatus.RUNNING) and n.TAG_KIND not in run.data.tags:
+            client.set_tag(run_id, n.TAG_ERROR, message[:5000])
     except MlflowException:
         pass
 
@@ -536,24 +650,51 @@ class SweepTracker:
 
     def __init__(self, client: StoreClient, experiment_id: str, run_id: str) -> None:
         self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
+        self._heartbeat: Heartbeat | None = None
+
+    @staticmethod
+    def _tags(sweep_key: str, workload: str) -> dict[str, str]:
+        return {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
+                n.TAG_VERSION: __version__}
 
     @classmethod
-    def open(cls, client: StoreClient, experiment_id: str, existing_run_id: str | None, name: str,
-             sweep_key: str, workload: str) -> "SweepTracker":
-        """Continue the sweep's existing run (a resumed sweep), else ``MLFLOW_RUN_ID``, else a new run."""
-        tags = {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
-                n.TAG_VERSION: __version__}
+    def create(cls, client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
+               launcher_run_id: str | None = None) -> "SweepTracker":
+        """A new sweep run (or the run ``mlflow run`` made for us), live from its first moment."""
+        tags = {**cls._tags(sweep_key, workload), **heartbeat_tags(), n.MLFLOW_RUN_NAME: name}
         try:
-            run_id = existing_run_id or os.environ.get("MLFLOW_RUN_ID")
-            if run_id:
-                if client.get_run(run_id).info.status != RunStatus.to_string(RunStatus.RUNNING):
-                    client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
-                _log_batch(client, run_id, tags=tags)
-            else:
-                run_id = client.create_run(experiment_id, tags={**tags, n.MLFLOW_RUN_NAME: name}).info.run_id
+            if launcher_run_id:
+                _log_batch(client, launcher_run_id, tags=tags)
+                return cls(client, experiment_id, launcher_run_id)
+            return cls(client, experiment_id, client.create_run(experiment_id, tags=tags).info.run_id)
+        except MlflowException as error:
+            raise store_error(client, error) from None
+
+    @classmethod
+    def take_over(cls, client: StoreClient, experiment_id: str, run_id: str, sweep_key: str,
+                  workload: str) -> "SweepTracker | None":
+        """Continue an earlier sweep run whose owner is gone (a resumed sweep); None when another
+        process took it over at the same moment (the last owner token written wins)."""
+        token = uuid.uuid4().hex
+        try:
+            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            _log_batch(client, run_id, tags={**cls._tags(sweep_key, workload), **heartbeat_tags(),
+                                             n.TAG_LEASE_OWNER: token})
+            # A rival that read the run as free before our write writes its token after ours: wait
+            # longer than such a read-then-write takes, then see whose token stayed.
+            time.sleep(min(3.0, lease_seconds() / 4))
+            if client.get_run(run_id).data.tags.get(n.TAG_LEASE_OWNER) != token:
+                return None
         except MlflowException as error:
             raise store_error(client, error) from None
         return cls(client, experiment_id, run_id)
+
+    def start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(str(self.client.tracking_uri), self.run_id).start()
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
         existing = self.client.get_run(self.run_id).data.params
@@ -563,17 +704,15 @@ class SweepTracker:
         _log_batch(self.client, self.run_id, params=new_params,
                    metrics={n.METRIC_PLAN_PREFIX + k: v for k, v in plan.items()})
 
-    def mark_failed(self, run_ids: list[str]) -> None:
-        for run_id in run_ids:
-            self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
-
     def finish(self, studies_done: int, studies_with_result: int, seconds: float) -> None:
         _log_batch(self.client, self.run_id, metrics={
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
             n.METRIC_SWEEP_SECONDS: seconds})
+        self.stop_heartbeat()
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
 
     def abort(self, interrupted: bool) -> None:
+        self.stop_heartbeat()
         try:
             self.client.set_terminated(self.run_id, RunStatus.to_string(
                 RunStatus.KILLED if interrupted else RunStatus.FAILED))
