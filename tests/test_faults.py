@@ -77,3 +77,62 @@ def test_a_half_migrated_store_is_one_clear_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "half-migrated" in lines[0] and "remove it" in lines[0], result.stderr
+
+
+def test_the_same_study_three_times_at_once_trains_once(tmp_path):
+    """Two plain studies and one with --wait, started together: one trains, a plain loser stops with
+    one line, the waiting one ends with the winner's result. Nothing is trained twice."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*EDPS, *SMALL_STUDY, "--trials", "2", "--bs", "32", "--experiment", "same-study"]
+    processes = [_popen([*args, *extra], tmp_path, MLFLOW_TRACKING_URI=uri) for extra in ([], [], ["--wait"])]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    codes = [p.returncode for p in processes]
+    assert codes[2] == 0, outputs[2][1][-2000:]
+    assert codes.count(0) >= 2 and set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs)]
+    for code, (_, stderr) in zip(codes, outputs):
+        if code == 2:
+            assert len(stderr.strip().splitlines()) == 1 and "live run" in stderr and "--wait" in stderr, stderr
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("same-study").experiment_id
+    runs = client.search_runs([experiment_id])
+    studies = [r for r in runs if r.data.tags.get("edps.kind") == "study" and r.info.status == "FINISHED"]
+    trials = [r.data.tags["edps.trial_key"] for r in runs if r.data.tags.get("edps.kind") == "trial"]
+    assert len(studies) == 1 and len(trials) == len(set(trials)) == 2
+    assert all(r.info.status != "RUNNING" for r in runs)
+    steps = studies[0].data.metrics.get("steps_to_result")
+    waited = outputs[2][0]
+    assert f"steps_to_result = {int(steps)}" in waited if steps is not None else True
+    doctor = run_edps(["doctor", "--experiment", "same-study"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+def test_mlflow_run_id_of_a_finished_study_is_refused(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert first.returncode == 0, first.stderr[-2000:]
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("launcher").experiment_id
+    study = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")[0]
+    again = run_edps([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"], cwd=tmp_path,
+                     MLFLOW_TRACKING_URI=uri, MLFLOW_RUN_ID=study.info.run_id)
+    assert again.returncode == 2
+    assert again.stderr.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in again.stderr, again.stderr
+    after = client.get_run(study.info.run_id)
+    assert after.info.status == "FINISHED" and "edps.error" not in after.data.tags
+
+
+def test_an_unreachable_server_fails_fast_with_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    result = run_edps(["status", "--experiment", "x"], cwd=tmp_path, timeout=120,
+                      MLFLOW_TRACKING_URI=f"http://user:secret@127.0.0.1:{port}")
+    seconds = time.monotonic() - started
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "secret" not in lines[0], result.stderr
+    assert seconds < 40, seconds
+    print(f"unreachable server: failed in {seconds:.1f} s")

@@ -32,8 +32,10 @@ def _results(uri: str, experiment: str = EXPERIMENT) -> dict:
     trials = [r for r in runs if r.data.tags.get("edps.kind") == "trial" and r.info.status == "FINISHED"]
     trial_keys = [r.data.tags["edps.trial_key"] for r in trials]
     assert len(trial_keys) == len(set(trial_keys)), "no finished trial trained twice"
-    sweeps = [r for r in runs if r.data.tags.get("edps.kind") == "sweep"]
-    assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
+    # One finished sweep run; a sweep run created at the same moment as it gave way (FAILED, tagged).
+    all_sweeps = [r for r in runs if r.data.tags.get("edps.kind") == "sweep"]
+    sweeps = [r for r in all_sweeps if r.info.status == "FINISHED"]
+    assert len(sweeps) == 1 and all(r in sweeps or "edps.yielded_to" in r.data.tags for r in all_sweeps)
     assert {r.data.tags["mlflow.parentRunId"] for r in studies} == {sweeps[0].info.run_id}
     return {r.data.tags["edps.study_key"]: (r.data.metrics.get("steps_to_result"), r.data.tags["edps.batch_size"],
                                              r.data.tags["edps.sparsity"]) for r in studies}
@@ -77,7 +79,7 @@ def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *GRID, "--experiment", EXPERIMENT],
-        cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri),
+        cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS="6"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -96,9 +98,11 @@ def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     left_running = client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'")
     assert left_running, "a SIGKILL leaves runs RUNNING, which the resume must clean up"
 
-    resumed = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    # Killed runs keep their lease until it expires: the resume waits that long (6 s here), then
+    # marks them FAILED and takes over.
+    resumed = run_edps([*GRID, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri,
+                       EDPS_LEASE_SECONDS="6")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "as FAILED" in resumed.stdout
     # The resume starts from what the killed sweep finished: at least three finished trials, so at
     # least one study is done or partly done (its trials reused).
     plan = re.search(r"plan: (\d+) done, (\d+) partly done", resumed.stdout)
