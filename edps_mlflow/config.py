@@ -119,6 +119,10 @@ class StudySpec:
     # for them must not reuse trials measured without them, so they enter the keys when present.
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
+    # sha256 of the data loaded (data/fingerprint.py), set once the data are known. Studies and
+    # sweeps always set it, so two different copies of a dataset never share keys; a spec without
+    # it has the key that runs made before fingerprints had (still readable by the analysis).
+    data_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
@@ -143,6 +147,10 @@ class StudySpec:
         object.__setattr__(self, "optimizer", OptimizerKind.parse(self.optimizer) if isinstance(self.optimizer, str)
                            and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
+        if self.data_fingerprint is not None and not (
+                isinstance(self.data_fingerprint, str) and len(self.data_fingerprint) == 64
+                and all(c in "0123456789abcdef" for c in self.data_fingerprint)):
+            raise EdpsError(f"data fingerprint must be 64 hex digits, got {self.data_fingerprint!r}")
 
     @classmethod
     def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
@@ -169,6 +177,8 @@ class StudySpec:
             del fields["probes"], fields["probe_interval"]
         else:
             fields["probes"] = list(self.probes)
+        if self.data_fingerprint is None:
+            del fields["data_fingerprint"]
         return fields
 
     @property

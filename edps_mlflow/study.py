@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 import numpy as np
 
 from edps_mlflow.config import StudySpec, TrialSpec
+from edps_mlflow.data.fingerprint import splits_fingerprint
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
@@ -159,6 +160,12 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     workload.search_space(spec.optimizer.value)
     device = resolve_device(options.device)
     data = workload.load_data(options.data_dir)
+    fingerprint = splits_fingerprint(data)
+    if spec.data_fingerprint is None:
+        spec = replace(spec, data_fingerprint=fingerprint)
+    elif spec.data_fingerprint != fingerprint:
+        raise EdpsError(f"the {workload.name} data loaded here (fingerprint {fingerprint[:12]}) differ from the data "
+                        f"this study was planned with ({spec.data_fingerprint[:12]}): use the same data directory")
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")

@@ -67,6 +67,7 @@ class SweepSpec:
     seed: int
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
+    data_fingerprint: str | None = None  # of the data its studies load; set by run_sweep
 
     def __post_init__(self) -> None:
         workload = get_workload(self.workload)
@@ -106,7 +107,8 @@ class SweepSpec:
 
     def studies(self) -> list[StudySpec]:
         return [StudySpec(self.workload, optimizer, sparsity, batch_size, self.trials, self.goal_error,
-                          self.max_steps, self.check_interval, self.seed, self.probes, self.probe_interval)
+                          self.max_steps, self.check_interval, self.seed, self.probes, self.probe_interval,
+                          self.data_fingerprint)
                 for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
 
     @property
@@ -116,7 +118,8 @@ class SweepSpec:
             "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), "trials": self.trials,
             "goal_error": self.goal_error, "max_steps": self.max_steps, "check_interval": self.check_interval,
             "seed": self.seed, **({"probes": list(self.probes), "probe_interval": self.probe_interval}
-                                  if self.probes else {})})
+                                  if self.probes else {}),
+            **({"data_fingerprint": self.data_fingerprint} if self.data_fingerprint else {})})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
@@ -307,9 +310,13 @@ class _OpenSweep:
 def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None) -> dict[str, int | None]:
     """Plan against the registry, run what is missing, return study_key -> steps_to_result."""
     out = out or sys.stdout
-    get_workload(spec.workload).require_data(options.data_dir)
+    workload = get_workload(spec.workload)
+    workload.require_data(options.data_dir)
     if options.device == "cuda" and gpu_count() == 0:
         raise EdpsError("device cuda requested but no CUDA device is available")
+    if spec.data_fingerprint is None:
+        # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
+        spec = replace(spec, data_fingerprint=workload.data_fingerprint(options.data_dir))
     sweep = _open(spec, options, out)
     try:
         plan = _plan(spec, options, sweep, out)
