@@ -172,8 +172,11 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     settings = engine_settings(spec, workload, data.validation_size, options)
     client = open_store(options.tracking_uri)
     with store_errors(client):
-        experiment_id = resolve_experiment(client, experiment_name_for(spec.workload, options.experiment))
-        claimed = _claim(spec, options, client, experiment_id, out)
+        launcher = None if options.parent_run_id else launcher_run(client)
+        # Under `mlflow run` the study goes to the experiment of the run it made for us.
+        experiment_id = resolve_experiment(client, launcher[1] if launcher else
+                                           experiment_name_for(spec.workload, options.experiment))
+        claimed = _claim(spec, options, client, experiment_id, launcher[0] if launcher else None, out)
     if isinstance(claimed, LeasedRun):
         print(f"study already done: steps_to_result = {claimed.steps_to_result} in the finished study run "
               f"{claimed.run_id}; nothing to train", file=out, flush=True)
@@ -201,7 +204,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
 
 
 def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, experiment_id: str,
-           out: TextIO) -> StudyTracker | LeasedRun:
+           launcher: str | None, out: TextIO) -> StudyTracker | LeasedRun:
     """Our study run, live; or the finished study run of this key when the study is already done.
 
     Never a second live run of one key: a live run elsewhere stops us with one line, or we wait for
@@ -210,7 +213,6 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
     lease = lease_seconds()
     label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
             f"sparsity={spec.sparsity:g})"
-    launcher = None if options.parent_run_id else launcher_run(client)
     while True:
         done = registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials)
         if done is not None:

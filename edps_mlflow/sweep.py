@@ -342,9 +342,11 @@ def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:
     label = f"sweep {spec.sweep_key[:12]} ({spec.workload})"
     name = f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
-        experiment_name = experiment_name_for(spec.workload, options.experiment)
+        launched = launcher_run(client)
+        # Under `mlflow run` the sweep goes to the experiment of the run it made for us.
+        experiment_name = launched[1] if launched else experiment_name_for(spec.workload, options.experiment)
         experiment_id = resolve_experiment(client, experiment_name)
-        launcher = launcher_run(client)
+        launcher = launched[0] if launched else None
         while True:
             runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, spec.sweep_key)
             live = live_runs(runs, lease)

@@ -608,8 +608,9 @@ class StudyTracker:
         _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
 
 
-def launcher_run(client: StoreClient) -> str | None:
-    """The run that ``mlflow run`` made for this process (``MLFLOW_RUN_ID``), if any.
+def launcher_run(client: StoreClient) -> tuple[str, str] | None:
+    """(run id, experiment name) of the run that ``mlflow run`` made for this process
+    (``MLFLOW_RUN_ID``), if any: our runs go to that run's experiment.
 
     Honoured only while it is RUNNING and still empty (no kind of ours): any other run (a finished
     study, another study's run) is never reopened; that is one line to the user.
@@ -626,7 +627,7 @@ def launcher_run(client: StoreClient) -> str | None:
         what = f"a {kind} run" if kind else "not a new run"
         raise EdpsError(f"MLFLOW_RUN_ID={run_id} is {run.info.status} and {what}: only the empty RUNNING run that "
                         f"`mlflow run` creates is used; unset MLFLOW_RUN_ID to start a new run")
-    return run_id
+    return run_id, client.get_experiment(run.info.experiment_id).name
 
 
 def mark_refused(run_id: str, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -41,16 +42,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mlflow_server(root: Path, backend_uri: str | None = None) -> tuple[subprocess.Popen, str]:
-    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts."""
-    port = _free_port()
+def start_mlflow_server(root: Path, backend_uri: str | None = None,
+                        port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts, in its own
+    process group (``os.killpg`` stops it with its workers)."""
+    port = port or _free_port()
     environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    log = open(root / "server.log", "w")
+    log = open(root / "server.log", "a")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", backend_uri or f"sqlite:///{root / 'server.db'}",
          "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
+        stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -73,6 +76,10 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the server's own workers, if any are left
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ def _popen(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_four_studies_at_once_on_a_new_store_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     processes = [_popen([*EDPS, *SMALL_STUDY, "--bs", str(bs), "--experiment", "concurrent"], tmp_path,
@@ -42,6 +43,7 @@ def test_four_studies_at_once_on_a_new_store_all_succeed(tmp_path):
     assert all(r.info.status == "FINISHED" for r in studies)
 
 
+@pytest.mark.slow
 def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
     rng = random.Random(os.getpid())
     moments = sorted(round(rng.uniform(0.5, 6.0), 2) for _ in range(3))
@@ -79,6 +81,7 @@ def test_a_half_migrated_store_is_one_clear_line(tmp_path):
     assert len(lines) == 1 and "half-migrated" in lines[0] and "remove it" in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     """Two plain studies and one with --wait, started together: one trains, a plain loser stops with
     one line, the waiting one ends with the winner's result. Nothing is trained twice."""
