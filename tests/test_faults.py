@@ -139,3 +139,84 @@ def test_an_unreachable_server_fails_fast_with_one_line(tmp_path):
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "secret" not in lines[0], result.stderr
     assert seconds < 40, seconds
     print(f"unreachable server: failed in {seconds:.1f} s")
+
+
+def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_uri, tmp_path):
+    client = MlflowClient(sqlite_uri)
+    experiment_id = client.create_experiment("doctor-test")
+    old = f"{time.time() - 3600:.3f}"
+    dead_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k1",
+                                                        "edps.heartbeat": old}).info.run_id
+    orphan_trial = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.trial_key": "t0",
+                                                          "edps.study_key": "k1",
+                                                          "mlflow.parentRunId": dead_study}).info.run_id
+    keyless = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.version": "0.1.0"}).info.run_id
+    client.set_terminated(keyless, "FAILED")
+    for _ in range(2):  # one trial trained twice, as older versions could
+        run = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.trial_key": "t1",
+                                                     "edps.study_key": "k2"})
+        client.set_terminated(run.info.run_id, "FINISHED")
+    live_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k3",
+                                                        "edps.heartbeat": f"{time.time() + 600:.3f}"})
+    result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_uri)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if not line.endswith("runs checked")]
+    assert len(lines) == 4, result.stdout
+    assert any(dead_study in line and "owner is gone" in line for line in lines)
+    assert any(orphan_trial in line and "owner is gone" in line for line in lines)
+    assert any("without its key" in line for line in lines)
+    assert any("t1: 2 FINISHED trial runs" in line for line in lines)
+    repaired = run_edps(["doctor", "--experiment", "doctor-test", "--repair"], cwd=tmp_path,
+                        MLFLOW_TRACKING_URI=sqlite_uri)
+    assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 2, repaired.stdout
+    assert client.get_run(dead_study).info.status == "FAILED"
+    assert client.get_run(orphan_trial).info.status == "FAILED"
+    assert client.get_run(live_study.info.run_id).info.status == "RUNNING"  # a live lease is left alone
+
+
+def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from edps_mlflow import tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise MlflowException("(sqlite3.OperationalError) database is locked")
+        return "ok"
+
+    assert tracking.call_store(flaky) == "ok" and len(calls) == 3
+    with pytest.raises(MlflowException):
+        tracking.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
+    always = []
+    with pytest.raises(MlflowException):
+        tracking.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
+            MlflowException("API request failed: Max retries exceeded with url")))
+    assert len(always) == tracking.STORE_ATTEMPTS
+
+
+def test_keys_include_the_data_fingerprint():
+    from dataclasses import replace
+
+    import torch
+
+    from edps_mlflow.config import StudySpec, TrialSpec
+    from edps_mlflow.data.fingerprint import splits_fingerprint
+    from edps_mlflow.workloads import get_workload
+
+    started = time.perf_counter()
+    data = get_workload("digits-simple-cnn").load_data(None)
+    fingerprint = splits_fingerprint(data)
+    assert time.perf_counter() - started < 5 and fingerprint == splits_fingerprint(data)
+    changed = replace(data, train_labels=torch.roll(data.train_labels, 1))
+    assert splits_fingerprint(changed) != fingerprint
+    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, trials=2)
+    with_data = replace(spec, data_fingerprint=fingerprint)
+    other_data = replace(spec, data_fingerprint=splits_fingerprint(changed))
+    assert len({spec.study_key, with_data.study_key, other_data.study_key}) == 3
+    point = {"learning_rate": 0.1}
+    assert TrialSpec(with_data, 0, point).trial_key != TrialSpec(other_data, 0, point).trial_key
+    assert "data_fingerprint" not in spec.key_fields()  # runs made before fingerprints keep their keys
