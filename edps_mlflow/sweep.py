@@ -5,10 +5,12 @@
 
 The tracking store is the registry. Before launching, the sweep looks up every study key: a
 FINISHED study run (in the same early-stopping mode) means done; finished trial runs without one
-mean partly done (those trials are reused, not retrained); the rest is to do. Runs left RUNNING by
-a killed process are marked FAILED, and a study that was cut short continues in its own study run.
-Killing a sweep at any moment and starting it again finishes the grid with nothing finished
-trained twice.
+mean partly done (those trials are reused, not retrained); the rest is to do. Runs whose lease
+expired (their process is dead) are marked FAILED; a study that was cut short starts a new study
+run that reuses its finished trials. A live run is never duplicated (leases.py): a second sweep of
+the same key stops or waits (``--wait``), and a study that another live process is training is
+waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
+finished trained twice.
 
 An executor runs the studies that are not done: ``local`` (worker processes on this machine) or
 ``ray`` (Ray tasks on a cluster).
