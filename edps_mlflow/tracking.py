@@ -249,7 +249,10 @@ def initialise_store(tracking_uri: str) -> None:
         MlflowClient(tracking_uri).search_experiments(max_results=1)
         return
     path = path.resolve()
-    if path.exists() and path.stat().st_size > 0 and _settled_problem(path, tracking_uri) is None:
+    if path.exists() and path.stat().st_size > 0:
+        problem = _settled_problem(path, tracking_uri)
+        if problem:
+            raise EdpsError(problem)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
@@ -260,6 +263,9 @@ def initialise_store(tracking_uri: str) -> None:
                 if problem:
                     raise EdpsError(problem)
                 return
+            # Builders hold the lock while they build: any temporary file left here is a dead one's.
+            for leftover in path.parent.glob(f".{path.name}.*.new*"):
+                leftover.unlink(missing_ok=True)
             temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
             try:
                 builder = MlflowClient(f"sqlite:///{temporary}")
