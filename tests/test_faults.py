@@ -59,6 +59,7 @@ def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
         after = _popen([sys.executable, "-c", INITIALISE, uri], tmp_path)
         _, stderr = after.communicate(timeout=120)
         assert after.returncode == 0, (moment, stderr[-1500:])
+        assert not list(database.parent.glob(".mlflow.db.*")), "a killed builder's temporary file is removed"
         assert MlflowClient(uri).search_experiments()
     # And a real command on the last of them.
     done = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "after-kill"], cwd=tmp_path,
