@@ -195,21 +195,24 @@ def test_sigkill_at_random_moments_then_resume(reference_sweep, tmp_path):
     rng = random.Random(os.getpid())
     lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
     kills = []
-    # Start-up (imports, waiting out the previous victim's 6 s leases) takes 10-20 s here: the kills
-    # land during training, between trials and during the final writes.
-    for target in ("group", "parent", "group"):
-        moment = round(rng.uniform(20.0, 55.0), 1)
+    # Each victim is killed a random 0-3 s after 1-3 more trials have finished: during training,
+    # between trials, or while results are written.
+    for target in ("group", "parent", "group", "parent"):
+        threshold = _finished_trials(uri) + rng.randint(1, 3)
         process = _sweep([*GRID, "--experiment", EXPERIMENT, "--wait"], tmp_path, **lease)
-        try:
-            process.wait(timeout=moment)
-            kills.append((target, moment, "finished before the kill"))
+        started = time.monotonic()
+        while process.poll() is None and _finished_trials(uri) < threshold:
+            assert time.monotonic() - started < 300, "the sweep made no progress"
+            time.sleep(0.5)
+        time.sleep(rng.uniform(0.0, 3.0))
+        if process.poll() is not None:
+            kills.append((target, round(time.monotonic() - started, 1), "finished before the kill"))
             break
-        except subprocess.TimeoutExpired:
-            pass
         if target == "group":
             os.killpg(process.pid, signal.SIGKILL)  # the sweep and its workers at once
         else:
             os.kill(process.pid, signal.SIGKILL)  # the parent alone: its workers must die with it
+        moment = round(time.monotonic() - started, 1)
         process.communicate()
         time.sleep(1.0)
         kills.append((target, moment, f"{_finished_trials(uri)} trials finished"))
