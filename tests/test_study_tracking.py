@@ -68,7 +68,7 @@ def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_s
     assert len(client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")) == 1
 
     # A study with more trials reuses the four finished trials and trains only the new ones.
-    third = run_edps([*ARGS[:3], "6", *ARGS[4:], "--experiment", experiment], cwd=tmp_path,
+    third = run_edps([*ARGS[:4], "6", *ARGS[5:], "--experiment", experiment], cwd=tmp_path,
                      MLFLOW_TRACKING_URI=mlflow_server)
     assert third.returncode == 0, third.stderr[-3000:]
     assert "reusing 4 finished trials" in third.stdout
