@@ -46,26 +46,35 @@ def test_four_studies_at_once_on_a_new_store_all_succeed(tmp_path):
 @pytest.mark.slow
 def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
     rng = random.Random(os.getpid())
-    moments = sorted(round(rng.uniform(0.5, 6.0), 2) for _ in range(3))
-    for number, moment in enumerate(moments):
+    moments = []
+    for number in range(4):
         database = tmp_path / f"store-{number}" / "mlflow.db"
         database.parent.mkdir()
         uri = f"sqlite:///{database}"
         victim = _popen([sys.executable, "-c", INITIALISE, uri], tmp_path)
-        time.sleep(moment)
+        # Wait for the migration to begin (its temporary file appears), then kill at a random moment
+        # of it (it takes several seconds here); the last round kills before it begins.
+        started = time.monotonic()
+        while number < 3 and not list(database.parent.glob(".mlflow.db.*")) and victim.poll() is None:
+            assert time.monotonic() - started < 120
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 4.0) if number < 3 else 0.5)
+        building = bool(list(database.parent.glob(".mlflow.db.*")))
         os.killpg(victim.pid, signal.SIGKILL)
         victim.communicate()
+        moments.append((round(time.monotonic() - started, 2), "mid-migration" if building else
+                        ("store complete" if database.exists() else "before the migration")))
         # Killed at any moment: no store, or a complete one; never a half-migrated file in its place.
         after = _popen([sys.executable, "-c", INITIALISE, uri], tmp_path)
         _, stderr = after.communicate(timeout=120)
-        assert after.returncode == 0, (moment, stderr[-1500:])
+        assert after.returncode == 0, (moments[-1], stderr[-1500:])
         assert not list(database.parent.glob(".mlflow.db.*")), "a killed builder's temporary file is removed"
         assert MlflowClient(uri).search_experiments()
     # And a real command on the last of them.
     done = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "after-kill"], cwd=tmp_path,
                     MLFLOW_TRACKING_URI=uri, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    print(f"killed during initialisation at {moments} s; each store usable afterwards")
+    print(f"killed during initialisation (seconds after start, state): {moments}; each store usable afterwards")
 
 
 def test_a_half_migrated_store_is_one_clear_line(tmp_path):
