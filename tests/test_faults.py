@@ -230,3 +230,24 @@ def test_keys_include_the_data_fingerprint():
     point = {"learning_rate": 0.1}
     assert TrialSpec(with_data, 0, point).trial_key != TrialSpec(other_data, 0, point).trial_key
     assert "data_fingerprint" not in spec.key_fields()  # runs made before fingerprints keep their keys
+
+
+def test_fingerprints_of_data_files_are_cached_per_file_set(tmp_path, monkeypatch):
+    from edps_mlflow.data.fingerprint import cached_fingerprint, splits_fingerprint
+    from edps_mlflow.workloads import get_workload
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = get_workload("digits-simple-cnn").load_data(None)
+    source = tmp_path / "train.bin"
+    source.write_bytes(b"one")
+    loads = []
+
+    def load():
+        loads.append(1)
+        return data
+
+    first = cached_fingerprint([source], load)
+    assert first == splits_fingerprint(data) and cached_fingerprint([source], load) == first and len(loads) == 1
+    source.write_bytes(b"other")  # another size (and mtime): loaded and hashed again
+    cached_fingerprint([source], load)
+    assert len(loads) == 2
