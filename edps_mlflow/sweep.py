@@ -128,7 +128,8 @@ class SweepSpec:
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(map(str, self.sparsities)),
                 "trials": self.trials, "goal_error": self.goal_error, "max_steps": self.max_steps,
-                "check_interval": self.check_interval, "seed": self.seed}
+                "check_interval": self.check_interval, "seed": self.seed,
+                **({"data_fingerprint": self.data_fingerprint} if self.data_fingerprint else {})}
 
 
 class PlanState(str, Enum):
