@@ -383,6 +383,15 @@ class Heartbeat:
                 pass
 
 
+def require_still_ours(client: StoreClient, run_id: str) -> None:
+    """Refuse to finish a run that another process marked FAILED after our lease ran out (this
+    process was stalled longer than the lease): its work has been taken over."""
+    run = client.get_run(run_id)
+    if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
+        raise EdpsError(f"run {run_id} lost its lease (marked {run.info.status} by another process while this "
+                        f"one was stalled); its work was taken over: raise {LEASE_VARIABLE} on loaded machines")
+
+
 def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
     """Mark runs whose owner is gone FAILED, saying why (several processes may do this at once)."""
     for run_id in run_ids:
@@ -536,6 +545,7 @@ class StudyTracker:
 
     def finish_study(self) -> None:
         self.stop_heartbeat()
+        require_still_ours(self.client, self.study_run_id)
         self.client.set_terminated(self.study_run_id, RunStatus.to_string(RunStatus.FINISHED))
         self.close()
 
@@ -716,6 +726,7 @@ class SweepTracker:
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
             n.METRIC_SWEEP_SECONDS: seconds})
         self.stop_heartbeat()
+        require_still_ours(self.client, self.run_id)
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
 
     def abort(self, interrupted: bool) -> None:
