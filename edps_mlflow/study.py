@@ -38,6 +38,7 @@ from edps_mlflow.results import (
 from edps_mlflow.tracking import (
     StoreClient,
     StudyTracker,
+    connect,
     experiment_name_for,
     launcher_run,
     lease_seconds,
@@ -170,7 +171,9 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
     settings = engine_settings(spec, workload, data.validation_size, options)
-    client = open_store(options.tracking_uri)
+    # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
+    # starting against an unreachable store does.
+    client = connect(options.tracking_uri) if options.parent_run_id else open_store(options.tracking_uri)
     with store_errors(client):
         launcher = None if options.parent_run_id else launcher_run(client)
         # Under `mlflow run` the study goes to the experiment of the run it made for us.

@@ -264,7 +264,7 @@ def test_tracking_server_killed_and_restarted_during_a_sweep(reference_sweep, tm
             resumed = run_edps([*GRID, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, timeout=600,
                                MLFLOW_TRACKING_URI=url, EDPS_LEASE_SECONDS="6")
             assert resumed.returncode == 0, resumed.stderr[-3000:]
-            outcome = f"failed with one line after a {outage:.0f} s outage; the resume completed it"
+            outcome = f"failed with one line after a {outage:.0f} s outage ({lines[0]}); the resume completed it"
         print(f"server killed and restarted: {outcome}")
         _doctor(url, tmp_path)
         assert _results(url) == _results(reference_uri)
