@@ -4,6 +4,7 @@
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
     edps sweep --batch-sizes 2..1024 --sparsities 0,0.5,0.9
     edps status --experiment edps/digits-simple-cnn
+    edps doctor --experiment edps/digits-simple-cnn --repair
     edps workloads
     edps data list
     edps data download mnist
@@ -180,11 +181,13 @@ def cli() -> None:
               help="Steps between full validation passes that draw each trial's validation-error curve "
                    "(rounded to a multiple of the check interval); 'default': every check on small validation "
                    "splits, else every 10th.")
+@click.option("--wait", is_flag=True,
+              help="When another live process runs this study, wait for it (or take over when it dies).")
 def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
           allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
-          full_evaluation: bool, system_metrics: bool, curve_interval: int | None) -> None:
+          full_evaluation: bool, system_metrics: bool, curve_interval: int | None, wait: bool) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
@@ -194,7 +197,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics)
+        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics, wait=wait)
     run_study(spec, options)
 
 
@@ -212,12 +215,14 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
               help="Local: study processes (default one per core, or per GPU).")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--wait", is_flag=True,
+              help="When another live process runs this sweep, wait for it (or take over when it dies).")
 def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, grid: str,
           workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int, allow_tf32: bool, executor: str, workers: int | None, ray_address: str | None,
-          device: str | None) -> None:
+          device: str | None, wait: bool) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
@@ -232,7 +237,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
                            check_interval, seed, parse_probes(probes), probe_interval, allow_tf32)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
-        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0))
+        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait))
 
 
 @cli.command()
@@ -243,6 +248,20 @@ def status(experiment: str | None) -> None:
     from edps_mlflow.status import default_experiment, format_status, status_tables
 
     click.echo(format_status(status_tables(experiment or default_experiment())))
+
+
+@cli.command()
+@click.option("--experiment", default=None, help="MLflow experiment name (default: every experiment).")
+@click.option("--repair", is_flag=True, help="Mark runs left RUNNING by dead processes FAILED.")
+def doctor(experiment: str | None, repair: bool) -> None:
+    """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
+    from edps_mlflow.doctor import run_doctor
+
+    left = run_doctor(experiment, repair, sys.stdout)
+    if left:
+        click.echo(f"edps doctor: {left} problem(s)", err=True)
+        raise SystemExit(1)
+    click.echo("edps doctor: every invariant holds")
 
 
 @cli.command()
@@ -368,6 +387,21 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"edps: error: {error}", err=True)
         _mark_launcher_run(str(error))
         sys.exit(2)
+    except Exception as error:
+        line = _store_error_line(error)
+        if line is None:
+            raise
+        click.echo(f"edps: error: {line}", err=True)
+        sys.exit(2)
+
+
+def _store_error_line(error: Exception) -> str | None:
+    """A tracking-store error anywhere in a command is one line naming the store, not a traceback."""
+    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy"):
+        return None
+    from edps_mlflow.tracking import store_error_line
+
+    return store_error_line(error)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

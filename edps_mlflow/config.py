@@ -133,6 +133,10 @@ class StudySpec:
     # TF32 matmuls and convolutions on GPUs that have them (off: full FP32, as the original). It can
     # change results, so it enters the keys when on.
     allow_tf32: bool = False
+    # sha256 of the data loaded (data/fingerprint.py), set once the data are known. Studies and
+    # sweeps always set it, so two different copies of a dataset never share keys; a spec without
+    # it has the key that runs made before fingerprints had (still readable by the analysis).
+    data_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
@@ -158,6 +162,10 @@ class StudySpec:
                            and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
         object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
+        if self.data_fingerprint is not None and not (
+                isinstance(self.data_fingerprint, str) and len(self.data_fingerprint) == 64
+                and all(c in "0123456789abcdef" for c in self.data_fingerprint)):
+            raise EdpsError(f"data fingerprint must be 64 hex digits, got {self.data_fingerprint!r}")
 
     @classmethod
     def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
@@ -186,6 +194,8 @@ class StudySpec:
             fields["probes"] = list(self.probes)
         if not self.allow_tf32:
             del fields["allow_tf32"]
+        if self.data_fingerprint is None:
+            del fields["data_fingerprint"]
         return fields
 
     @property

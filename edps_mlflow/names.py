@@ -15,6 +15,8 @@ Layout in the tracking store:
   ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``.
 - Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status``;
   metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check; artifacts under ``mask/``.
+- Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
+  an earlier live run of its key is FAILED with ``edps.yielded_to``.
 - Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
 """
 
@@ -45,6 +47,11 @@ TAG_GIT_DIRTY = "edps.git_dirty"
 TAG_STOPPING = "edps.early_stopping"
 TAG_REUSED = "edps.trials_reused"
 TAG_ERROR = "edps.error"
+# Leases: a running study or sweep renews its heartbeat (unix seconds) on its run; a RUNNING run
+# whose heartbeat is older than the lease is dead. The owner token tells two takers of one run apart.
+TAG_HEARTBEAT = "edps.heartbeat"
+TAG_LEASE_OWNER = "edps.lease_owner"
+TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"

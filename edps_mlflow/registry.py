@@ -8,11 +8,11 @@ records with enums and booleans, never MLflow's own entities or status strings. 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
@@ -29,7 +29,9 @@ from edps_mlflow.names import (
     PARAM_SPEC_TRIALS,
     STOPPING_FULL_TRIALS,
     TAG_BATCH_SIZE,
+    TAG_HEARTBEAT,
     TAG_KIND,
+    TAG_LEASE_OWNER,
     TAG_OPTIMIZER,
     TAG_SPARSITY,
     TAG_STATUS,
@@ -38,16 +40,18 @@ from edps_mlflow.names import (
     TAG_STUDY_KEY,
     TAG_SWEEP_KEY,
     TAG_TRIAL_KEY,
+    TAG_VERSION,
     TAG_WORKLOAD,
+    TAG_YIELDED_TO,
 )
 from edps_mlflow.results import RunState, TrialStatus
 from edps_mlflow.tracking import (
-    connect,
+    StoreClient,
+    open_store,
     redact_uri,
     resolve_tracking_uri,
     sparsity_tag,
     store_error,
-    store_errors,
     study_family,
 )
 from edps_mlflow.uris import require_existing_store
@@ -65,7 +69,7 @@ class StoredTrial:
     best_validation_error: float | None
 
 
-def _search_all(client: MlflowClient, experiment_id: str, conditions: str) -> list[Run]:
+def _search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
     """Every run matching ``conditions`` (built by :func:`filter_string`), page by page."""
     runs: list[Run] = []
     token = None
@@ -77,8 +81,8 @@ def _search_all(client: MlflowClient, experiment_id: str, conditions: str) -> li
             return runs
 
 
-def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
-    """trial_key -> the earliest finished trial run with that key, from any study of the same family."""
+def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
+    """trial_key -> the latest finished trial run with that key, from any study of the same family."""
     runs = _search_all(
         client, experiment_id,
         filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_STUDY_FAMILY: study_family(spec)},
@@ -89,8 +93,8 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
         tags, metrics = run.data.tags, run.data.metrics
         key = tags.get(TAG_TRIAL_KEY)
         status_name = tags.get(TAG_STATUS)
-        if key is None or status_name is None or key in found:
-            continue
+        if key is None or status_name is None:
+            continue  # later runs replace earlier ones: the latest measurement of a key wins
         steps = metrics.get(METRIC_STEPS_TO_RESULT)
         found[key] = StoredTrial(
             run_id=run.info.run_id, trial_key=key, status=TrialStatus(status_name),
@@ -101,7 +105,7 @@ def finished_trials(client: MlflowClient, experiment_id: str, spec: StudySpec) -
     return found
 
 
-def neighbour_best_point(client: MlflowClient, experiment_id: str,
+def neighbour_best_point(client: StoreClient, experiment_id: str,
                          spec: StudySpec) -> tuple[int, dict[str, float]] | None:
     """(batch size, best metaparameters) of the finished study at the nearest batch size, if any.
 
@@ -144,7 +148,7 @@ class StoredStudy:
         return self.state.is_finished
 
 
-def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[StoredStudy]:
+def study_runs(client: StoreClient, experiment_id: str, workload: str) -> list[StoredStudy]:
     """Every study run of a workload in the experiment (one paged search)."""
     runs = _search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_STUDY, TAG_WORKLOAD: workload}))
@@ -159,7 +163,7 @@ def study_runs(client: MlflowClient, experiment_id: str, workload: str) -> list[
     return stored
 
 
-def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: str) -> dict[str, int]:
+def finished_trial_counts(client: StoreClient, experiment_id: str, workload: str) -> dict[str, int]:
     """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
     runs = _search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_WORKLOAD: workload}, status=RunState.FINISHED.value))
@@ -171,17 +175,85 @@ def finished_trial_counts(client: MlflowClient, experiment_id: str, workload: st
     return counts
 
 
-def sweep_run_id(client: MlflowClient, experiment_id: str, sweep_key: str) -> str | None:
+def sweep_run_id(client: StoreClient, experiment_id: str, sweep_key: str) -> str | None:
     runs = _search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_SWEEP, TAG_SWEEP_KEY: sweep_key}))
     return min(runs, key=lambda r: r.info.start_time or 0).info.run_id if runs else None
 
 
-def running_runs_of_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> list[str]:
-    """Study and trial runs of a sweep still marked RUNNING (left behind by a killed process)."""
-    runs = _search_all(client, experiment_id,
-                       filter_string(tags={TAG_SWEEP_KEY: sweep_key}, status=RunState.RUNNING.value))
-    return [r.info.run_id for r in runs if r.data.tags.get(TAG_KIND) != KIND_SWEEP]
+@dataclass(frozen=True)
+class LeasedRun:
+    """A study or sweep run with its lease: RUNNING and renewed within the lease means a live owner."""
+
+    run_id: str
+    kind: str | None
+    key: str
+    state: RunState
+    start_time: int  # ms
+    renewed: float  # unix seconds of the last heartbeat (the start time when there is none)
+    parent_run_id: str | None
+    owner: str | None
+    steps_to_result: int | None
+    full_trials: bool
+
+    def live(self, lease: float, now: float | None = None) -> bool:
+        return self.state is RunState.RUNNING and (now or time.time()) - self.renewed < lease
+
+    @property
+    def order(self) -> tuple[int, str]:
+        """Which of two runs of one key came first (the earlier one is kept)."""
+        return (self.start_time, self.run_id)
+
+
+def _leased(run: Run) -> LeasedRun:
+    tags = run.data.tags
+    try:
+        renewed = float(tags[TAG_HEARTBEAT])
+    except (KeyError, ValueError):
+        renewed = (run.info.start_time or 0) / 1000
+    steps = run.data.metrics.get(METRIC_STEPS_TO_RESULT)
+    kind = tags.get(TAG_KIND)
+    return LeasedRun(
+        run_id=run.info.run_id, kind=kind, key=tags.get(TAG_SWEEP_KEY if kind == KIND_SWEEP else TAG_STUDY_KEY, ""),
+        state=RunState(run.info.status), start_time=run.info.start_time or 0, renewed=renewed,
+        parent_run_id=tags.get(MLFLOW_PARENT_RUN_ID), owner=tags.get(TAG_LEASE_OWNER),
+        steps_to_result=int(steps) if steps is not None else None,
+        full_trials=tags.get(TAG_STOPPING) == STOPPING_FULL_TRIALS)
+
+
+def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> list[LeasedRun]:
+    """Every study (or sweep) run with ``key``, earliest first."""
+    key_tag = TAG_SWEEP_KEY if kind == KIND_SWEEP else TAG_STUDY_KEY
+    runs = _search_all(client, experiment_id, filter_string(tags={TAG_KIND: kind, key_tag: key}))
+    return sorted((_leased(r) for r in runs), key=lambda r: r.order)
+
+
+def get_leased(client: StoreClient, run_id: str) -> LeasedRun:
+    return _leased(client.get_run(run_id))
+
+
+def latest_finished_study(client: StoreClient, experiment_id: str, study_key: str,
+                          full_trials: bool) -> LeasedRun | None:
+    """The latest FINISHED study run of the key in the same early-stopping mode (None: not done)."""
+    done = [r for r in keyed_runs(client, experiment_id, KIND_STUDY, study_key)
+            if r.state.is_finished and r.full_trials == full_trials]
+    return done[-1] if done else None
+
+
+def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[LeasedRun]:
+    """Runs marked RUNNING whose owner is dead: study and sweep runs whose lease ran out, and trial
+    runs whose study run is not live (left behind by a killed process)."""
+    running = [_leased(r) for r in _search_all(client, experiment_id,
+                                               filter_string(status=RunState.RUNNING.value))]
+    now = time.time()
+    live = {r.run_id for r in running if r.kind in (KIND_STUDY, KIND_SWEEP) and r.live(lease, now)}
+    expired = []
+    for run in running:
+        if run.kind in (KIND_STUDY, KIND_SWEEP) and run.run_id not in live:
+            expired.append(run)
+        elif run.kind == KIND_TRIAL and run.parent_run_id not in live:
+            expired.append(run)
+    return expired
 
 
 @dataclass(frozen=True)
@@ -204,19 +276,21 @@ def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
     """Names of the active experiments that hold at least one study run."""
     uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)  # before the client: MLflow creates a missing sqlite store when it connects
-    client = connect(uri)
-    with store_errors(client):
+    client = open_store(uri)
+    try:
         experiments = client.search_experiments(max_results=50_000)
         return [e.name for e in experiments
                 if client.search_runs([e.experiment_id], filter_string(tags={TAG_KIND: KIND_STUDY}),
                                       max_results=1)]
+    except MlflowException as error:
+        raise store_error(client, error) from None
 
 
 def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:
     """Every study run of the experiment named ``experiment``, with its finished-trial count."""
     uri = resolve_tracking_uri(tracking_uri)
-    require_existing_store(uri)  # before the client: MLflow creates a missing sqlite store when it connects
-    client = connect(uri)
+    require_existing_store(uri)  # a reader never creates a store that is not there
+    client = open_store(uri)
     try:
         found = client.get_experiment_by_name(experiment)
         if found is None:
@@ -242,3 +316,51 @@ def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRo
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
     return rows
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What ``edps doctor`` checks of one run of ours."""
+
+    run_id: str
+    kind: str | None
+    study_key: str | None
+    trial_key: str | None
+    sweep_key: str | None
+    state: RunState
+    renewed: float
+    parent_run_id: str | None
+    full_trials: bool
+    ours: bool  # carries a tag that only this project writes
+    gave_way: bool  # a run that yielded to an earlier live run of its key
+
+
+def experiments(client: StoreClient, name: str | None) -> list[tuple[str, str]]:
+    """(id, name) of the experiment named ``name``, or of every active experiment."""
+    if name is not None:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise EdpsError(f"no experiment named {name!r} in {redact_uri(str(client.tracking_uri))}")
+        return [(found.experiment_id, found.name)]
+    found_all, token = [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        found_all.extend((e.experiment_id, e.name) for e in page)
+        token = page.token
+        if not token:
+            return found_all
+
+
+def run_facts(client: StoreClient, experiment_id: str) -> list[RunFacts]:
+    """Every run of the experiment, as doctor sees it (one paged search)."""
+    facts = []
+    for run in _search_all(client, experiment_id, ""):
+        tags = run.data.tags
+        leased = _leased(run)
+        facts.append(RunFacts(
+            run_id=run.info.run_id, kind=tags.get(TAG_KIND), study_key=tags.get(TAG_STUDY_KEY),
+            trial_key=tags.get(TAG_TRIAL_KEY), sweep_key=tags.get(TAG_SWEEP_KEY), state=leased.state,
+            renewed=leased.renewed, parent_run_id=tags.get(MLFLOW_PARENT_RUN_ID), full_trials=leased.full_trials,
+            ours=any(tag in tags for tag in (TAG_KIND, TAG_VERSION, TAG_HEARTBEAT)),
+            gave_way=TAG_YIELDED_TO in tags))
+    return facts

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, TextIO
 
 import numpy as np
 
 from edps_mlflow.config import OptimizerKind, Schedule, StudySpec, TrialSpec
+from edps_mlflow.data.fingerprint import splits_fingerprint
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning import Mask
-from edps_mlflow.registry import StoredTrial, finished_trials, neighbour_best_point
+from edps_mlflow import registry
+from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
+from edps_mlflow.names import KIND_STUDY
+from edps_mlflow.registry import LeasedRun, StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.resources import (
     WorkerLayout,
     breadth_first_fits,
@@ -38,7 +42,19 @@ from edps_mlflow.results import (
     best_reached_step,
     training_limit,
 )
-from edps_mlflow.tracking import StudyTracker, ui_link
+from edps_mlflow.tracking import (
+    StoreClient,
+    StudyTracker,
+    connect,
+    experiment_name_for,
+    launcher_run,
+    lease_seconds,
+    open_store,
+    resolve_experiment,
+    store_errors,
+    ui_link,
+    yield_run,
+)
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
@@ -58,8 +74,9 @@ class ExecutionOptions:
     # Set by a sweep: where the study run goes and which stale run of this study it continues.
     tracking_uri: str | None = None
     parent_run_id: str | None = None
-    attach_run_id: str | None = None
     sweep_key: str | None = None
+    # A live run of the same study elsewhere: wait for it (True; a sweep always waits) or stop.
+    wait: bool = False
     threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
     # Steps between full validation passes that draw each trial's validation-error curve (None: the
     # workload's default; see curve_interval_for).
@@ -197,14 +214,33 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     workload.search_space(spec.optimizer.value)
     device = resolve_device(options.device)
     data = workload.load_data(options.data_dir)
+    fingerprint = splits_fingerprint(data)
+    if spec.data_fingerprint is None:
+        spec = replace(spec, data_fingerprint=fingerprint)
+    elif spec.data_fingerprint != fingerprint:
+        raise EdpsError(f"the {workload.name} data loaded here (fingerprint {fingerprint[:12]}) differ from the data "
+                        f"this study was planned with ({spec.data_fingerprint[:12]}): use the same data directory")
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
     settings = engine_settings(spec, workload, data.validation_size, options)
-    tracker = StudyTracker.open(spec, options.experiment, tracking_uri=options.tracking_uri,
-                                parent_run_id=options.parent_run_id, attach_run_id=options.attach_run_id,
-                                sweep_key=options.sweep_key)
+    # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
+    # starting against an unreachable store does.
+    client = connect(options.tracking_uri) if options.parent_run_id else open_store(options.tracking_uri)
+    with store_errors(client):
+        launcher = None if options.parent_run_id else launcher_run(client)
+        # Under `mlflow run` the study goes to the experiment of the run it made for us.
+        experiment_id = resolve_experiment(client, launcher[1] if launcher else
+                                           experiment_name_for(spec.workload, options.experiment))
+        claimed = _claim(spec, options, client, experiment_id, launcher[0] if launcher else None, out)
+    if isinstance(claimed, LeasedRun):
+        print(f"study already done: steps_to_result = {claimed.steps_to_result} in the finished study run "
+              f"{claimed.run_id}; nothing to train", file=out, flush=True)
+        return StudyOutcome(claimed.run_id, experiment_id, claimed.steps_to_result, {}, 0, 0, 0,
+                            time.perf_counter() - started)
+    tracker = claimed
     try:
+        tracker.start_heartbeat()
         if options.system_metrics:
             tracker.start_system_metrics()
         plan = plan_study(spec, workload, tracker, options, str(device), data.train_size, settings.curve_interval)
@@ -227,6 +263,41 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     _print_outcome(outcome, out)
     print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)
     return outcome
+
+
+def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, experiment_id: str,
+           launcher: str | None, out: TextIO) -> StudyTracker | LeasedRun:
+    """Our study run, live; or the finished study run of this key when the study is already done.
+
+    Never a second live run of one key: a live run elsewhere stops us with one line, or we wait for
+    it (``options.wait``); of two runs created at the same moment the later one gives way.
+    """
+    lease = lease_seconds()
+    label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
+            f"sparsity={spec.sparsity:g})"
+    while True:
+        done = registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials)
+        if done is not None:
+            return done
+        cleared = clear_expired(client, experiment_id, lease, spec.study_key)
+        if cleared:
+            print(f"marked {cleared} runs of this study left RUNNING by a dead process as FAILED", file=out)
+        live = live_runs(registry.keyed_runs(client, experiment_id, KIND_STUDY, spec.study_key), lease)
+        if live:
+            if not options.wait:
+                raise EdpsError(describe_live(label, live[0], lease))
+            wait_for(client, live[0].run_id, lease, out, label)
+            continue
+        tracker = StudyTracker.create(client, experiment_id, spec, options.parent_run_id, options.sweep_key, launcher)
+        rival = earlier_live_rival(client, experiment_id, KIND_STUDY, spec.study_key, tracker.study_run_id, lease)
+        if rival is None:
+            return tracker
+        yield_run(client, tracker.study_run_id, rival.run_id, keep_kind=launcher is None)
+        tracker.close()
+        launcher = None
+        if not options.wait:
+            raise EdpsError(describe_live(label, rival, lease))
+        wait_for(client, rival.run_id, lease, out, label)
 
 
 class _Recorder:

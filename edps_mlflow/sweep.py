@@ -5,10 +5,12 @@
 
 The tracking store is the registry. Before launching, the sweep looks up every study key: a
 FINISHED study run (in the same early-stopping mode) means done; finished trial runs without one
-mean partly done (those trials are reused, not retrained); the rest is to do. Runs left RUNNING by
-a killed process are marked FAILED, and a study that was cut short continues in its own study run.
-Killing a sweep at any moment and starting it again finishes the grid with nothing finished
-trained twice.
+mean partly done (those trials are reused, not retrained); the rest is to do. Runs whose lease
+expired (their process is dead) are marked FAILED; a study that was cut short starts a new study
+run that reuses its finished trials. A live run is never duplicated (leases.py): a second sweep of
+the same key stops or waits (``--wait``), and a study that another live process is training is
+waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
+finished trained twice.
 
 An executor runs the studies that are not done: ``local`` (worker processes on this machine) or
 ``ray`` (Ray tasks on a cluster).
@@ -27,6 +29,8 @@ from typing import Any, Callable, TextIO
 from edps_mlflow import registry
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
+from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, gpu_count, sweep_layout
@@ -36,12 +40,15 @@ from edps_mlflow.tracking import (
     SweepTracker,
     connect,
     experiment_name_for,
-    initialise_store,
+    launcher_run,
+    lease_seconds,
+    open_store,
     redact_uri,
     resolve_experiment,
-    resolve_tracking_uri,
+    store_error_line,
     store_errors,
     ui_link,
+    yield_run,
 )
 from edps_mlflow.workloads import get_workload
 
@@ -115,7 +122,8 @@ class SweepSpec:
             "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
             "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
             **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {}),
-            **({"allow_tf32": True} if p.allow_tf32 else {})})
+            **({"allow_tf32": True} if p.allow_tf32 else {}),
+            **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
@@ -123,7 +131,7 @@ class SweepSpec:
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
                 **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
-                "allow_tf32": p.allow_tf32}
+                "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 
 class PlanState(str, Enum):
@@ -179,21 +187,17 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
     ``on_trial(status, steps_to_result)`` hears of each trial that ends (the local executor's progress)."""
     started = time.perf_counter()
     client = connect(task.tracking_uri)
-    key = task.spec.study_key
-    stored = [s for s in registry.study_runs(client, task.experiment_id, task.spec.workload) if s.study_key == key]
-    done = [s for s in stored if s.finished and s.full_trials == task.full_trials]
-    if done:
-        return StudyReport(key, done[0].steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
-    # Continue this sweep's own earlier study run for the key, if a killed process left one.
-    previous = [s for s in stored if s.parent_run_id == task.sweep_run_id and not s.finished]
+    done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key, task.full_trials)
+    if done is not None:
+        return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
+    # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.
     options = ExecutionOptions(
         full_trials=task.full_trials, device=task.device, workers=1, experiment=task.experiment_name,
         data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
-        parent_run_id=task.sweep_run_id, attach_run_id=previous[0].run_id if previous else None,
-        sweep_key=task.sweep_key, threads=task.threads)
+        parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True)
     outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial)
-    return StudyReport(key, outcome.steps_to_result, len(outcome.records), outcome.trained,
-                       time.perf_counter() - started, skipped=False)
+    return StudyReport(task.spec.study_key, outcome.steps_to_result, len(outcome.records) or task.spec.trials,
+                       outcome.trained, time.perf_counter() - started, skipped=not outcome.records)
 
 
 def _sweep_worker(worker: Worker, device: str | None) -> None:
@@ -208,6 +212,13 @@ def _sweep_worker(worker: Worker, device: str | None) -> None:
                 report = run_study_task(task, lambda status, steps: worker.send(("trial", key, status, steps)))
         except EdpsError as error:
             worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
+            return
+        except Exception as error:
+            # A store error that outlived the retries: one line for the parent, not a traceback.
+            line = store_error_line(error, task.tracking_uri)
+            if line is None:
+                raise
+            worker.send(("error", f"{task.spec.study_key[:12]}: {line}"))
             return
         worker.send(("finished", report))
 
@@ -280,6 +291,7 @@ class SweepOptions:
     data_dir: str | None = None
     full_trials: bool = False
     log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
+    wait: bool = False  # a live run of this sweep elsewhere: wait for it instead of stopping
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -308,10 +320,14 @@ class _OpenSweep:
 def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None) -> dict[str, int | None]:
     """Plan against the registry, run what is missing, return study_key -> steps_to_result."""
     out = out or sys.stdout
-    get_workload(spec.workload).require_data(options.data_dir)
+    workload = get_workload(spec.workload)
+    workload.require_data(options.data_dir)
     if options.device == "cuda" and gpu_count() == 0:
         raise EdpsError("device cuda requested but no CUDA device is available")
-    sweep = _open(spec, options)
+    if spec.protocol.data_fingerprint is None:
+        # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
+        spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
+    sweep = _open(spec, options, out)
     try:
         plan = _plan(spec, options, sweep, out)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
@@ -328,23 +344,48 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
         raise
 
 
-def _open(spec: SweepSpec, options: SweepOptions) -> _OpenSweep:
-    tracking_uri = resolve_tracking_uri()
-    client = connect(tracking_uri)
+def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:
+    """The sweep's run, live and ours: the earlier run of this sweep when its owner is gone (a resume),
+    else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited for."""
+    client = open_store()
+    tracking_uri = client.tracking_uri
+    lease = lease_seconds()
+    label = f"sweep {spec.sweep_key[:12]} ({spec.workload})"
+    name = f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
-        initialise_store(tracking_uri)
-        experiment_name = experiment_name_for(spec.workload, options.experiment)
+        launched = launcher_run(client)
+        # Under `mlflow run` the sweep goes to the experiment of the run it made for us.
+        experiment_name = launched[1] if launched else experiment_name_for(spec.workload, options.experiment)
         experiment_id = resolve_experiment(client, experiment_name)
-        existing = registry.sweep_run_id(client, experiment_id, spec.sweep_key)
-    tracker = SweepTracker.open(client, experiment_id, existing, f"sweep {spec.workload} {len(spec.studies())} studies",
-                                spec.sweep_key, spec.workload)
+        launcher = launched[0] if launched else None
+        while True:
+            runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, spec.sweep_key)
+            live = live_runs(runs, lease)
+            rival = live[0] if live else None
+            tracker = None
+            if rival is None and runs:
+                tracker = SweepTracker.take_over(client, experiment_id, runs[0].run_id, spec.sweep_key, spec.workload)
+                if tracker is None:
+                    continue  # taken over by another process this very moment: it is live now
+            elif rival is None:
+                tracker = SweepTracker.create(client, experiment_id, name, spec.sweep_key, spec.workload, launcher)
+                rival = earlier_live_rival(client, experiment_id, KIND_SWEEP, spec.sweep_key, tracker.run_id, lease)
+                if rival is not None:
+                    yield_run(client, tracker.run_id, rival.run_id, keep_kind=launcher is None)
+                    launcher, tracker = None, None
+            if tracker is not None:
+                break
+            if not options.wait:
+                raise EdpsError(describe_live(label, rival, lease))
+            wait_for(client, rival.run_id, lease, out, label)
+    tracker.start_heartbeat()
     return _OpenSweep(client, tracking_uri, experiment_name, experiment_id, tracker)
 
 
 def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO) -> list[PlannedStudy]:
     """Clean up after killed processes, plan against the store, and say so."""
-    stale = registry.running_runs_of_sweep(sweep.client, sweep.experiment_id, spec.sweep_key)
-    sweep.tracker.mark_failed(stale)
+    # Only runs of dead processes: a live study of another sweep or a lone study keeps running.
+    stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
     plan = plan_sweep(sweep.client, sweep.experiment_id, spec, options.full_trials)
     counts = {state: sum(1 for p in plan if p.state is state) for state in PlanState}
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {
@@ -354,7 +395,7 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
           f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}; artifacts under "
           f"{redact_uri(sweep.client.get_experiment(sweep.experiment_id).artifact_location)}", file=out)
     if stale:
-        print(f"marked {len(stale)} runs left RUNNING by a killed process as FAILED", file=out)
+        print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
     print(f"plan: {counts[PlanState.DONE]} done, {counts[PlanState.PARTIAL]} partly done "
           f"(finished trials are reused), {counts[PlanState.TODO]} to do", file=out, flush=True)
     for item in plan:

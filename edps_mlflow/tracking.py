@@ -13,16 +13,21 @@ This module imports neither torch nor the engine.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import random
 import re
 import shutil
+import sqlite3
 import tempfile
+import threading
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import pandas as pd
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -81,34 +86,123 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
            f"http://127.0.0.1:5000/{page}"
 
 
-def connect(tracking_uri: str | None = None) -> MlflowClient:
-    """A client of the store, resolved once (see :func:`resolve_tracking_uri`).
+def uri_error(uri: str, error: BaseException) -> EdpsError:
+    """Any error about the store ``uri`` as one line, without the credentials of any URI in it."""
+    return EdpsError(describe_store_error(uri, error))
+
+
+# Our processes give up on an unreachable server within about half a minute (MLflow's own defaults
+# retry for minutes); a user's own setting wins. MLflow reads these at every request.
+HTTP_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection.
+_TRANSIENT_MARKERS = ("database is locked", "database table is locked", "connection reset", "connection aborted",
+                      "connection refused", "max retries exceeded", "remote end closed", "timed out",
+                      "temporarily unavailable", "too many requests", "internal server error", "bad gateway",
+                      "service unavailable", "gateway timeout", "status code 500", "status code 502",
+                      "status code 503", "status code 504", "too many 500 error", "too many 502 error",
+                      "too many 503 error", "too many 504 error")
+STORE_ATTEMPTS = 5  # tries per store call in the middle of work; about a minute with MLflow's own retries
+_T = TypeVar("_T")
+
+
+def apply_client_defaults() -> None:
+    for name, value in HTTP_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a store error is worth another try (a blip), not a real answer."""
+    text = str(error).lower()
+    return any(marker in text for marker in _TRANSIENT_MARKERS)
+
+
+def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
+    """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except (MlflowException, OSError) as error:
+            if attempt == attempts - 1 or not is_transient(error):
+                raise
+            time.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+class StoreClient:
+    """An MlflowClient whose every call survives transient store errors (see :func:`call_store`).
+
+    A retried write may land twice when the first try succeeded unseen: metric points and tags
+    are then written twice with the same values, which changes nothing that we read.
+    """
+
+    def __init__(self, tracking_uri: str) -> None:
+        self._client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            return call_store(lambda: attribute(*args, **kwargs))
+
+        return retried
+
+
+def connect(tracking_uri: str | None = None) -> StoreClient:
+    """A client of the store, resolved once (see :func:`resolve_tracking_uri`), retrying blips.
 
     MLflow refuses an unknown scheme (``foo://``) or a retired backend when the client is made, and
     a missing database driver surfaces as an ImportError: each becomes the one line the user sees.
     """
+    apply_client_defaults()
     uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
     try:
-        return MlflowClient(uri)
+        return StoreClient(uri)
     except (MlflowException, ImportError) as error:
         raise uri_error(uri, error) from None
 
 
-def uri_error(uri: str, error: BaseException) -> EdpsError:
-    """Any error about the store ``uri`` as one line, without the credentials of any URI in it."""
-    text = error.message if isinstance(error, MlflowException) else str(error)
-    first = (text.strip().splitlines() or [type(error).__name__])[0]
-    return EdpsError(f"tracking store {redact_uri(uri)}: {explain_store_error(first)}")
+def open_store(tracking_uri: str | None = None) -> StoreClient:
+    """The store, checked once at the start of a command: created safely when new, reachable, usable;
+    else one line naming it."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = connect(uri)
+    try:
+        initialise_store(uri)
+    except (MlflowException, OSError, ImportError) as error:
+        raise uri_error(uri, error) from None
+    return client
 
 
-def store_error(client: MlflowClient, error: MlflowException) -> EdpsError:
+def describe_store_error(uri: str, error: BaseException) -> str:
+    """The one line a user sees for a store error: the store (without secrets) and the first line."""
+    message = getattr(error, "message", None) or str(error) or type(error).__name__
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"tracking store {redact_uri(str(uri))}: {explain_store_error(first)}"
+
+
+_STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "psycopg2", "psycopg")
+
+
+def store_error_line(error: BaseException, tracking_uri: str | None = None) -> str | None:
+    """The one line for an error raised by the tracking store or its client libraries; None for others."""
+    if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES:
+        return None
+    return describe_store_error(tracking_uri or resolve_tracking_uri(), error)
+
+
+def store_error(client: Any, error: MlflowException) -> EdpsError:
     """An MLflow error as the one line the user sees, naming the store without its secrets."""
     return uri_error(str(client.tracking_uri), error)
 
 
 @contextmanager
-def store_errors(client: MlflowClient) -> Iterator[None]:
+def store_errors(client: Any) -> Iterator[None]:
     """Turn an MLflow error inside the block into the one line the user sees."""
     try:
         yield
@@ -116,13 +210,128 @@ def store_errors(client: MlflowClient) -> Iterator[None]:
         raise store_error(client, error) from None
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _schema_head() -> str:
+    # MLflow's newest schema revision (the alembic head of the MLflow installed here).
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def _sqlite_schema(path: Path) -> tuple[set[str], str | None]:
+    """(table names, alembic revision) of a sqlite file, read without writing to it."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+    try:
+        tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
+        revision = None
+        if "alembic_version" in tables:
+            row = connection.execute("select version_num from alembic_version").fetchone()
+            revision = row[0] if row else None
+        return tables, revision
+    finally:
+        connection.close()
+
+
+def _unusable_store(path: Path, uri: str) -> str | None:
+    """Why the sqlite file at ``path`` cannot be used as it is, or None when it is fully migrated."""
+    try:
+        tables, revision = _sqlite_schema(path)
+    except sqlite3.DatabaseError as error:
+        return f"{path} is not a usable sqlite database ({error}); move it away"
+    head = _schema_head()
+    if revision == head and "runs" in tables and "experiments" in tables:
+        return None
+    holds_runs = "runs" in tables
+    state = ("is empty" if not tables else f"has a half-migrated MLflow schema (revision {revision or 'none'}, "
+             f"expected {head})")
+    repair = (f"back it up and run `mlflow db upgrade {redact_uri(uri)}`" if holds_runs and revision
+              else "it holds no usable runs: remove it (and its -journal/-wal files) and run again")
+    return f"tracking store {redact_uri(uri)} {state}, probably left by a process killed while creating it; {repair}"
+
+
+_SETTLE_SECONDS = 10.0  # a file another process is still migrating changes within this time
+
+
 def initialise_store(tracking_uri: str) -> None:
-    """Touch the store once so that its schema exists before parallel workers open it
-    (several processes creating a new sqlite store at once crash in MLflow's migration)."""
-    MlflowClient(tracking_uri).search_experiments(max_results=1)
+    """Make sure the store exists and has MLflow's full schema before anything else opens it.
+
+    MLflow migrates a new database in place, one step at a time (many seconds on a loaded machine):
+    several processes doing that at once crash ("duplicate column name"), and a process killed
+    half-way leaves a file that no later process can open. So a new sqlite store is built in a
+    temporary file beside the target, under a file lock, and moved into place in one step: the
+    target either does not exist or is complete. Other stores (servers, PostgreSQL) are touched once.
+    """
+    path = sqlite_path(tracking_uri)
+    if path is None:
+        # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
+        MlflowClient(tracking_uri).search_experiments(max_results=1)
+        return
+    path = path.resolve()
+    if path.exists() and path.stat().st_size > 0:
+        problem = _settled_problem(path, tracking_uri)
+        if problem:
+            raise EdpsError(problem)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        try:
+            if path.exists():
+                problem = _settled_problem(path, tracking_uri)
+                if problem:
+                    raise EdpsError(problem)
+                return
+            # Builders hold the lock while they build: any temporary file left here is a dead one's.
+            for leftover in path.parent.glob(f".{path.name}.*.new*"):
+                leftover.unlink(missing_ok=True)
+            temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+            try:
+                builder = MlflowClient(f"sqlite:///{temporary}")
+                builder.search_experiments(max_results=1)  # MLflow creates and migrates the schema here
+                _close_engine(builder)
+                problem = _unusable_store(temporary, f"sqlite:///{temporary}")
+                if problem:
+                    raise EdpsError(problem)
+                os.replace(temporary, path)
+            finally:
+                temporary.unlink(missing_ok=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def resolve_experiment(client: MlflowClient, name: str) -> str:
+def _close_engine(client: MlflowClient) -> None:
+    # The builder's connections point at the file that is about to become the store: close them.
+    engine = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _settled_problem(path: Path, uri: str) -> str | None:
+    """What is wrong with an existing sqlite store, after giving a process that is still creating it
+    (``mlflow`` itself, which takes no lock of ours) time to finish: None when it is usable."""
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    last = None
+    while True:
+        problem = _unusable_store(path, uri)
+        if problem is None:
+            return None
+        stat = path.stat()
+        state = (stat.st_size, stat.st_mtime_ns)
+        if state != last:
+            last, deadline = state, time.monotonic() + _SETTLE_SECONDS
+        elif time.monotonic() > deadline:
+            return problem
+        time.sleep(0.5)
+
+
+def resolve_experiment(client: StoreClient, name: str) -> str:
     """The id of the experiment ``name``, created when it does not exist yet."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -156,6 +365,90 @@ def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None
 def experiment_name_for(workload: str, requested: str | None) -> str:
     """``--experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else the workload's default experiment."""
     return requested or os.environ.get("MLFLOW_EXPERIMENT_NAME") or n.default_experiment(workload)
+
+
+# ---- leases ---------------------------------------------------------------------------------
+LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
+_HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the lease when that is shorter
+
+
+def lease_seconds() -> float:
+    """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
+    text = os.environ.get(LEASE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value == value and 1.0 <= value <= 86_400.0):
+        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
+    return value
+
+
+def heartbeat_tags() -> dict[str, str]:
+    return {n.TAG_HEARTBEAT: f"{time.time():.3f}"}
+
+
+class Heartbeat:
+    """Renews the lease of one run from a daemon thread with its own client, until stopped.
+
+    A failed renewal is tried again at the next beat: the lease is several beats long, so one blip
+    of the store does not let another process take the run over.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.run_id = run_id
+        self._client = MlflowClient(tracking_uri)
+        self._stop = threading.Event()
+        self._every = min(_HEARTBEAT_EVERY, lease_seconds() / 6)
+        self._thread = threading.Thread(target=self._beat, name=f"edps-heartbeat-{run_id[:8]}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._every + 30)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._client.set_tag(self.run_id, n.TAG_HEARTBEAT, heartbeat_tags()[n.TAG_HEARTBEAT])
+            except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
+                pass
+
+
+def require_still_ours(client: StoreClient, run_id: str) -> None:
+    """Refuse to finish a run that another process marked FAILED after our lease ran out (this
+    process was stalled longer than the lease): its work has been taken over."""
+    run = client.get_run(run_id)
+    if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
+        raise EdpsError(f"run {run_id} lost its lease (marked {run.info.status} by another process while this "
+                        f"one was stalled); its work was taken over: raise {LEASE_VARIABLE} on loaded machines")
+
+
+def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
+    """Mark runs whose owner is gone FAILED, saying why (several processes may do this at once)."""
+    for run_id in run_ids:
+        _log_batch(client, run_id, tags={n.TAG_ERROR: reason})
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
+def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: bool = True) -> None:
+    """Give up our run because ``winner_run_id`` (live, same key, earlier) trains it: FAILED, tagged.
+
+    ``keep_kind=False`` also removes the kind tag, for the run that ``mlflow run`` made: MLflow
+    marks it FINISHED when we exit 0, and it must not then count as a finished study.
+    """
+    _log_batch(client, run_id, tags={n.TAG_YIELDED_TO: winner_run_id,
+                                     n.TAG_ERROR: f"gave way to the earlier live run {winner_run_id} of the same key"})
+    if not keep_kind:
+        client.delete_tag(run_id, n.TAG_KIND)
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
 # ---- names of runs ---------------------------------------------------------------------------
@@ -284,7 +577,7 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
 class StudyTracker:
     """The study run and its nested trial runs. Only this class writes to MLflow during a study."""
 
-    def __init__(self, client: MlflowClient, experiment_id: str, study_run_id: str, created_run: bool,
+    def __init__(self, client: StoreClient, experiment_id: str, study_run_id: str, created_run: bool,
                  sweep_key: str | None) -> None:
         self.client = client
         self.experiment_id = experiment_id
@@ -298,26 +591,19 @@ class StudyTracker:
 
     # ---- opening and closing -------------------------------------------------------------
     @classmethod
-    def open(cls, spec: StudySpec, experiment_name: str | None, tracking_uri: str | None = None,
-             parent_run_id: str | None = None, attach_run_id: str | None = None,
-             sweep_key: str | None = None) -> "StudyTracker":
-        """The study run: ``attach_run_id`` (resuming a sweep's study), else ``MLFLOW_RUN_ID`` when not in a
-        sweep (``mlflow run``), else a new run, nested under ``parent_run_id`` when given."""
-        client = connect(tracking_uri)
-        attached = attach_run_id or (None if parent_run_id else os.environ.get("MLFLOW_RUN_ID"))
-        tags = _study_tags(spec)
+    def create(cls, client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
+               sweep_key: str | None = None, launcher_run_id: str | None = None) -> "StudyTracker":
+        """The study run, with its kind, keys and a fresh heartbeat from its first moment: the run
+        that ``mlflow run`` made for us (``launcher_run_id``), else a new run, nested under
+        ``parent_run_id`` when given."""
+        tags = {**_study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)}
         if sweep_key:
             tags[n.TAG_SWEEP_KEY] = sweep_key
         try:
-            if attached:
-                run = client.get_run(attached)
-                if run.info.status != RunStatus.to_string(RunStatus.RUNNING):
-                    client.update_run(attached, status=RunStatus.to_string(RunStatus.RUNNING))
-                _log_batch(client, attached, tags={**tags, **provenance_tags(launched_by_mlflow=True),
-                                                   n.MLFLOW_RUN_NAME: study_run_name(spec)})
-                return cls(client, run.info.experiment_id, attached, False, sweep_key)
-            experiment_id = resolve_experiment(client, experiment_name_for(spec.workload, experiment_name))
-            tags.update({**provenance_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)})
+            if launcher_run_id:
+                _log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
+                return cls(client, experiment_id, launcher_run_id, False, sweep_key)
+            tags.update(provenance_tags())
             if parent_run_id:
                 tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
             run = client.create_run(experiment_id, tags=tags)
@@ -349,6 +635,13 @@ class StudyTracker:
                                tags=[InputTag(n.MLFLOW_DATA_CONTEXT, context)])
                   for context, (images, labels) in splits.items()]
         self.client.log_inputs(self.study_run_id, datasets=inputs)
+    def start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(str(self.client.tracking_uri), self.study_run_id).start()
+
+    def stop_heartbeat(self) -> None:
+        heartbeat = getattr(self, "_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.stop()
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}
@@ -379,11 +672,14 @@ class StudyTracker:
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
 
     def finish_study(self) -> None:
+        self.stop_heartbeat()
+        require_still_ours(self.client, self.study_run_id)
         self.client.set_terminated(self.study_run_id, RunStatus.to_string(RunStatus.FINISHED))
         self.close()
 
     def abort(self, interrupted: bool) -> None:
         """Leave nothing RUNNING: open trial runs and the study run become KILLED (interrupt) or FAILED."""
+        self.stop_heartbeat()
         name = RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED)
         for run_id in [*self.trial_runs.values(), self.study_run_id]:
             try:
@@ -464,6 +760,28 @@ class StudyTracker:
         _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
 
 
+def launcher_run(client: StoreClient) -> tuple[str, str] | None:
+    """(run id, experiment name) of the run that ``mlflow run`` made for this process
+    (``MLFLOW_RUN_ID``), if any: our runs go to that run's experiment.
+
+    Honoured only while it is RUNNING and still empty (no kind of ours): any other run (a finished
+    study, another study's run) is never reopened; that is one line to the user.
+    """
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as error:
+        raise EdpsError(f"MLFLOW_RUN_ID={run_id}: {describe_store_error(str(client.tracking_uri), error)}") from None
+    kind = run.data.tags.get(n.TAG_KIND)
+    if run.info.status != RunStatus.to_string(RunStatus.RUNNING) or kind:
+        what = f"a {kind} run" if kind else "not a new run"
+        raise EdpsError(f"MLFLOW_RUN_ID={run_id} is {run.info.status} and {what}: only the empty RUNNING run that "
+                        f"`mlflow run` creates is used; unset MLFLOW_RUN_ID to start a new run")
+    return run_id, client.get_experiment(run.info.experiment_id).name
+
+
 def mark_refused(run_id: str, message: str) -> None:
     """Record why a study was refused on the run that ``mlflow run`` created before we started.
 
@@ -471,7 +789,11 @@ def mark_refused(run_id: str, message: str) -> None:
     deleting it would make ``mlflow run`` itself crash, so it stays, FAILED, with the reason as a tag.
     """
     try:
-        MlflowClient().set_tag(run_id, n.TAG_ERROR, message[:5000])
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        # Only the launcher's own new run: a finished study named by mistake keeps its tags.
+        if run.info.status == RunStatus.to_string(RunStatus.RUNNING) and n.TAG_KIND not in run.data.tags:
+            client.set_tag(run_id, n.TAG_ERROR, message[:5000])
     except MlflowException:
         pass
 
@@ -479,27 +801,54 @@ def mark_refused(run_id: str, message: str) -> None:
 class SweepTracker:
     """The sweep run: the parent of the sweep's study runs."""
 
-    def __init__(self, client: MlflowClient, experiment_id: str, run_id: str) -> None:
+    def __init__(self, client: StoreClient, experiment_id: str, run_id: str) -> None:
         self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
+        self._heartbeat: Heartbeat | None = None
+
+    @staticmethod
+    def _tags(sweep_key: str, workload: str) -> dict[str, str]:
+        return {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
+                n.TAG_VERSION: __version__}
 
     @classmethod
-    def open(cls, client: MlflowClient, experiment_id: str, existing_run_id: str | None, name: str,
-             sweep_key: str, workload: str) -> "SweepTracker":
-        """Continue the sweep's existing run (a resumed sweep), else ``MLFLOW_RUN_ID``, else a new run."""
-        tags = {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
-                n.TAG_VERSION: __version__}
+    def create(cls, client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
+               launcher_run_id: str | None = None) -> "SweepTracker":
+        """A new sweep run (or the run ``mlflow run`` made for us), live from its first moment."""
+        tags = {**cls._tags(sweep_key, workload), **heartbeat_tags(), n.MLFLOW_RUN_NAME: name}
         try:
-            run_id = existing_run_id or os.environ.get("MLFLOW_RUN_ID")
-            if run_id:
-                if client.get_run(run_id).info.status != RunStatus.to_string(RunStatus.RUNNING):
-                    client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
-                _log_batch(client, run_id, tags=tags)
-            else:
-                run_id = client.create_run(experiment_id, tags={**tags, **provenance_tags(),
-                                                                n.MLFLOW_RUN_NAME: name}).info.run_id
+            if launcher_run_id:
+                _log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
+                return cls(client, experiment_id, launcher_run_id)
+            return cls(client, experiment_id,
+                       client.create_run(experiment_id, tags={**tags, **provenance_tags()}).info.run_id)
+        except MlflowException as error:
+            raise store_error(client, error) from None
+
+    @classmethod
+    def take_over(cls, client: StoreClient, experiment_id: str, run_id: str, sweep_key: str,
+                  workload: str) -> "SweepTracker | None":
+        """Continue an earlier sweep run whose owner is gone (a resumed sweep); None when another
+        process took it over at the same moment (the last owner token written wins)."""
+        token = uuid.uuid4().hex
+        try:
+            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            _log_batch(client, run_id, tags={**cls._tags(sweep_key, workload), **heartbeat_tags(),
+                                             n.TAG_LEASE_OWNER: token})
+            # A rival that read the run as free before our write writes its token after ours: wait
+            # longer than such a read-then-write takes, then see whose token stayed.
+            time.sleep(min(3.0, lease_seconds() / 4))
+            if client.get_run(run_id).data.tags.get(n.TAG_LEASE_OWNER) != token:
+                return None
         except MlflowException as error:
             raise store_error(client, error) from None
         return cls(client, experiment_id, run_id)
+
+    def start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(str(self.client.tracking_uri), self.run_id).start()
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
         existing = self.client.get_run(self.run_id).data.params
@@ -509,17 +858,16 @@ class SweepTracker:
         _log_batch(self.client, self.run_id, params=new_params,
                    metrics={n.METRIC_PLAN_PREFIX + k: v for k, v in plan.items()})
 
-    def mark_failed(self, run_ids: list[str]) -> None:
-        for run_id in run_ids:
-            self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
-
     def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
         _log_batch(self.client, self.run_id, metrics={
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
             n.METRIC_SWEEP_SECONDS: seconds}, tags={n.MLFLOW_NOTE: description[:20_000]} if description else None)
+        self.stop_heartbeat()
+        require_still_ours(self.client, self.run_id)
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
 
     def abort(self, interrupted: bool) -> None:
+        self.stop_heartbeat()
         try:
             self.client.set_terminated(self.run_id, RunStatus.to_string(
                 RunStatus.KILLED if interrupted else RunStatus.FAILED))
@@ -527,7 +875,7 @@ class SweepTracker:
             pass
 
 
-def _log_batch(client: MlflowClient, run_id: str, params: dict[str, Any] | None = None,
+def _log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = None,
                tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
     timestamp = _now_ms()
     metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]

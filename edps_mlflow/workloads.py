@@ -78,6 +78,16 @@ class Workload:
 
             require_present(self.dataset, data_dir)
 
+    def data_fingerprint(self, data_dir: str | Path | None) -> str:
+        """The fingerprint of the data this workload loads (data/fingerprint.py), cached for files."""
+        from edps_mlflow.data.fingerprint import cached_fingerprint, splits_fingerprint
+
+        if not self.needs_data_dir:
+            return splits_fingerprint(self.load_data(data_dir))
+        from edps_mlflow.data.catalog import dataset_files
+
+        return cached_fingerprint(dataset_files(self.dataset, data_dir), lambda: self.load_data(data_dir))
+
     def largest_batch_size(self) -> int:
         """The largest power of two that fits the training split."""
         return 1 << (self.train_size.bit_length() - 1)

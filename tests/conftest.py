@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,17 +43,18 @@ def _free_port() -> int:
 
 
 def start_mlflow_server(root: Path, backend_uri: str | None = None, extra_args: tuple[str, ...] = (),
-                        **extra_environment: str) -> tuple[subprocess.Popen, str]:
-    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts; ``extra_args``
-    (e.g. ``--app-name basic-auth``, where "{port}" is replaced by its port) and environment added."""
-    port = _free_port()
+                        port: int | None = None, **extra_environment: str) -> tuple[subprocess.Popen, str]:
+    """A real `mlflow server` over HTTP (1 worker, no job runner) with proxied artifacts, in its own
+    process group (``os.killpg`` stops it with its workers); ``extra_args`` (e.g. ``--app-name basic-auth``,
+    where "{port}" is replaced by its port) and environment added."""
+    port = port or _free_port()
     environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **extra_environment)
-    log = open(root / "server.log", "w")
+    log = open(root / "server.log", "a")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", backend_uri or f"sqlite:///{root / 'server.db'}",
          "--artifacts-destination", str(root / "artifacts"), *(a.replace("{port}", str(port)) for a in extra_args)],
-        stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root,
+        stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -75,6 +77,10 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the server's own workers, if any are left
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @pytest.fixture(scope="session")

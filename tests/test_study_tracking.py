@@ -61,12 +61,16 @@ def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_s
     table = pd.read_csv(client.download_artifacts(study.info.run_id, "trials.csv", str(tmp_path)))
     assert len(table) == 4 and set(table["run_id"]) == {t.info.run_id for t in trials}
 
-    # The same study again reuses every finished trial and gives the same result.
+    # The same study again is done: nothing trained, no second study run.
     second = run_edps([*ARGS, "--experiment", experiment], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "reusing 4 finished trials" in second.stdout
+    assert f"study already done: steps_to_result = {int(steps)} in the finished study run {study.info.run_id}" \
+        in second.stdout
     assert len(client.search_runs([experiment_id], "tags.`edps.kind` = 'trial'")) == 4
-    studies = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'", order_by=["attributes.start_time DESC"])
-    assert len(studies) == 2
-    assert studies[0].data.metrics["steps_to_result"] == steps
-    assert studies[0].data.metrics["trials/reused"] == 4 and studies[0].data.tags["edps.trials_reused"] == "4"
+    assert len(client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")) == 1
+
+    # A study with more trials reuses the four finished trials and trains only the new ones.
+    third = run_edps([*ARGS[:4], "6", *ARGS[5:], "--experiment", experiment], cwd=tmp_path,
+                     MLFLOW_TRACKING_URI=mlflow_server)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "reusing 4 finished trials" in third.stdout

@@ -1,6 +1,7 @@
 """Sweeps: a complete grid, a real SIGKILL and resume, Ray against local, PostgreSQL behind a server."""
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -20,7 +21,7 @@ GRID = ["sweep", "--batch-sizes", "16,64", "--sparsities", "0,0.5", "--trials", 
 EXPERIMENT = "sweep-test"
 
 
-def _results(uri: str, experiment: str = EXPERIMENT) -> dict:
+def _results(uri: str, experiment: str = EXPERIMENT, sweep_count: int = 1) -> dict:
     """study key -> (steps_to_result, batch size, sparsity) of the FINISHED study runs; checks uniqueness."""
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
@@ -32,9 +33,12 @@ def _results(uri: str, experiment: str = EXPERIMENT) -> dict:
     trials = [r for r in runs if r.data.tags.get("edps.kind") == "trial" and r.info.status == "FINISHED"]
     trial_keys = [r.data.tags["edps.trial_key"] for r in trials]
     assert len(trial_keys) == len(set(trial_keys)), "no finished trial trained twice"
-    sweeps = [r for r in runs if r.data.tags.get("edps.kind") == "sweep"]
-    assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
-    assert {r.data.tags["mlflow.parentRunId"] for r in studies} == {sweeps[0].info.run_id}
+    # One finished sweep run; a sweep run created at the same moment as it gave way (FAILED, tagged).
+    all_sweeps = [r for r in runs if r.data.tags.get("edps.kind") == "sweep"]
+    sweeps = [r for r in all_sweeps if r.info.status == "FINISHED"]
+    assert len(sweeps) == sweep_count and all(r in sweeps or "edps.yielded_to" in r.data.tags for r in all_sweeps)
+    parents = {r.data.tags["mlflow.parentRunId"] for r in studies}
+    assert parents == {sweeps[0].info.run_id} if sweep_count == 1 else parents <= {r.info.run_id for r in sweeps}
     return {r.data.tags["edps.study_key"]: (r.data.metrics.get("steps_to_result"), r.data.tags["edps.batch_size"],
                                              r.data.tags["edps.sparsity"]) for r in studies}
 
@@ -87,7 +91,7 @@ def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *GRID, "--experiment", EXPERIMENT],
-        cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri),
+        cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS="6"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -106,9 +110,11 @@ def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     left_running = client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'")
     assert left_running, "a SIGKILL leaves runs RUNNING, which the resume must clean up"
 
-    resumed = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    # Killed runs keep their lease until it expires: the resume waits that long (6 s here), then
+    # marks them FAILED and takes over.
+    resumed = run_edps([*GRID, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri,
+                       EDPS_LEASE_SECONDS="6")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "as FAILED" in resumed.stdout
     # The resume starts from what the killed sweep finished: at least three finished trials, so at
     # least one study is done or partly done (its trials reused).
     plan = re.search(r"plan: (\d+) done, (\d+) partly done", resumed.stdout)
@@ -166,3 +172,113 @@ def test_sweep_against_a_postgresql_backed_server(postgres_uri, reference_sweep,
         assert status.returncode == 0 and "sparsity 0.5" in status.stdout
     finally:
         stop_process(process)
+
+
+# ---- faults on purpose ----------------------------------------------------------------------
+def _sweep(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *args],
+        cwd=cwd, env=clean_environment(PYTHONPATH=str(REPO), **environment),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _finished_trials(uri: str) -> int:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return 0
+    runs = client.search_runs([experiment.experiment_id], "tags.`edps.kind` = 'trial'")
+    return sum(r.info.status == "FINISHED" for r in runs)
+
+
+def _doctor(uri: str, cwd: Path) -> None:
+    doctor = run_edps(["doctor", "--experiment", EXPERIMENT], cwd=cwd, MLFLOW_TRACKING_URI=uri)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume(reference_sweep, tmp_path):
+    """SIGKILL of the whole process group and of the parent alone, at random moments, each followed
+    by a resume that is itself the next victim; the last resume completes the grid."""
+    _, reference_uri, _ = reference_sweep
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rng = random.Random(os.getpid())
+    lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
+    kills = []
+    # Each victim is killed a random 0-3 s after 1-3 more trials have finished: during training,
+    # between trials, or while results are written.
+    for target in ("group", "parent", "group", "parent"):
+        threshold = _finished_trials(uri) + rng.randint(1, 3)
+        process = _sweep([*GRID, "--experiment", EXPERIMENT, "--wait"], tmp_path, **lease)
+        started = time.monotonic()
+        while process.poll() is None and _finished_trials(uri) < threshold:
+            assert time.monotonic() - started < 300, "the sweep made no progress"
+            time.sleep(0.5)
+        time.sleep(rng.uniform(0.0, 3.0))
+        if process.poll() is not None:
+            kills.append((target, round(time.monotonic() - started, 1), "finished before the kill"))
+            break
+        if target == "group":
+            os.killpg(process.pid, signal.SIGKILL)  # the sweep and its workers at once
+        else:
+            os.kill(process.pid, signal.SIGKILL)  # the parent alone: its workers must die with it
+        moment = round(time.monotonic() - started, 1)
+        process.communicate()
+        time.sleep(1.0)
+        kills.append((target, moment, f"{_finished_trials(uri)} trials finished"))
+    resumed = run_edps([*GRID, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, timeout=600, **lease)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    print(f"kills (target, seconds after start, store afterwards): {kills}")
+    _doctor(uri, tmp_path)
+    assert _results(uri) == _results(reference_uri)
+
+
+@pytest.mark.slow
+def test_concurrent_and_overlapping_sweeps_train_each_study_once(reference_sweep, tmp_path):
+    """Two identical sweeps and one sharing two of their studies, all started at once."""
+    _, reference_uri, _ = reference_sweep
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overlapping = [*GRID, "--batch-sizes", "64"]
+    processes = [_sweep([*args, "--experiment", EXPERIMENT, "--workers", "1", "--wait"], tmp_path,
+                        MLFLOW_TRACKING_URI=uri) for args in (GRID, GRID, overlapping)]
+    outputs = [p.communicate(timeout=900) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0], [err[-1500:] for _, err in outputs]
+    _doctor(uri, tmp_path)
+    # The results checks that each study key has one finished run and no trial key two.
+    assert _results(uri, sweep_count=2) == _results(reference_uri)
+
+
+@pytest.mark.slow
+def test_tracking_server_killed_and_restarted_during_a_sweep(reference_sweep, tmp_path):
+    _, reference_uri, _ = reference_sweep
+    server, url = start_mlflow_server(tmp_path)
+    port = int(url.rsplit(":", 1)[1])
+    process = _sweep([*GRID, "--experiment", EXPERIMENT], tmp_path, MLFLOW_TRACKING_URI=url)
+    try:
+        deadline = time.monotonic() + 300
+        while _finished_trials(url) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(1)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        down = time.monotonic()
+        time.sleep(5)
+        server, _ = start_mlflow_server(tmp_path, port=port)
+        outage = time.monotonic() - down
+        stdout, stderr = process.communicate(timeout=600)
+        if process.returncode == 0:
+            outcome = f"survived a {outage:.0f} s outage through retries"
+        else:
+            lines = stderr.strip().splitlines()
+            assert len(lines) == 1 and "tracking store" in lines[0], stderr[-3000:]
+            resumed = run_edps([*GRID, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, timeout=600,
+                               MLFLOW_TRACKING_URI=url, EDPS_LEASE_SECONDS="6")
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            outcome = f"failed with one line after a {outage:.0f} s outage ({lines[0]}); the resume completed it"
+        print(f"server killed and restarted: {outcome}")
+        _doctor(url, tmp_path)
+        assert _results(url) == _results(reference_uri)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        stop_process(server)

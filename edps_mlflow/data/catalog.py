@@ -128,6 +128,13 @@ def require_present(name: str, data_dir: str | Path | None) -> Path:
     return directory
 
 
+def dataset_files(name: str, data_dir: str | Path | None) -> list[Path]:
+    """The files the dataset is loaded from (the first complete group present)."""
+    directory = require_present(name, data_dir)
+    group = next(g for g in get_source(name).alternatives if all((directory / f).is_file() for f in g))
+    return [directory / f for f in group]
+
+
 def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
     source = get_source(name)
     directory = dataset_directory(source, data_dir)

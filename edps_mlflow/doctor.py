@@ -1,0 +1,82 @@
+"""``edps doctor``: the store's invariants, checked for one experiment or all, one line per problem.
+
+- no study or sweep run RUNNING with an expired lease, and no trial run RUNNING under a study run
+  that is not live (``--repair`` marks them FAILED, as a resumed sweep would);
+- every run of ours has its kind and its key (study, trial or sweep key);
+- at most one FINISHED study run per study key and early-stopping mode;
+- at most one FINISHED trial run per trial key (older versions could train a trial twice).
+
+Reads go through registry.py, the one write (``--repair``) through tracking.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import TextIO
+
+from edps_mlflow import registry
+from edps_mlflow.leases import expired_reason
+from edps_mlflow.names import KIND_ANALYSIS, KIND_STUDY, KIND_SWEEP, KIND_TRIAL
+from edps_mlflow.results import RunState
+from edps_mlflow.tracking import StoreClient, lease_seconds, mark_dead, open_store, store_errors
+
+
+def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[registry.RunFacts]:
+    """RUNNING runs whose owner is gone (the same rule as registry.expired_runs)."""
+    live = {f.run_id for f in facts if f.kind in (KIND_STUDY, KIND_SWEEP) and f.state is RunState.RUNNING
+            and now - f.renewed < lease}
+    return [f for f in facts if f.state is RunState.RUNNING and f.ours and f.run_id not in live
+            and (f.kind in (KIND_STUDY, KIND_SWEEP) or (f.kind == KIND_TRIAL and f.parent_run_id not in live))]
+
+
+def _missing_key(fact: registry.RunFacts) -> str | None:
+    needed = {KIND_STUDY: (fact.study_key,), KIND_TRIAL: (fact.trial_key, fact.study_key),
+              KIND_SWEEP: (fact.sweep_key,), KIND_ANALYSIS: ()}
+    if fact.kind is None:
+        # A run that gave way (the launcher's run has its kind removed) is accounted for.
+        return None if fact.gave_way else "has edps tags but no edps.kind"
+    if fact.kind not in needed:
+        return f"has an unknown kind {fact.kind!r}"
+    return None if all(needed[fact.kind]) else f"is a {fact.kind} run without its key"
+
+
+def problems(facts: list[registry.RunFacts], lease: float, now: float) -> list[tuple[str, str]]:
+    """(run id or key, what is wrong) for every broken invariant."""
+    found = [(f.run_id, f"{f.kind} run is RUNNING but its owner is gone ({expired_reason(lease)})")
+             for f in expired(facts, lease, now)]
+    found += [(f.run_id, text) for f in facts if f.ours and (text := _missing_key(f))]
+    studies: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    trials: dict[str, list[str]] = defaultdict(list)
+    for fact in facts:
+        if fact.state is RunState.FINISHED and fact.kind == KIND_STUDY and fact.study_key:
+            studies[(fact.study_key, fact.full_trials)].append(fact.run_id)
+        elif fact.state is RunState.FINISHED and fact.kind == KIND_TRIAL and fact.trial_key:
+            trials[fact.trial_key].append(fact.run_id)
+    found += [(key, f"{len(ids)} FINISHED study runs of one study key: {', '.join(ids)}")
+              for (key, _), ids in studies.items() if len(ids) > 1]
+    found += [(key, f"{len(ids)} FINISHED trial runs of one trial key (trained twice): {', '.join(ids)}")
+              for key, ids in trials.items() if len(ids) > 1]
+    return found
+
+
+def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: str | None = None) -> int:
+    """Print one line per problem (and per repair); the number of problems left."""
+    client: StoreClient = open_store(tracking_uri)
+    lease = lease_seconds()
+    left = 0
+    with store_errors(client):
+        for experiment_id, name in registry.experiments(client, experiment):
+            facts = registry.run_facts(client, experiment_id)
+            now = time.time()
+            if repair:
+                dead = expired(facts, lease, now)
+                mark_dead(client, [f.run_id for f in dead], expired_reason(lease))
+                for fact in dead:
+                    print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED (owner gone)", file=out)
+                facts = registry.run_facts(client, experiment_id)
+            for subject, text in problems(facts, lease, time.time()):
+                print(f"{name}: {subject}: {text}", file=out)
+                left += 1
+            print(f"{name}: {len(facts)} runs checked", file=out)
+    return left

@@ -1,0 +1,253 @@
+"""Faults on purpose: concurrent first use of a store, SIGKILL at random moments, concurrent sweeps,
+a tracking server that goes away. Real processes, real signals, the digits workload."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, clean_environment, run_edps
+
+EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
+SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
+               "--workers", "1", "--log-interval", "5"]
+# Builds the store as every edps command does, then stops (no torch: a kill lands in initialisation).
+INITIALISE = "import sys; from edps_mlflow.tracking import open_store; open_store(sys.argv[1])"
+
+
+def _popen(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=cwd, env=clean_environment(PYTHONPATH=str(REPO), **environment),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_four_studies_at_once_on_a_new_store_all_succeed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    processes = [_popen([*EDPS, *SMALL_STUDY, "--bs", str(bs), "--experiment", "concurrent"], tmp_path,
+                        MLFLOW_TRACKING_URI=uri) for bs in (16, 32, 64, 128)]
+    outputs = [p.communicate(timeout=240) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1500:] for _, err in outputs]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("concurrent")
+    studies = client.search_runs([experiment.experiment_id], "tags.`edps.kind` = 'study'")
+    assert sorted(r.data.tags["edps.batch_size"] for r in studies) == ["128", "16", "32", "64"]
+    assert all(r.info.status == "FINISHED" for r in studies)
+
+
+@pytest.mark.slow
+def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
+    rng = random.Random(os.getpid())
+    moments = []
+    for number in range(4):
+        database = tmp_path / f"store-{number}" / "mlflow.db"
+        database.parent.mkdir()
+        uri = f"sqlite:///{database}"
+        victim = _popen([sys.executable, "-c", INITIALISE, uri], tmp_path)
+        # Wait for the migration to begin (its temporary file appears), then kill at a random moment
+        # of it (it takes several seconds here); the last round kills before it begins.
+        started = time.monotonic()
+        while number < 3 and not list(database.parent.glob(".mlflow.db.*")) and victim.poll() is None:
+            assert time.monotonic() - started < 120
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 4.0) if number < 3 else 0.5)
+        building = bool(list(database.parent.glob(".mlflow.db.*")))
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.communicate()
+        moments.append((round(time.monotonic() - started, 2), "mid-migration" if building else
+                        ("store complete" if database.exists() else "before the migration")))
+        # Killed at any moment: no store, or a complete one; never a half-migrated file in its place.
+        after = _popen([sys.executable, "-c", INITIALISE, uri], tmp_path)
+        _, stderr = after.communicate(timeout=120)
+        assert after.returncode == 0, (moments[-1], stderr[-1500:])
+        assert not list(database.parent.glob(".mlflow.db.*")), "a killed builder's temporary file is removed"
+        assert MlflowClient(uri).search_experiments()
+    # And a real command on the last of them.
+    done = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "after-kill"], cwd=tmp_path,
+                    MLFLOW_TRACKING_URI=uri, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    print(f"killed during initialisation (seconds after start, state): {moments}; each store usable afterwards")
+
+
+def test_a_half_migrated_store_is_one_clear_line(tmp_path):
+    database = tmp_path / "mlflow.db"
+    connection = sqlite3.connect(database)
+    connection.executescript("create table alembic_version (version_num varchar(32) not null);"
+                             "insert into alembic_version values ('451aebb31d03');"
+                             "create table experiments (experiment_id integer primary key, name text);")
+    connection.close()
+    result = run_edps(["status", "--experiment", "anything"], cwd=tmp_path, timeout=120,
+                      MLFLOW_TRACKING_URI=f"sqlite:///{database}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "half-migrated" in lines[0] and "remove it" in lines[0], result.stderr
+
+
+@pytest.mark.slow
+def test_the_same_study_three_times_at_once_trains_once(tmp_path):
+    """Two plain studies and one with --wait, started together: one trains, a plain loser stops with
+    one line, the waiting one ends with the winner's result. Nothing is trained twice."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*EDPS, *SMALL_STUDY, "--trials", "2", "--bs", "32", "--experiment", "same-study"]
+    processes = [_popen([*args, *extra], tmp_path, MLFLOW_TRACKING_URI=uri) for extra in ([], [], ["--wait"])]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    codes = [p.returncode for p in processes]
+    assert codes[2] == 0, outputs[2][1][-2000:]
+    assert codes.count(0) >= 2 and set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs)]
+    for code, (_, stderr) in zip(codes, outputs):
+        if code == 2:
+            assert len(stderr.strip().splitlines()) == 1 and "live run" in stderr and "--wait" in stderr, stderr
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("same-study").experiment_id
+    runs = client.search_runs([experiment_id])
+    studies = [r for r in runs if r.data.tags.get("edps.kind") == "study" and r.info.status == "FINISHED"]
+    trials = [r.data.tags["edps.trial_key"] for r in runs if r.data.tags.get("edps.kind") == "trial"]
+    assert len(studies) == 1 and len(trials) == len(set(trials)) == 2
+    assert all(r.info.status != "RUNNING" for r in runs)
+    steps = studies[0].data.metrics.get("steps_to_result")
+    waited = outputs[2][0]
+    assert f"steps_to_result = {int(steps)}" in waited if steps is not None else True
+    doctor = run_edps(["doctor", "--experiment", "same-study"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+def test_mlflow_run_id_of_a_finished_study_is_refused(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert first.returncode == 0, first.stderr[-2000:]
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("launcher").experiment_id
+    study = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")[0]
+    again = run_edps([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"], cwd=tmp_path,
+                     MLFLOW_TRACKING_URI=uri, MLFLOW_RUN_ID=study.info.run_id)
+    assert again.returncode == 2
+    assert again.stderr.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in again.stderr, again.stderr
+    after = client.get_run(study.info.run_id)
+    assert after.info.status == "FINISHED" and "edps.error" not in after.data.tags
+
+
+def test_an_unreachable_server_fails_fast_with_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    result = run_edps(["status", "--experiment", "x"], cwd=tmp_path, timeout=120,
+                      MLFLOW_TRACKING_URI=f"http://user:secret@127.0.0.1:{port}")
+    seconds = time.monotonic() - started
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "secret" not in lines[0], result.stderr
+    assert seconds < 40, seconds
+    print(f"unreachable server: failed in {seconds:.1f} s")
+
+
+def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_uri, tmp_path):
+    client = MlflowClient(sqlite_uri)
+    experiment_id = client.create_experiment("doctor-test")
+    old = f"{time.time() - 3600:.3f}"
+    dead_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k1",
+                                                        "edps.heartbeat": old}).info.run_id
+    orphan_trial = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.trial_key": "t0",
+                                                          "edps.study_key": "k1",
+                                                          "mlflow.parentRunId": dead_study}).info.run_id
+    keyless = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.version": "0.1.0"}).info.run_id
+    client.set_terminated(keyless, "FAILED")
+    for _ in range(2):  # one trial trained twice, as older versions could
+        run = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.trial_key": "t1",
+                                                     "edps.study_key": "k2"})
+        client.set_terminated(run.info.run_id, "FINISHED")
+    live_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k3",
+                                                        "edps.heartbeat": f"{time.time() + 600:.3f}"})
+    result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_uri)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if not line.endswith("runs checked")]
+    assert len(lines) == 4, result.stdout
+    assert any(dead_study in line and "owner is gone" in line for line in lines)
+    assert any(orphan_trial in line and "owner is gone" in line for line in lines)
+    assert any("without its key" in line for line in lines)
+    assert any("t1: 2 FINISHED trial runs" in line for line in lines)
+    repaired = run_edps(["doctor", "--experiment", "doctor-test", "--repair"], cwd=tmp_path,
+                        MLFLOW_TRACKING_URI=sqlite_uri)
+    assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 2, repaired.stdout
+    assert client.get_run(dead_study).info.status == "FAILED"
+    assert client.get_run(orphan_trial).info.status == "FAILED"
+    assert client.get_run(live_study.info.run_id).info.status == "RUNNING"  # a live lease is left alone
+
+
+def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from edps_mlflow import tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise MlflowException("(sqlite3.OperationalError) database is locked")
+        return "ok"
+
+    assert tracking.call_store(flaky) == "ok" and len(calls) == 3
+    with pytest.raises(MlflowException):
+        tracking.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
+    always = []
+    with pytest.raises(MlflowException):
+        tracking.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
+            MlflowException("API request failed: Max retries exceeded with url")))
+    assert len(always) == tracking.STORE_ATTEMPTS
+
+
+def test_keys_include_the_data_fingerprint():
+    from dataclasses import replace
+
+    import torch
+
+    from edps_mlflow.config import StudySpec, TrialSpec
+    from edps_mlflow.data.fingerprint import splits_fingerprint
+    from edps_mlflow.workloads import get_workload
+
+    started = time.perf_counter()
+    data = get_workload("digits-simple-cnn").load_data(None)
+    fingerprint = splits_fingerprint(data)
+    assert time.perf_counter() - started < 5 and fingerprint == splits_fingerprint(data)
+    changed = replace(data, train_labels=torch.roll(data.train_labels, 1))
+    assert splits_fingerprint(changed) != fingerprint
+    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, trials=2)
+    with_data = replace(spec, data_fingerprint=fingerprint)
+    other_data = replace(spec, data_fingerprint=splits_fingerprint(changed))
+    assert len({spec.study_key, with_data.study_key, other_data.study_key}) == 3
+    point = {"learning_rate": 0.1}
+    assert TrialSpec(with_data, 0, point).trial_key != TrialSpec(other_data, 0, point).trial_key
+    assert "data_fingerprint" not in spec.key_fields()  # runs made before fingerprints keep their keys
+
+
+def test_fingerprints_of_data_files_are_cached_per_file_set(tmp_path, monkeypatch):
+    from edps_mlflow.data.fingerprint import cached_fingerprint, splits_fingerprint
+    from edps_mlflow.workloads import get_workload
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = get_workload("digits-simple-cnn").load_data(None)
+    source = tmp_path / "train.bin"
+    source.write_bytes(b"one")
+    loads = []
+
+    def load():
+        loads.append(1)
+        return data
+
+    first = cached_fingerprint([source], load)
+    assert first == splits_fingerprint(data) and cached_fingerprint([source], load) == first and len(loads) == 1
+    source.write_bytes(b"other")  # another size (and mtime): loaded and hashed again
+    cached_fingerprint([source], load)
+    assert len(loads) == 2
