@@ -47,6 +47,7 @@ from edps_mlflow.names import (
 from edps_mlflow.results import RunState, TrialStatus
 from edps_mlflow.tracking import (
     StoreClient,
+    lease_seconds,
     open_store,
     redact_uri,
     resolve_tracking_uri,
@@ -270,6 +271,7 @@ class StudyRow:
     trials: int  # the study's trial count
     finished_trials: int  # FINISHED trial runs with the study's key
     start_time: int
+    live: bool = False  # RUNNING with a lease renewed in time: a process is working on it now
 
 
 def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
@@ -302,6 +304,7 @@ def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRo
     except MlflowException as error:
         raise store_error(client, error) from None
     rows = []
+    lease = lease_seconds()
     for run in runs:
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
@@ -312,7 +315,7 @@ def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRo
                 batch_size=int(tags[TAG_BATCH_SIZE]), study_key=key, state=RunState(run.info.status),
                 steps_to_result=int(steps) if steps is not None else None,
                 trials=int(params.get(PARAM_SPEC_TRIALS, 0)), finished_trials=counts.get(key, 0),
-                start_time=run.info.start_time or 0))
+                start_time=run.info.start_time or 0, live=_leased(run).live(lease)))
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
     return rows

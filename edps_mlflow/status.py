@@ -1,7 +1,8 @@
 """``edps status``: the grid of an experiment from the tracking store alone.
 
 One table per (workload, optimizer): batch sizes down, sparsities across; a cell is the study's
-steps-to-result, ``-`` when it finished without a reaching trial, or ``k/N trials`` while unfinished.
+steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials (running)`` while a live
+process trains it, or ``k/N trials (stopped, rerun to resume)`` when none does.
 It reads the store through the registry and imports neither torch nor the engine.
 """
 
@@ -44,7 +45,10 @@ def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tupl
             cell = "-" if steps is None else str(steps)
         else:
             latest = max(group, key=lambda r: r.start_time)
-            cell = f"{latest.finished_trials}/{latest.trials} trials"
+            # A live lease: a process trains it now. Otherwise its process died (or was stopped):
+            # running the same command again resumes it.
+            state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
+            cell = f"{latest.finished_trials}/{latest.trials} trials ({state})"
         cells.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
                       "batch_size": batch_size, "cell": cell})
     table = pd.DataFrame(cells)

@@ -327,6 +327,9 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
+    complete = _already_complete(spec, options, out)
+    if complete is not None:
+        return complete
     sweep = _open(spec, options, out)
     try:
         plan = _plan(spec, options, sweep, out)
@@ -342,6 +345,29 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     except BaseException:
         sweep.tracker.abort(interrupted=False)
         raise
+
+
+def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
+    """The results of a sweep whose run finished and whose every study is done: a rerun then trains
+    nothing and leaves the finished sweep run (its duration, summary and description) as it was.
+    None when there is anything to do, or when `mlflow run` made a run for this command."""
+    if os.environ.get("MLFLOW_RUN_ID"):
+        return None
+    client = open_store()
+    with store_errors(client):
+        experiment = client.get_experiment_by_name(experiment_name_for(spec.workload, options.experiment))
+        if experiment is None:
+            return None
+        runs = registry.keyed_runs(client, experiment.experiment_id, KIND_SWEEP, spec.sweep_key)
+        if not runs or not all(r.state.is_finished for r in runs):
+            return None
+        plan = plan_sweep(client, experiment.experiment_id, spec, options.full_trials)
+    if any(p.state is not PlanState.DONE for p in plan):
+        return None
+    print(f"sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(plan)} studies done in sweep run "
+          f"{runs[-1].run_id}; nothing to train", file=out)
+    print(ui_link(str(client.tracking_uri), experiment.experiment_id, runs[-1].run_id), file=out, flush=True)
+    return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
 def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:

@@ -128,3 +128,20 @@ def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_s
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["edps: error: the tracking store holds studies in 2 experiments; name one with --experiment: "
                      "'first', 'second'"]
+
+
+def test_status_tells_a_running_study_from_an_abandoned_one(sqlite_uri, capsys, monkeypatch):
+    import time
+
+    client = MlflowClient(sqlite_uri)
+    experiment = client.create_experiment("leases")
+    base = {"edps.kind": "study", "edps.workload": "digits-simple-cnn", "edps.optimizer": "sgd",
+            "edps.sparsity": "0.0"}
+    client.create_run(experiment, tags={**base, "edps.batch_size": "64", "edps.study_key": "a",
+                                        "edps.heartbeat": str(time.time())})
+    client.create_run(experiment, tags={**base, "edps.batch_size": "128", "edps.study_key": "b",
+                                        "edps.heartbeat": str(time.time() - 3600)})
+    main(["status", "--experiment", "leases"])
+    out = capsys.readouterr().out
+    row = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert "(running)" in row["64"] and "(stopped, rerun to resume)" in row["128"]

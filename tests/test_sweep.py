@@ -79,8 +79,11 @@ def test_complete_sweep_and_status(reference_sweep):
         assert str(int(steps)) in row
     # Running the same sweep again trains nothing.
     again = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
-    assert again.returncode == 0 and "plan: 4 done, 0 partly done" in again.stdout
+    assert again.returncode == 0 and "already complete: 4 studies done" in again.stdout, again.stdout
     assert _results(uri) == results
+    # ... and leaves the finished sweep run as it was: its end, its summary metrics.
+    rerun = client.get_run(sweep.info.run_id)
+    assert rerun.info.end_time == sweep.info.end_time and rerun.data.metrics == sweep.data.metrics
 
 
 def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
