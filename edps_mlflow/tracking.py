@@ -169,12 +169,15 @@ def open_store(tracking_uri: str | None = None) -> StoreClient:
     """The store, checked once at the start of a command: created safely when new, reachable, usable;
     else one line naming it."""
     uri = resolve_tracking_uri(tracking_uri)
-    client = connect(uri)
+    quiet_links_with_credentials(uri)
+    apply_client_defaults()
+    # Before any client: making an MlflowClient of a sqlite store already creates and migrates it, which
+    # initialise_store does safely (under a lock, in a temporary file moved into place).
     try:
         initialise_store(uri)
     except (MlflowException, OSError, ImportError) as error:
         raise uri_error(uri, error) from None
-    return client
+    return connect(uri)
 
 
 def describe_store_error(uri: str, error: BaseException) -> str:
