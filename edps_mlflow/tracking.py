@@ -637,7 +637,16 @@ class StudyTracker:
         inputs = [DatasetInput(from_numpy(images, targets=labels, name=f"{name} {context}")._to_mlflow_entity(),
                                tags=[InputTag(n.MLFLOW_DATA_CONTEXT, context)])
                   for context, (images, labels) in splits.items()]
-        self.client.log_inputs(self.study_run_id, datasets=inputs)
+        for attempt in range(3):
+            try:
+                self.client.log_inputs(self.study_run_id, datasets=inputs)
+                return
+            except Exception as error:  # noqa: BLE001  (the store's own integrity error, from its driver)
+                # Studies started at once record the same dataset (same name and digest) in one
+                # experiment: the store's unique constraint lets one insert it; the others then find it.
+                if attempt == 2 or "unique" not in str(error).lower():
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     def start_heartbeat(self) -> None:
         self._heartbeat = Heartbeat(str(self.client.tracking_uri), self.study_run_id).start()
 
