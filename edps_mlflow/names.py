@@ -132,7 +132,7 @@ def trials_metric(status: str) -> str:
 def default_experiment(workload: str) -> str:
     """The experiment of a workload's studies and sweeps unless the user names one.
 
-    Studies and sweeps share it, so that each reuses the other's trials. (Before version 0.2 a lone
+    Studies and sweeps share it, so that each reuses the other's trials. (Before this layout a lone
     study defaulted to ``edps/<workload>/<optimizer>``; docs/architecture.md says how to migrate.)
     """
     return f"edps/{workload}"
