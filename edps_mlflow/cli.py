@@ -86,7 +86,8 @@ class _NumberList(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...] | None:
         if value is None or isinstance(value, tuple):
             return value
-        if str(value).strip().lower() in _DEFAULT_WORDS:
+        # 'default' (the MLproject's spelling) means the default; an empty list is a mistake.
+        if str(value).strip() and str(value).strip().lower() in _DEFAULT_WORDS:
             return None
         try:
             numbers = tuple(float(part) for part in str(value).split(","))
