@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import io
 import json
+import logging
 import os
 import random
 import re
@@ -262,6 +263,20 @@ def _unusable_store(path: Path, uri: str) -> str | None:
 _SETTLE_SECONDS = 10.0  # a file another process is still migrating changes within this time
 
 
+@contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """Only warnings and errors from these loggers inside the block."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def initialise_store(tracking_uri: str) -> None:
     """Make sure the store exists and has MLflow's full schema before anything else opens it.
 
@@ -296,8 +311,11 @@ def initialise_store(tracking_uri: str) -> None:
                 leftover.unlink(missing_ok=True)
             temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
             try:
-                builder = MlflowClient(f"sqlite:///{temporary}")
-                builder.search_experiments(max_results=1)  # MLflow creates and migrates the schema here
+                # MLflow creates and migrates the schema here. Its progress lines ("Creating initial
+                # MLflow database tables...") are not for the user: a refused command says one line.
+                with _quiet_loggers("mlflow.store.db.utils", "alembic"):
+                    builder = MlflowClient(f"sqlite:///{temporary}")
+                    builder.search_experiments(max_results=1)
                 _close_engine(builder)
                 problem = _unusable_store(temporary, f"sqlite:///{temporary}")
                 if problem:

@@ -100,8 +100,11 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     processes = [_popen([*args, *extra], tmp_path, MLFLOW_TRACKING_URI=uri) for extra in ([], [], ["--wait"])]
     outputs = [p.communicate(timeout=300) for p in processes]
     codes = [p.returncode for p in processes]
+    # The waiting one always ends well. A plain one ends well when it trained (it won) or started after
+    # the winner finished ("already done"), and stops with one line while another run is live: when the
+    # waiting one wins, both plain ones stop.
     assert codes[2] == 0, outputs[2][1][-2000:]
-    assert codes.count(0) >= 2 and set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs)]
+    assert set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs)]
     for code, (_, stderr) in zip(codes, outputs):
         if code == 2:
             assert len(stderr.strip().splitlines()) == 1 and "live run" in stderr and "--wait" in stderr, stderr
