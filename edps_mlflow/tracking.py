@@ -79,8 +79,9 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
 
     A store reached over HTTP serves the UI itself; for a local store the line says how to start one.
     """
+    # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
     page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
-            else f"#/experiments/{experiment_id}/runs?workflowType=machine_learning")
+            else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
     if tracking_uri.startswith(("http://", "https://")):
         return f"MLflow UI: {redact_uri(tracking_uri).rstrip('/')}/{page}"
     return f"MLflow UI (start it with `mlflow ui --backend-store-uri {redact_uri(tracking_uri)}`): " \
@@ -563,13 +564,16 @@ def trials_table(outcome: StudyOutcome) -> pd.DataFrame:
 
 def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
     """The study run's summary metrics."""
-    metrics: dict[str, float] = {n.trials_metric(status.value): outcome.count(status) for status in TrialStatus}
+    # The result first: the run page lists metrics in the order they were first logged, and only the
+    # identifying ones (batch size, sparsity, goal; logged at the start) come before it.
+    metrics: dict[str, float] = {}
+    if outcome.steps_to_result is not None:
+        metrics[n.METRIC_STEPS_TO_RESULT] = outcome.steps_to_result
+    metrics.update({n.trials_metric(status.value): outcome.count(status) for status in TrialStatus})
     metrics.update({n.METRIC_TRIALS_TOTAL: len(outcome.records), n.METRIC_TRIALS_REUSED: outcome.reused,
                     n.METRIC_TRIALS_TRAINED: outcome.trained, n.METRIC_STUDY_SECONDS: outcome.seconds,
                     n.METRIC_PROBE_SECONDS: sum(r.probe_seconds for r in outcome.records.values()),
                     n.METRIC_STUDY_TRIAL_STEPS: outcome.trial_steps})
-    if outcome.steps_to_result is not None:
-        metrics[n.METRIC_STEPS_TO_RESULT] = outcome.steps_to_result
     lower_bound = trial_steps_lower_bound(outcome.records)
     metrics[n.METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND] = lower_bound
     if lower_bound > 0:  # nothing trained, or nothing needed: no ratio
@@ -780,7 +784,9 @@ class StudyTracker:
         tags = {n.TAG_STATUS: result.status.value}
         if result.index in self.trial_specs:
             tags[n.MLFLOW_RUN_NAME] = trial_run_name(self.trial_specs.pop(result.index), trial_outcome(result))
-        self._log(run_id, metrics=metrics, tags=tags, step=result.steps_trained)
+        # Step 0: the UI charts a metric whose latest step is 0 as a bar (a value), one at a later step as
+        # a line, which for a single value is a lone dot.
+        self._log(run_id, metrics=metrics, tags=tags)
         self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return run_id
 

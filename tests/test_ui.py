@@ -42,8 +42,18 @@ def test_printed_links_open_the_runs_and_the_report_renders_its_figures(mlflow_s
     assert link.startswith(f"{mlflow_server}/#/experiments/")
 
     # The printed link opens the study run, named with what varies first ...
+    assert link.endswith("?workflowType=machine_learning")
     page = rendered(link, tmp_path / "profile-run")
     assert "bs=256 sp=0 sgd digits-simple-cnn" in page
+    # ... in the model-training pages (without the view parameter MLflow files it under "Evaluations").
+    assert "Model training" in page and "Evaluations" not in page
+    # Its metrics table leads with the result (the table keeps the order metrics were first logged).
+    assert page.index(">steps_to_result<") < page.index(">trials/reached<")
+    # Summary values sit at step 0, which the UI charts as bars, not as lone dots on a line chart.
+    client = MlflowClient(mlflow_server)
+    trial = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                               "tags.`edps.kind` = 'trial'", max_results=1)[0]
+    assert [point.step for point in client.get_metric_history(trial.info.run_id, "steps_trained")] == [0]
     # ... and its experiment, in the machine-learning view, lists both studies.
     experiment_link = link.split("/runs/")[0] + "/runs?workflowType=machine_learning"
     page = rendered(experiment_link, tmp_path / "profile-runs")
@@ -56,12 +66,12 @@ def test_printed_links_open_the_runs_and_the_report_renders_its_figures(mlflow_s
         capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     run_link = re.search(r"MLflow UI: (\S+)", report.stderr).group(1)
-    run_id = run_link.rsplit("/", 1)[-1]
+    run_id = run_link.split("?")[0].rsplit("/", 1)[-1]
     client = MlflowClient(mlflow_server)
     assert client.get_run(run_id).data.tags["edps.kind"] == "analysis"
 
     # The artifact viewer renders report.html as a page (not as text) ...
-    viewer = rendered(f"{run_link}/artifacts/report.html", tmp_path / "profile-report")
+    viewer = rendered(run_link.replace("?", "/artifacts/report.html?"), tmp_path / "profile-report")
     assert "mlflow-html-iframe" in viewer
     # ... and the file it renders carries its figures inline: nothing for the viewer to resolve.
     with urllib.request.urlopen(f"{mlflow_server}/get-artifact?path=report.html&run_uuid={run_id}",
