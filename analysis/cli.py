@@ -208,15 +208,14 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     path.parent.mkdir(parents=True, exist_ok=True)
     figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance, fits)
     extra = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, path.parent / f"{path.stem}_figures")
-    for _, _, paths in extra:
+    for _, _, _, paths in extra:
         figures.setdefault(("probes", ""), []).extend(paths)
     write_report(path, steps_grids(studies), fits, figures, source, tolerance,
-                 extra=[(title, table) for title, table, _ in extra])
+                 extra=[(title, table) for _, title, table, _ in extra])
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]
-        probe_tables = {"noise_scale" if "noise scale" in title else "lipschitz" if "Lipschitz" in title
-                        else "lipschitz_verdict": table for title, table, _ in extra}
+        probe_tables = {name: table for name, _, table, _ in extra}
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
                   **probe_tables}, files, {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
@@ -243,19 +242,21 @@ def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
 @click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
 @click.option("--out-dir", default=None, type=click.Path(), help="Also draw the constant against sparsity here.")
 def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
-    """The Lipschitz constant of the gradient against sparsity (studies run with --probes lipschitz)."""
-    from analysis.load import load_probe_values
-    from analysis.probes import lipschitz_table, lipschitz_verdict
+    """The Lipschitz constant of the gradient along each study's best trial's run, per sparsity and batch
+    size, as the paper measures it (studies run with --probes lipschitz)."""
+    from analysis.load import load_best_trial_probes
+    from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict
 
-    values = load_probe_values(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri)
-    summary = lipschitz_table(values)
-    human = summary.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n" + "\n".join(
-        lipschitz_verdict(summary))
-    _emit(summary, output_format, human)
+    by_study = lipschitz_by_study(load_best_trial_probes(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
+    summary = lipschitz_table(by_study)
+    human = (by_study.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n\nper sparsity:\n"
+             + summary.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n"
+             + "\n".join(lipschitz_verdict(summary)))
+    _emit(by_study, output_format, human)
     if out_dir:
         from analysis.plots import lipschitz_figure
 
-        for path in lipschitz_figure(summary, Path(out_dir)):
+        for path in lipschitz_figure(by_study, Path(out_dir)):
             click.echo(str(path), err=True)
 
 
@@ -278,25 +279,29 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
     _emit(summary, output_format, summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
-def _probe_sections(experiments, tracking_uri, fits, directory: Path) -> list[tuple[str, pd.DataFrame, list[Path]]]:
+def _probe_sections(experiments, tracking_uri, fits,
+                    directory: Path) -> list[tuple[str, str, pd.DataFrame, list[Path]]]:
     """Probe summaries for the report, when the studies logged probes (else nothing)."""
-    from analysis.load import load_probe_values
+    from analysis.load import load_best_trial_probes, load_probe_values
     from analysis.plots import lipschitz_figure, noise_scale_figure
-    from analysis.probes import lipschitz_table, lipschitz_verdict, noise_scale_table
+    from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 
     sections = []
     try:
-        summary = lipschitz_table(load_probe_values(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
+        by_study = lipschitz_by_study(load_best_trial_probes(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
+        summary = lipschitz_table(by_study)
         verdict = pd.DataFrame({"finding": lipschitz_verdict(summary)})
-        sections.append(("Lipschitz constant of the gradient against sparsity", summary,
-                         lipschitz_figure(summary, directory)))
-        sections.append(("Does the constant rise with sparsity?", verdict, []))
+        sections.append(("lipschitz", "Lipschitz constant of the gradient along the best trial's run, per "
+                         "sparsity and batch size", by_study, lipschitz_figure(by_study, directory)))
+        sections.append(("lipschitz_per_sparsity", "Lipschitz constant per sparsity (over batch sizes)", summary,
+                         []))
+        sections.append(("lipschitz_verdict", "Does the constant rise with sparsity?", verdict, []))
     except EdpsError:
         pass
     try:
         latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri, history=False)
         table = noise_scale_table(latest, fits)
-        sections.append(("Gradient noise scale B_simple beside the fitted B_crit", table,
+        sections.append(("noise_scale", "Gradient noise scale B_simple beside the fitted B_crit", table,
                          noise_scale_figure(table, directory)))
     except EdpsError:
         pass

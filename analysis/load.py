@@ -161,7 +161,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     names = dict(found)
     runs = _paged(client, [i for i, _ in found],
                   filter_string(tags={n.TAG_KIND: n.KIND_STUDY}, status=RunState.FINISHED.value))
-    rows = []
+    rows: dict[str, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
@@ -170,7 +170,11 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
             continue  # not a study run of ours, or one refused before it logged anything
         best_learning_rate = params.get(n.PARAM_BEST_PREFIX + "learning_rate")
         best_momentum = params.get(n.PARAM_BEST_PREFIX + "momentum")
-        rows.append({
+        # One row per measurement, the latest: a study run again (same key), or a study that differs only in
+        # its probes (same result key: probes never change a result), is the same measurement.
+        result_key = tags.get(n.TAG_RESULT_KEY) or tags.get(n.TAG_STUDY_KEY) or run.info.run_id
+        rows.pop(result_key, None)
+        rows[result_key] = ({
             "workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
             "sparsity": sparsity, "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
             "check_interval": _number(params.get(n.PARAM_SPEC_PREFIX + "check_interval")),
@@ -186,9 +190,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
         })
     if not rows:
         raise EdpsError(f"experiment(s) {', '.join(experiments)} hold no finished study runs")
-    table = pd.DataFrame(rows, columns=list(STUDY_COLUMNS))
-    # A study run again (same key) is the same measurement: keep the latest.
-    return table.drop_duplicates("study_key", keep="last").reset_index(drop=True)
+    return pd.DataFrame(list(rows.values()), columns=list(STUDY_COLUMNS))
 
 
 def _number(text: str | None) -> float | None:
@@ -369,4 +371,58 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
             rows.append({**base, "step": None, "value": run.data.metrics[metric]})
     if not rows:
         raise EdpsError(f"no trial in {', '.join(experiments)} logged {metric}; run studies with --probes")
+    return pd.DataFrame(rows)
+
+
+@_with_http_limits
+def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_uri: str | None = None) -> pd.DataFrame:
+    """``metric`` along each study's best trial's whole run: one row per (study, probe step).
+
+    A study names that run in its ``edps.best_probe_run`` tag (``--probe-trials best`` or ``all``). A study
+    probed before the tag existed has no such run: its probed trials, cut short by early stopping, are
+    pooled instead, and the ``source`` column says so. ``trials_used`` counts the trial runs read.
+    """
+    client = _client(tracking_uri)
+    found = _experiments(client, experiments)
+    studies = _paged(client, [i for i, _ in found],
+                     filter_string(tags={n.TAG_KIND: n.KIND_STUDY}, status=RunState.FINISHED.value))
+    rows: list[dict[str, Any]] = []
+    legacy: dict[str, dict[str, Any]] = {}
+    seen_results: set[str] = set()
+    for run in sorted(studies, key=lambda r: r.info.start_time or 0, reverse=True):
+        tags, params = run.data.tags, run.data.params
+        if not params.get(n.PARAM_SPEC_PREFIX + "probes"):
+            continue
+        try:
+            base = {"workload": tags[n.TAG_WORKLOAD], "optimizer": tags[n.TAG_OPTIMIZER],
+                    "sparsity": float(tags[n.TAG_SPARSITY]), "batch_size": int(tags[n.TAG_BATCH_SIZE]),
+                    "study_run_id": run.info.run_id}
+        except (KeyError, ValueError):
+            continue
+        # One measurement per result (the latest study of it): probes never change a result.
+        result = tags.get(n.TAG_RESULT_KEY) or tags.get(n.TAG_STUDY_KEY) or run.info.run_id
+        if result in seen_results:
+            continue
+        seen_results.add(result)
+        probe_run = tags.get(n.TAG_BEST_PROBE_RUN)
+        if probe_run:
+            for point in client.get_metric_history(probe_run, metric):
+                rows.append({**base, "step": point.step, "value": point.value, "trial_run_id": probe_run,
+                             "source": "best trial, whole run"})
+        elif n.TAG_PROBED_TRIALS not in tags and tags.get(n.TAG_STUDY_KEY):
+            legacy[tags[n.TAG_STUDY_KEY]] = base
+    if legacy:
+        trials = _paged(client, [i for i, _ in found],
+                        filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300}))
+        for trial in trials:
+            base = legacy.get(trial.data.tags.get(n.TAG_STUDY_KEY, ""))
+            if base is None:
+                continue
+            for point in client.get_metric_history(trial.info.run_id, metric):
+                rows.append({**base, "step": point.step, "value": point.value, "trial_run_id": trial.info.run_id,
+                             "source": "all probed trials, cut by early stopping (studies probed before "
+                                       "--probe-trials)"})
+    if not rows:
+        raise EdpsError(f"no study in {', '.join(experiments)} has {metric} along its best trial's run; run "
+                        f"studies with --probes (a study whose trials all missed the goal has no best trial)")
     return pd.DataFrame(rows)

@@ -155,20 +155,24 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     return _save(figure, directory, f"sparsity_{workload}_{optimizer}")
 
 
-def lipschitz_figure(summary: pd.DataFrame, directory: Path) -> list[Path]:
-    """The median Lipschitz constant against sparsity, with its spread over trials, per curve."""
-    figure, axis = plt.subplots(figsize=(6.0, 4.2))
-    for (workload, optimizer), group in summary.groupby(["workload", "optimizer"], sort=True):
-        group = group.sort_values("sparsity")
+def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
+    """The Lipschitz constant along each study's best trial's run against batch size, one line per
+    sparsity (markers: the median over probe steps; bars reach the maximum)."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.4))
+    for (workload, optimizer, sparsity), group in by_study.groupby(["workload", "optimizer", "sparsity"], sort=True):
+        group = group.sort_values("batch_size")
         median = group["lipschitz_median"].to_numpy()
-        spread = np.vstack([median - group["over_trials_p25"].to_numpy(), group["over_trials_p75"].to_numpy() - median])
-        axis.errorbar(group["sparsity"], median, yerr=spread, fmt="o-", capsize=3, label=f"{workload}, {optimizer}")
+        upper = group["lipschitz_max"].to_numpy() - median
+        axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
+                      capsize=3, label=f"{workload}, {optimizer}, sparsity {sparsity:g}")
+    axis.set_xscale("log", base=2)
     axis.set_yscale("log")
-    axis.set_xlabel("sparsity (fraction of parameters pruned)")
+    axis.set_xlabel("batch size")
     axis.set_ylabel("Lipschitz constant of the gradient")
-    axis.set_title("median over trials (bars: quartiles over trials)", fontsize=9)
+    axis.set_title("along the best trial's run: median over probe steps (bar: maximum)", fontsize=9)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.tight_layout()
     return _save(figure, directory, "lipschitz")
 
 

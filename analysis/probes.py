@@ -7,18 +7,31 @@ import numpy as np
 import pandas as pd
 
 
-def lipschitz_table(values: pd.DataFrame) -> pd.DataFrame:
-    """Per (workload, optimizer, sparsity): the median constant, its spread over trials (quartiles
-    of the per-trial medians) and over training (10th and 90th percentile of all measurements)."""
+def lipschitz_by_study(values: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, optimizer, sparsity, batch size): the constant along the best trial's run, as the
+    paper measures it (median and maximum over its probe steps), and how many trial runs gave the values."""
     rows = []
-    for (workload, optimizer, sparsity), group in values.groupby(["workload", "optimizer", "sparsity"], sort=True):
-        per_trial = group.groupby("trial_run_id")["value"].median()
-        rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity, "trials": len(per_trial),
-                     "measurements": len(group), "lipschitz_median": float(per_trial.median()),
-                     "over_trials_p25": float(per_trial.quantile(0.25)),
-                     "over_trials_p75": float(per_trial.quantile(0.75)),
-                     "over_training_p10": float(group["value"].quantile(0.1)),
-                     "over_training_p90": float(group["value"].quantile(0.9))})
+    keys = ["workload", "optimizer", "sparsity", "batch_size"]
+    for (workload, optimizer, sparsity, batch_size), group in values.groupby(keys, sort=True):
+        rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity, "batch_size": batch_size,
+                     "lipschitz_median": float(group["value"].median()), "lipschitz_max": float(group["value"].max()),
+                     "probe_steps": len(group), "first_step": int(group["step"].min()),
+                     "last_step": int(group["step"].max()), "trials_used": int(group["trial_run_id"].nunique()),
+                     "source": "; ".join(sorted(set(group["source"])))})
+    return pd.DataFrame(rows)
+
+
+def lipschitz_table(by_study: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, optimizer, sparsity): the median over batch sizes of each study's median along its
+    best trial's run, the range of those medians and the largest value seen."""
+    rows = []
+    for (workload, optimizer, sparsity), group in by_study.groupby(["workload", "optimizer", "sparsity"], sort=True):
+        rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                     "batch_sizes": len(group), "trials_used": int(group["trials_used"].sum()),
+                     "lipschitz_median": float(group["lipschitz_median"].median()),
+                     "lowest_study_median": float(group["lipschitz_median"].min()),
+                     "highest_study_median": float(group["lipschitz_median"].max()),
+                     "lipschitz_max": float(group["lipschitz_max"].max())})
     return pd.DataFrame(rows)
 
 

@@ -153,8 +153,11 @@ protocol_options = _options(
     click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=None,
                  help="Seconds between progress lines when not on a terminal (default: 10 for a study, 30 for a sweep)."),
     click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
-    click.option("--probe-interval", type=click.IntRange(min=1), default=1000, show_default=True,
-                 help="Steps between probe calls."),
+    click.option("--probe-interval", type=OPTIONAL_INT, default="default", show_default=True,
+                 help="Steps between probe calls; 'default': the workload's (the paper's workloads: 1,000)."),
+    click.option("--probe-trials", type=click.Choice(["best", "all"]), default="best", show_default=True,
+                 help="Which trials probe, each along its whole run: best (the study runs without probes, then "
+                      "trains its best trial again with them) or all (every trial, each to its goal or the cap)."),
     click.option("--allow-tf32", type=click.BOOL, default=False, show_default=True,
                  help="true: TF32 matmuls and convolutions on GPUs that have them (default: full FP32, as the "
                       "paper; part of the study key)."),
@@ -186,15 +189,15 @@ def cli() -> None:
               help="When another live process runs this study, wait for it (or take over when it dies).")
 def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
-          data_dir: str | None, experiment: str | None, log_interval: float, probes: str, probe_interval: int,
-          allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
+          data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
+          probe_interval: int | None, probe_trials: str, allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
           full_evaluation: bool, system_metrics: bool, curve_interval: int | None, wait: bool) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
 
     spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
-                           seed, parse_probes(probes), probe_interval, allow_tf32)
+                           seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
     options = ExecutionOptions(
         full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
@@ -222,7 +225,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
           workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int, allow_tf32: bool, executor: str, workers: int | None, ray_address: str | None,
+          probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None, ray_address: str | None,
           device: str | None, wait: bool) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import parse_probes
@@ -235,7 +238,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
         batch_sizes, sparsities = get_workload(workload).paper_grid()
     spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes,
                            sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
-                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32)
+                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
     run_sweep(spec, SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
         data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -84,6 +84,24 @@ class OptimizerSettings:
 # Probes a study may ask for (their code is in probes.py, which needs torch; the names do not).
 PROBE_NAMES = ("lipschitz", "noise_scale")
 
+
+class ProbeTrials(str, Enum):
+    """Which trials of a study are measured by its probes. A probed trial trains its whole run (to its
+    goal, the cap or divergence) whatever the early-stopping mode, as the original measures."""
+
+    # The study trains (or reuses) its trials without probes, then trains its best trial again, with the
+    # probes, to its goal. The same trajectory: probes never touch the training state.
+    BEST = "best"
+    # Every trial probes, so every trial trains its whole run (the cost of --full-trials and the probes').
+    ALL = "all"
+
+    @classmethod
+    def parse(cls, name: str) -> "ProbeTrials":
+        try:
+            return cls(name)
+        except ValueError:
+            raise EdpsError(f"unknown probe trials {name!r}; choose {' or '.join(k.value for k in cls)}") from None
+
 # What the engine can represent: step counters and caps are far below 2**63 with this bound, and
 # the shared best step of worker processes is a signed 64-bit integer.
 MAX_STEP_CAP = 10**9
@@ -130,6 +148,10 @@ class StudySpec:
     # for them must not reuse trials measured without them, so they enter the keys when present.
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
+    # Which trials the probes measure (only meaningful with probes). ``best`` enters the key; ``all``
+    # does not, so that studies probed before this choice existed keep their keys (they are found
+    # again only in the whole-run mode, see trains_whole_runs).
+    probe_trials: ProbeTrials = ProbeTrials.ALL
     # TF32 matmuls and convolutions on GPUs that have them (off: full FP32, as the original). It can
     # change results, so it enters the keys when on.
     allow_tf32: bool = False
@@ -161,6 +183,10 @@ class StudySpec:
         object.__setattr__(self, "optimizer", OptimizerKind.parse(self.optimizer) if isinstance(self.optimizer, str)
                            and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
+        object.__setattr__(self, "probe_trials", ProbeTrials.parse(self.probe_trials)
+                           if not isinstance(self.probe_trials, ProbeTrials) else self.probe_trials)
+        if not self.probes:  # the choice means nothing without probes: one spelling of the plain study
+            object.__setattr__(self, "probe_trials", ProbeTrials.ALL)
         object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
         if self.data_fingerprint is not None and not (
                 isinstance(self.data_fingerprint, str) and len(self.data_fingerprint) == 64
@@ -171,8 +197,10 @@ class StudySpec:
     def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
               check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
-              probe_interval: int = 1000, allow_tf32: bool = False) -> "StudySpec":
-        """A study with the workload's protocol (trials, goal, cap, check interval) wherever a value is None."""
+              probe_interval: int | None = None, allow_tf32: bool = False,
+              probe_trials: ProbeTrials | str = ProbeTrials.BEST) -> "StudySpec":
+        """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
+        value is None."""
         from edps_mlflow.workloads import get_workload
 
         item = get_workload(workload)
@@ -182,16 +210,21 @@ class StudySpec:
                    goal_error if goal_error is not None else item.goal_error,
                    max_steps if max_steps is not None else item.max_steps,
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
-                   probe_interval, allow_tf32)
+                   probe_interval if probe_interval is not None else item.probe_interval,
+                   allow_tf32=allow_tf32, probe_trials=probe_trials)
 
     def key_fields(self) -> dict[str, Any]:
         fields = asdict(self)
         fields["optimizer"] = self.optimizer.value
         # A new field with a default must not change old keys: these enter only when set.
         if not self.probes:
-            del fields["probes"], fields["probe_interval"]
+            del fields["probes"], fields["probe_interval"], fields["probe_trials"]
         else:
             fields["probes"] = list(self.probes)
+            if self.probe_trials is ProbeTrials.ALL:
+                del fields["probe_trials"]
+            else:
+                fields["probe_trials"] = self.probe_trials.value
         if not self.allow_tf32:
             del fields["allow_tf32"]
         if self.data_fingerprint is None:
@@ -201,6 +234,33 @@ class StudySpec:
     @property
     def study_key(self) -> str:
         return content_key({"kind": "study", **self.key_fields()})
+
+    @property
+    def trains_whole_runs(self) -> bool:
+        """Every trial probes, so none is cut short by exact early stopping."""
+        return bool(self.probes) and self.probe_trials is ProbeTrials.ALL
+
+    @property
+    def probes_best_only(self) -> bool:
+        return bool(self.probes) and self.probe_trials is ProbeTrials.BEST
+
+    @property
+    def training_spec(self) -> "StudySpec":
+        """The study whose trials are trained and reused: without probes when only the best trial probes,
+        so that such a study shares every trial with the plain study."""
+        return replace(self, probes=(), probe_trials=ProbeTrials.ALL) if self.probes_best_only else self
+
+    @property
+    def probe_spec(self) -> "StudySpec":
+        """The study whose trials carry the probes: a best-only study's probed re-run of its best trial is
+        the trial of the all-trials study with the same key (and either reuses the other's)."""
+        return replace(self, probe_trials=ProbeTrials.ALL)
+
+    @property
+    def result_key(self) -> str:
+        """The key of the measurement itself (probes never change a trajectory or a result): studies that
+        differ only in their probes share it, and the analysis counts them once."""
+        return replace(self, probes=(), probe_trials=ProbeTrials.ALL).study_key
 
     def trial_seed(self, trial_index: int) -> int:
         """Each trial has its own initialisation seed (hence its own SNIP mask)."""

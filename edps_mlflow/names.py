@@ -53,6 +53,11 @@ TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
+# The key of a study's measurement without its probes (probes never change a result): studies that
+# differ only in probes share it, and the analysis counts them once.
+TAG_RESULT_KEY = "edps.result_key"
+TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
+TAG_BEST_PROBE_RUN = "edps.best_probe_run"  # the trial run with the probes along the best trial's whole run
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
 TAG_ANALYSIS_SWEEP_RUNS = "edps.analysis.sweep_runs"

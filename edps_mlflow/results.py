@@ -88,6 +88,27 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class ProbedTrials:
+    """Which trials of a study carried its probes (``mode``: ``all`` or ``best``, as ProbeTrials), and
+    the run that holds the probes along the best trial's whole run (None when no trial reached the goal)."""
+
+    mode: str
+    best_trial_index: int | None
+    best_probe_run_id: str | None
+    reused: bool = False  # the best trial's probed run came from the store (an earlier study measured it)
+    seconds: float = 0.0  # training and probing the best trial again
+    probe_seconds: float = 0.0  # of which in the probes
+
+    def sentence(self) -> str:
+        if self.best_probe_run_id is None:
+            return "No trial reached the goal, so no trial's run was probed."
+        which = "every trial probed along its whole run" if self.mode == "all" else \
+            f"the best trial (trial {self.best_trial_index}) was trained again with the probes, to its goal"
+        return f"Probes: {which}; the best trial's probed run is {self.best_probe_run_id}" + \
+            (" (reused from an earlier study)." if self.reused else ".")
+
+
+@dataclass(frozen=True)
 class StudyOutcome:
     """A finished study: its result and every trial's record."""
 

@@ -35,6 +35,7 @@ from edps_mlflow.resources import (
 )
 from edps_mlflow.results import (
     Check,
+    ProbedTrials,
     StudyOutcome,
     TrialRecord,
     TrialResult,
@@ -160,6 +161,8 @@ def curve_interval_for(spec: StudySpec, validation_size: int, requested: int | N
 
 def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
                     options: ExecutionOptions) -> EngineSettings:
+    """How the engine trains the trials of ``spec`` (its probes included: pass the training spec for a
+    study that probes only its best trial)."""
     return EngineSettings(
         batch_size=spec.batch_size, max_steps=spec.max_steps, check_interval=spec.check_interval,
         allowed_errors=workload.allowed_errors(spec.goal_error, validation_size), data_seed=spec.seed,
@@ -172,8 +175,10 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
                device: str, train_size: int, curve_interval: int) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
     space = workload.search_space(spec.optimizer.value)
-    trials = [TrialSpec(spec, index, point) for index, point in enumerate(space.points(spec.trials))]
-    reused = plan_reuse(trials, finished_trials(tracker.client, tracker.experiment_id, spec), options.full_trials)
+    # A study that probes only its best trial trains (and shares) the plain study's trials.
+    trained = spec.training_spec
+    trials = [TrialSpec(trained, index, point) for index, point in enumerate(space.points(spec.trials))]
+    reused = plan_reuse(trials, finished_trials(tracker.client, tracker.experiment_id, trained), options.full_trials)
     neighbour = neighbour_best_point(tracker.client, tracker.experiment_id, spec)
     to_train = order_trials([t for t in trials if t.index not in reused], workload,
                             neighbour[1] if neighbour else None)
@@ -223,7 +228,10 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
-    settings = engine_settings(spec, workload, data.validation_size, options)
+    if spec.trains_whole_runs and not options.full_trials:
+        # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
+        options = replace(options, full_trials=True)
+    settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
     # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
     # starting against an unreachable store does.
     client = connect(options.tracking_uri) if options.parent_run_id else open_store(options.tracking_uri)
@@ -252,7 +260,13 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         records = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial)
         outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
                                             time.perf_counter() - started)
-        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors)
+        probed = None
+        if spec.probes_best_only:
+            probed = probe_best_trial(spec, outcome, workload, data, str(device), options, tracker, out)
+        elif spec.probes:
+            best = outcome.best_record()
+            probed = ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
+        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed)
         tracker.finish_study()
     except KeyboardInterrupt:
         tracker.abort(interrupted=True)
@@ -261,6 +275,8 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         tracker.abort(interrupted=False)
         raise
     _print_outcome(outcome, out)
+    if probed is not None:
+        print(probed.sentence(), file=out, flush=True)
     print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)
     return outcome
 
@@ -334,7 +350,7 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
     progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
                              on_trial=on_trial)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress)
-    job = TrainingJob(spec=spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
+    job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
                       exact_early_stopping=not options.full_trials, schedule=plan.schedule)
     best_known = plan.best_known if not options.full_trials else None
@@ -351,6 +367,49 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
             steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error,
             run_id=stored.run_id, reused=True)
     return records
+
+
+def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: Any, device: str,
+                     options: ExecutionOptions, tracker: StudyTracker, out: TextIO) -> ProbedTrials:
+    """Train the study's best trial again, with the probes, along its whole run (to its goal), as a
+    trial run nested under the study run; or find that run in the store.
+
+    The probed run is the trial of the all-trials study with the same key (``spec.probe_spec``), so either
+    study reuses the other's. Probes never touch the training state, so the run follows the same
+    trajectory and reaches the goal at the same step; a different step is reported, not hidden.
+    """
+    best = outcome.best_record()
+    if best is None:
+        print("probes: no trial reached the goal, so there is no best trial to probe", file=out, flush=True)
+        return ProbedTrials("best", None, None)
+    started = time.perf_counter()
+    probe_spec = spec.probe_spec
+    trial = TrialSpec(probe_spec, best.trial.index, best.trial.metaparameters)
+    stored = finished_trials(tracker.client, tracker.experiment_id, probe_spec).get(trial.trial_key)
+    if stored is not None and stored.status is best.status:
+        print(f"probes: the best trial (trial {trial.index}) was already probed along its run: run "
+              f"{stored.run_id}", file=out, flush=True)
+        return ProbedTrials("best", trial.index, stored.run_id, reused=True)
+    print(f"probes: training the best trial (trial {trial.index}) again with {', '.join(probe_spec.probes)} "
+          f"every {probe_spec.probe_interval} steps, to its goal", file=out, flush=True)
+    settings = engine_settings(probe_spec, workload, data.validation_size, options)
+    layout = study_layout(device.split(":")[0], spec.batch_size, 1, 1, options.threads, 1)
+    progress = StudyProgress(1, 1, stream=out, log_interval=options.log_interval)
+    recorder = _Recorder(tracker, {trial.index: trial}, progress)
+    space = workload.search_space(spec.optimizer.value)
+    job = TrainingJob(spec=probe_spec, points=tuple(space.points(spec.trials)), settings=settings,
+                      data_dir=options.data_dir, device=device, threads=layout.threads, exact_early_stopping=False,
+                      schedule=Schedule.DEPTH_FIRST)
+    train_inline(job, [[trial.index]], data.to(device),
+                 LocalStepBound(settings.max_steps, settings.check_interval, False, None), recorder)
+    progress.close()
+    record = recorder.records[trial.index]
+    if (record.status, record.steps_to_result) != (best.status, best.steps_to_result):
+        print(f"warning: the probed run of trial {trial.index} ended {record.status.value} at "
+              f"{record.steps_to_result} steps, the unprobed run {best.status.value} at {best.steps_to_result} "
+              f"(the device is not deterministic?)", file=out, flush=True)
+    return ProbedTrials("best", trial.index, record.run_id, seconds=time.perf_counter() - started,
+                        probe_seconds=record.probe_seconds)
 
 
 def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device: str, full_trials: bool,

@@ -92,14 +92,15 @@ class SweepSpec:
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
               sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
               max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
-              probes: tuple[str, ...] = (), probe_interval: int = 1000, allow_tf32: bool = False) -> "SweepSpec":
+              probes: tuple[str, ...] = (), probe_interval: int | None = None, allow_tf32: bool = False,
+              probe_trials: str = "best") -> "SweepSpec":
         """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
         powers of two from 2 to the largest that fits the training split."""
         if batch_sizes is None:
             batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
         protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
-                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32)
+                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32, probe_trials)
         return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
 
     @property
@@ -122,6 +123,7 @@ class SweepSpec:
             "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
             "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
             **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {}),
+            **({"probe_trials": p.probe_trials.value} if p.probes_best_only else {}),
             **({"allow_tf32": True} if p.allow_tf32 else {}),
             **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})})
 
@@ -131,6 +133,7 @@ class SweepSpec:
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
                 **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
+                "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 
@@ -168,7 +171,9 @@ def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bo
     """Each study of the grid: done (a finished study run in the same early-stopping mode), partly done
     (finished trials to reuse) or to do."""
     stored = registry.study_runs(client, experiment_id, spec.workload)
-    finished = {s.study_key: s for s in stored if s.finished and s.full_trials == full_trials}
+    # A study whose every trial probes trains whole runs whatever the sweep's mode (StudySpec.trains_whole_runs).
+    whole_runs = full_trials or spec.protocol.trains_whole_runs
+    finished = {s.study_key: s for s in stored if s.finished and s.full_trials == whole_runs}
     trial_counts = registry.finished_trial_counts(client, experiment_id, spec.workload)
     plan = []
     for study in spec.studies():
@@ -187,7 +192,8 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
     ``on_trial(status, steps_to_result)`` hears of each trial that ends (the local executor's progress)."""
     started = time.perf_counter()
     client = connect(task.tracking_uri)
-    done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key, task.full_trials)
+    done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key,
+                                          task.full_trials or task.spec.trains_whole_runs)
     if done is not None:
         return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
     # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.

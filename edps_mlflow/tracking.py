@@ -40,7 +40,7 @@ from edps_mlflow import names as n
 from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
+from edps_mlflow.results import Check, ProbedTrials, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
 
 
@@ -487,7 +487,8 @@ def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
     """``lr=0.1 t001 bs=16 sp=0.9``, with the outcome (``reached@400``, ``superseded``) once it ended."""
     values = " ".join(f"{_SHORT.get(k, k)}={v:.3g}" for k, v in trial.metaparameters.items())
     study = f"bs={trial.study.batch_size} sp={trial.study.sparsity:g}"
-    return " ".join(part for part in (values, f"t{trial.index:03d}", outcome, study) if part)
+    probed = "probed" if trial.study.probes else None
+    return " ".join(part for part in (values, f"t{trial.index:03d}", outcome, probed, study) if part)
 
 
 def trial_outcome(result: TrialResult) -> str:
@@ -505,7 +506,7 @@ def _display(value: Any) -> str:
     return str(value)
 
 
-def study_description(spec: StudySpec, outcome: StudyOutcome) -> str:
+def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTrials | None = None) -> str:
     """The study run's description (Markdown, shown on its page)."""
     best = outcome.best_record()
     result = (f"**steps-to-result {outcome.steps_to_result}** (trial {best.trial.index}: "
@@ -515,7 +516,8 @@ def study_description(spec: StudySpec, outcome: StudyOutcome) -> str:
     return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}: "
             f"{result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from earlier runs). "
             f"Goal: validation error <= {spec.goal_error:g}, checked every {spec.check_interval} steps; "
-            f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all.")
+            f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all."
+            + (f"\n\n{probed.sentence()}" if probed else ""))
 
 
 EXPERIMENT_DESCRIPTION = (
@@ -543,7 +545,7 @@ def _study_tags(spec: StudySpec) -> dict[str, str]:
     return {n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: spec.study_key, n.TAG_STUDY_FAMILY: study_family(spec),
             n.TAG_WORKLOAD: spec.workload, n.TAG_OPTIMIZER: spec.optimizer.value,
             n.TAG_SPARSITY: sparsity_tag(spec.sparsity), n.TAG_BATCH_SIZE: str(spec.batch_size),
-            n.TAG_VERSION: __version__}
+            n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key}
 
 
 # ---- what a study leaves in the store ---------------------------------------------------------
@@ -584,10 +586,13 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
 
 
 def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-               allowed_errors: int) -> dict[str, Any]:
+               allowed_errors: int, probed: ProbedTrials | None = None) -> dict[str, Any]:
     """``study.json``: the study, its result and how it was run, in one document."""
     best = outcome.best_record()
     return {
+        **({"probed_trials": {"mode": probed.mode, "best_trial_index": probed.best_trial_index,
+                              "best_probe_run_id": probed.best_probe_run_id, "reused": probed.reused}}
+           if probed else {}),
         "version": __version__, "study_key": spec.study_key, "spec": spec.key_fields(),
         "steps_to_result": outcome.steps_to_result,
         "best_trial": None if best is None else {"trial_index": best.trial.index, "run_id": best.run_id,
@@ -691,17 +696,25 @@ class StudyTracker:
         self._log(self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-                       allowed_errors: int) -> None:
-        """The study's summary metrics, the best trial's metaparameters and the two artifacts."""
+                       allowed_errors: int, probed: ProbedTrials | None = None) -> None:
+        """The study's summary metrics, the best trial's metaparameters, which trials probed, and the two
+        artifacts."""
         best = outcome.best_record()
         params = {n.PARAM_BEST_PREFIX + k: v for k, v in (best.trial.metaparameters if best else {}).items()}
-        self._log(self.study_run_id, params=params, metrics=study_metrics(outcome),
-                  tags={n.MLFLOW_NOTE: study_description(spec, outcome)})
+        tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
+        if probed is not None:
+            tags[n.TAG_PROBED_TRIALS] = probed.mode
+            if probed.best_probe_run_id:
+                tags[n.TAG_BEST_PROBE_RUN] = probed.best_probe_run_id
+        metrics = study_metrics(outcome)
+        if probed is not None and probed.probe_seconds:
+            metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
+        self._log(self.study_run_id, params=params, metrics=metrics, tags=tags)
         buffer = io.StringIO()
         trials_table(outcome).to_csv(buffer, index=False)
         (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
         (self._scratch / n.ARTIFACT_STUDY_JSON).write_text(
-            json.dumps(study_json(spec, outcome, run_settings, allowed_errors), indent=2, sort_keys=True))
+            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed), indent=2, sort_keys=True))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_TRIALS_CSV))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
 
