@@ -52,6 +52,9 @@ TAG_ERROR = "edps.error"
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
+# A study run that MLflow Projects made for a sweep (``--executor mlflow-project``): the sweep run that
+# submitted it. The sweep tags it as its study right after submitting, before the entry point starts.
+TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
@@ -120,6 +123,7 @@ ARTIFACT_TRIALS_CSV = "trials.csv"
 ARTIFACT_MASK_DIR = "mask"
 ARTIFACT_MASK_FILE = "mask.npz"
 ARTIFACT_MASK_SUMMARY = "summary.json"
+ARTIFACT_LAUNCH_LOG = "mlflow-run.log"  # the output of a submitted run (`mlflow run` and its entry point)
 ARTIFACT_USED_STUDY_RUNS = "used_study_runs.txt"
 ARTIFACT_FIGURES_DIR = "figures"
 

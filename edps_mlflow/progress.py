@@ -113,6 +113,11 @@ class SweepProgress:
         self.render(force=True, event=f"{label}: steps_to_result {result}"
                     + (" (already done)" if report.skipped else ""))
 
+    def failed_study(self, text: str) -> None:
+        """A study ended without a result (its lines say why); the sweep goes on with the others."""
+        self.running = max(0, self.running - 1)
+        self.render(force=True, event=text)
+
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         remaining = self.total - self.done
