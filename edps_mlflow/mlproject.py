@@ -237,6 +237,12 @@ class ProjectLaunch:
     def check_environment(self, tracking_uri: str) -> None:
         """What must exist on this machine before the first submission (one line when it does not)."""
         if self.backend is Backend.KUBERNETES:
+            target = os.environ.get("KUBE_MLFLOW_TRACKING_URI") or tracking_uri
+            if not target.startswith(("http://", "https://")):
+                raise EdpsError(f"--backend kubernetes: the jobs cannot reach the tracking store "
+                                f"{redact_uri(target)} (not a server); use a tracking server "
+                                f"(MLFLOW_TRACKING_URI=https://...) or set KUBE_MLFLOW_TRACKING_URI to its address "
+                                f"as the cluster sees it")
             missing = [name for name in ("kubernetes", "docker") if importlib.util.find_spec(name) is None]
             if missing:
                 raise EdpsError(f"--backend kubernetes needs the Python packages {' and '.join(missing)} "
@@ -244,12 +250,6 @@ class ProjectLaunch:
             if shutil.which("docker") is None:
                 raise EdpsError("--backend kubernetes needs Docker (MLflow builds and pushes the project's image); "
                                 "no docker executable on PATH")
-            target = os.environ.get("KUBE_MLFLOW_TRACKING_URI") or tracking_uri
-            if not target.startswith(("http://", "https://", "databricks")):
-                raise EdpsError(f"--backend kubernetes: the jobs cannot reach the tracking store "
-                                f"{redact_uri(target)} (a path on this machine); use a tracking server "
-                                f"(MLFLOW_TRACKING_URI=https://...) or set KUBE_MLFLOW_TRACKING_URI to its address "
-                                f"as the cluster sees it")
             return
         if self.env_manager is EnvManager.UV and shutil.which("uv") is None:
             raise EdpsError("--env-manager uv needs the uv executable on PATH; none found (pip install uv)")
