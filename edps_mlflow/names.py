@@ -17,6 +17,9 @@ Layout in the tracking store:
   metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check; artifacts under ``mask/``.
 - Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
   an earlier live run of its key is FAILED with ``edps.yielded_to``.
+- A study run submitted through MLflow Projects (``--executor mlflow-project``) is the run MLflow made,
+  with MLflow's project tags and the entry point's params, ``edps.submitted_by`` (the sweep run) and the
+  artifact ``mlflow-run.log`` (its output, on the local backend).
 - Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
 """
 

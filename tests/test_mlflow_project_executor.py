@@ -318,6 +318,15 @@ def test_the_kubernetes_job_is_the_template_filled_in_as_mlflow_does(tmp_path, m
     assert theirs == job
 
 
+def test_the_documented_kubernetes_example_is_valid(monkeypatch):
+    from edps_mlflow.mlproject import ProjectLaunch
+
+    monkeypatch.chdir(REPO)
+    launch = ProjectLaunch("kubernetes", "local", "docs/kubernetes.json")
+    assert launch.kubernetes.job_template["metadata"]["namespace"] == "edps"
+    assert launch.kubernetes.job_template_path == REPO / "docs" / "kubernetes-job.yaml"
+
+
 # ---- the entry points pass everything through ---------------------------------------------------
 def test_study_parameters_make_the_same_study_key_in_the_entry_point():
     from mlflow.projects.utils import load_project
