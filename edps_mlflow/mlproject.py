@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -189,8 +190,6 @@ def kubernetes_job(template: dict[str, Any], project_name: str, image: str, comm
 
 def check_kubernetes_job(job: dict[str, Any]) -> None:
     """What the Kubernetes API would refuse in a built Job, as one line."""
-    import re
-
     name = job["metadata"]["name"]
     if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
         raise EdpsError(f"Kubernetes job name {name!r} is not a DNS label (lower case, digits and '-', at most 63)")
@@ -276,11 +275,24 @@ def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_di
         "bs": str(spec.batch_size), "workload": spec.workload, "optimizer": spec.optimizer.value,
         "sparsity": repr(float(spec.sparsity)), "trials": str(spec.trials), "goal_error": repr(float(spec.goal_error)),
         "max_steps": str(spec.max_steps), "check_interval": str(spec.check_interval), "seed": str(spec.seed),
-        "full_trials": _flag(full_trials), "data_dir": data_dir or "", "probes": ",".join(spec.probes),
+        # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
+        "full_trials": _flag(full_trials), "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else "",
+        "probes": ",".join(spec.probes),
         "probe_interval": str(spec.probe_interval), "allow_tf32": _flag(spec.allow_tf32),
         "device": device or "", "workers": str(workers) if workers else "default",
         "sweep_run": sweep_run_id, "sweep_key": sweep_key,
     }
+
+
+def absolute_store_uri(tracking_uri: str) -> str:
+    """A ``sqlite:///`` URI with a relative path made absolute (from this working directory)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return tracking_uri
+    path, _, query = tracking_uri[len(prefix):].partition("?")
+    if not path or path == ":memory:" or Path(path).is_absolute():
+        return tracking_uri
+    return prefix + str(Path(path).absolute()) + (f"?{query}" if query else "")
 
 
 def stage_docker_project(source: Path, base_image: str) -> Path:
@@ -335,7 +347,11 @@ class SubmittedStudy:
         """RUNNING until the run's process (or job) ends, then FINISHED, FAILED or KILLED."""
         from mlflow.entities import RunStatus
 
-        status = self._submitted.get_status()
+        try:
+            status = self._submitted.get_status()
+        except Exception as error:  # noqa: BLE001 - the Kubernetes API's errors have no common base here
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise EdpsError(f"cannot read the state of the submitted run {self.run_id}: {redact_uri(first)}") from None
         name = RunStatus.to_string(status) if isinstance(status, int) else str(status)
         return RunState.RUNNING if name == "SCHEDULED" else RunState(name)
 
@@ -376,8 +392,9 @@ def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tra
     import mlflow.projects
     from mlflow.exceptions import MlflowException
 
-    # mlflow.projects.run creates the run in the store of the fluent API: make it the sweep's.
-    mlflow.set_tracking_uri(tracking_uri)
+    # mlflow.projects.run creates the run in the store of the fluent API: make it the sweep's, and give
+    # the run the same store (its entry point runs in the project directory, not in ours).
+    mlflow.set_tracking_uri(absolute_store_uri(tracking_uri))
     arguments: dict[str, Any] = {"uri": str(project), "entry_point": ENTRY_POINT, "parameters": parameters,
                                  "experiment_id": experiment_id, "backend": launch.backend.value,
                                  "synchronous": False}

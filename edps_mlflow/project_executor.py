@@ -147,7 +147,7 @@ class ProjectExecutor:
             submission = submit(sweep.launch, self.project, parameters, sweep.tracking_uri, sweep.experiment_id,
                                 log_path)
         except EdpsError as error:
-            self._fail(label, f"{label}: submission failed: {error}")
+            self._fail(f"{label}: submission failed: {error}", running=False)
             return
         claim_submitted_run(sweep.client, submission.run_id, spec, sweep.sweep_run_id, sweep.sweep_key)
         rival = earlier_live_rival(sweep.client, sweep.experiment_id, KIND_STUDY, key, submission.run_id, self.lease)
@@ -198,7 +198,7 @@ class ProjectExecutor:
                       file=self.out, flush=True)
                 queue.appendleft(entry.spec)
                 return
-            self._fail(entry.label, f"{entry.label}: run {entry.run_id} ended without finishing the study")
+            self._fail(f"{entry.label}: run {entry.run_id} ended without finishing the study", running=False)
             return
         run = registry.get_leased(sweep.client, entry.run_id)
         if run.state is RunState.RUNNING:
@@ -206,11 +206,14 @@ class ProjectExecutor:
                                                     f"without finishing the study")
         tail = entry.submission.log_tail()
         lines = "\n".join(f"    {line}" for line in tail)
-        self._fail(entry.label, f"{entry.label}: submitted run {entry.run_id} failed ({entry.submission.describe_end()})"
+        self._fail(f"{entry.label}: submitted run {entry.run_id} failed ({entry.submission.describe_end()})"
                    + (f"; the last lines of its log:\n{lines}" if tail else ""))
 
-    def _fail(self, label: str, text: str) -> None:
+    def _fail(self, text: str, running: bool = True) -> None:
+        """Report a study that ended without its result (``running``: it held a place until now)."""
         self.failures.append(text.splitlines()[0])
+        if not running:
+            self.progress.running += 1  # failed_study counts it out again
         self.progress.failed_study(text)
 
     def _keep_log(self, entry: _Running) -> None:

@@ -111,6 +111,7 @@ def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_
     assert process.returncode == 2, (stdout[-3000:], stderr[-3000:])
     # The failure, as it happened: the run, how it ended and the last lines of its log.
     report = stdout[stdout.index(f"submitted run {victim} failed"):]
+    print(f"the failure as the sweep reported it:\n{report[:2500]}")
     assert "the last lines of its log:" in report.splitlines()[0] and "Run (ID" in report, report[:2000]
     assert "bs=64: steps_to_result" in stdout  # the sweep went on with the other study
     lines = stderr.strip().splitlines()
@@ -389,3 +390,16 @@ def test_a_study_adopts_only_the_run_submitted_for_its_own_key(sqlite_uri, monke
     client.set_terminated(run_id, "FAILED")
     with pytest.raises(EdpsError, match="is FAILED"):
         launcher_run(client, first.study_key)
+
+
+def test_paths_given_relative_to_the_sweep_stay_the_sweeps_in_the_project_directory(tmp_path, monkeypatch):
+    from edps_mlflow.mlproject import absolute_store_uri, study_parameters
+    from edps_mlflow.sweep import SweepSpec
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_store_uri("sqlite:///runs/mlflow.db") == f"sqlite:///{tmp_path}/runs/mlflow.db"
+    for uri in (f"sqlite:///{tmp_path}/a.db", "http://127.0.0.1:5000", "sqlite:///:memory:"):
+        assert absolute_store_uri(uri) == uri
+    study = SweepSpec.build("digits-simple-cnn", ("sgd",), (16,), trials=2).studies()[0]
+    assert study_parameters(study, "r", "k", "data", False, None, None)["data_dir"] == str(tmp_path / "data")
+    assert study_parameters(study, "r", "k", None, False, None, None)["data_dir"] == ""
