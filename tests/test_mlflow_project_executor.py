@@ -71,12 +71,13 @@ def _adopted_studies(client: MlflowClient) -> dict[str, str]:
     return {r.data.tags["edps.batch_size"]: r.info.run_id for r in runs if "edps.run.device" in r.data.tags}
 
 
-def _wait_for_adopted(client: MlflowClient, process: subprocess.Popen, count: int) -> dict[str, str]:
+def _wait_for_adopted(client: MlflowClient, process: subprocess.Popen, batch_sizes: set[str]) -> dict[str, str]:
+    """Wait until the studies of these batch sizes run in their submitted runs; batch size -> run id."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()
         adopted = _adopted_studies(client)
-        if len(adopted) >= count:
+        if batch_sizes <= set(adopted):
             return adopted
         time.sleep(0.5)
     pytest.fail("the submitted studies never started")
@@ -100,20 +101,24 @@ def _study_process(run_id: str) -> int:
 
 @pytest.mark.slow
 def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_reference, tmp_path):
-    """Each study a nested run of the MLproject; one study's process killed: reported with its run id and
-    log, the other study finishes; the rerun retries it; results equal the local executor's."""
+    """Each study a nested run of the MLproject, one at a time (--workers 1); the first study's process
+    killed: reported with its run id and log, and the sweep goes on with the second; the rerun retries
+    the first; results equal the local executor's."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)  # creates the store before the sweep does (see test_sweep.py)
-    process = _sweep([*GRID, *PROJECT, "--experiment", EXPERIMENT], tmp_path, MLFLOW_TRACKING_URI=uri)
-    victim = _wait_for_adopted(client, process, 1).get("16") or _wait_for_adopted(client, process, 2)["16"]
+    process = _sweep([*GRID, *PROJECT, "--workers", "1", "--experiment", EXPERIMENT], tmp_path,
+                     MLFLOW_TRACKING_URI=uri)
+    victim = _wait_for_adopted(client, process, {"64"})["64"]  # larger batches are submitted first
     os.kill(_study_process(victim), signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 2, (stdout[-3000:], stderr[-3000:])
+    # At most --workers submitted at once: the second study once the first ended; the sweep went on with it.
+    assert stdout.index(f"submitted run {victim} failed") < stdout.index("bs=16: submitted as run"), stdout[-3000:]
+    assert "bs=16: steps_to_result" in stdout
     # The failure, as it happened: the run, how it ended and the last lines of its log.
     report = stdout[stdout.index(f"submitted run {victim} failed"):]
     print(f"the failure as the sweep reported it:\n{report[:2500]}")
     assert "the last lines of its log:" in report.splitlines()[0] and "Run (ID" in report, report[:2000]
-    assert "bs=64: steps_to_result" in stdout  # the sweep went on with the other study
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edps: error: 1 of 2 studies failed"), stderr[-3000:]
     failed = client.get_run(victim)
@@ -148,7 +153,7 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(local_referenc
     client = MlflowClient(uri)
     lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
     process = _sweep([*GRID, *PROJECT, "--experiment", EXPERIMENT], tmp_path, **lease)
-    adopted = _wait_for_adopted(client, process, 2)
+    adopted = _wait_for_adopted(client, process, {"16", "64"})
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate()
     assert all(client.get_run(r).info.status == "RUNNING" for r in adopted.values())
