@@ -22,6 +22,7 @@ writes through tracking.py.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections import deque
@@ -126,6 +127,10 @@ class ProjectExecutor:
         except BaseException:
             self._cancel_all()
             raise
+        finally:
+            if self.project != self.sweep.project:
+                # MLflow built each job's image from the staged copy when it submitted the job.
+                shutil.rmtree(self.project, ignore_errors=True)
         return self.failures
 
     # ---- one study -----------------------------------------------------------------------------

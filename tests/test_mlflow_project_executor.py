@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -262,7 +263,6 @@ def test_kubernetes_tools_missing_here_are_one_line(sqlite_uri, tmp_path, monkey
     monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
     monkeypatch.setenv("KUBE_MLFLOW_TRACKING_URI", "http://mlflow.edps.svc:5000")
     import importlib.util
-    import shutil
 
     missing = [name for name in ("kubernetes", "docker") if importlib.util.find_spec(name) is None]
     if not missing and shutil.which("docker"):
@@ -274,8 +274,6 @@ def test_kubernetes_tools_missing_here_are_one_line(sqlite_uri, tmp_path, monkey
 
 
 def test_env_manager_uv_without_uv_is_one_line(sqlite_uri, monkeypatch, capsys):
-    import shutil
-
     if shutil.which("uv"):
         pytest.skip("uv is installed here")
     monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
@@ -283,7 +281,7 @@ def test_env_manager_uv_without_uv_is_one_line(sqlite_uri, monkeypatch, capsys):
 
 
 # ---- the Kubernetes job, built and checked without a cluster --------------------------------------
-def test_the_kubernetes_job_is_the_template_filled_in_as_mlflow_does(tmp_path, monkeypatch):
+def test_the_kubernetes_job_is_the_template_filled_in_as_mlflow_does(tmp_path, monkeypatch, request):
     from mlflow.projects.utils import load_project
 
     from edps_mlflow.mlproject import ProjectLaunch, preview_kubernetes_job, stage_docker_project, study_parameters
@@ -295,6 +293,7 @@ def test_the_kubernetes_job_is_the_template_filled_in_as_mlflow_does(tmp_path, m
         "kube-job-template-path": str(tmp_path / "job.yaml"), "repository-uri": "registry.example.org/edps",
         "kube-context": "lab"}
     staged = stage_docker_project(REPO, launch.kubernetes.base_image)
+    request.addfinalizer(lambda: shutil.rmtree(staged, ignore_errors=True))
     project = load_project(str(staged))
     assert project.docker_env == {"image": "registry.example.org/torch-mlflow:2.13"}
     assert (staged / "edps_mlflow" / "cli.py").read_text() == (REPO / "edps_mlflow" / "cli.py").read_text()
