@@ -46,6 +46,7 @@ KUBE_CONTEXT = "kube-context"
 KUBE_BASE_IMAGE = "base-image"  # ours: the image the project's image is built FROM (MLproject's docker_env)
 _KUBE_KEYS = (KUBE_JOB_TEMPLATE, KUBE_REPOSITORY, KUBE_CONTEXT, KUBE_BASE_IMAGE)
 LOG_TAIL_LINES = 15
+_TAIL_BYTES = 64 * 1024  # the end of a log is all a report needs (a long study's log has many progress lines)
 
 
 class Backend(str, Enum):
@@ -370,11 +371,14 @@ class SubmittedStudy:
             namespace = getattr(self._submitted, "_job_namespace", None)
             return [f"(the log is the job's: kubectl logs job/{job} -n {namespace})"] if job else []
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - _TAIL_BYTES))
+                text = log.read().decode(errors="replace")
         except OSError as error:
             return [f"(no log: {error})"]
         # A progress line rewritten in place on a terminal is many lines in one: keep the last of each.
-        kept = [line.rsplit("\r", 1)[-1] for line in text.splitlines() if line.strip()]
+        kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+        kept = [line for line in kept if line.strip()]
         return kept[-lines:]
 
     def cancel(self) -> None:

@@ -407,3 +407,22 @@ def test_paths_given_relative_to_the_sweep_stay_the_sweeps_in_the_project_direct
     study = SweepSpec.build("digits-simple-cnn", ("sgd",), (16,), trials=2).studies()[0]
     assert study_parameters(study, "r", "k", "data", False, None, None)["data_dir"] == str(tmp_path / "data")
     assert study_parameters(study, "r", "k", None, False, None, None)["data_dir"] == ""
+
+
+def test_a_submitted_run_tells_its_state_exit_code_and_the_end_of_its_log(tmp_path):
+    from mlflow.projects.submitted_run import LocalSubmittedRun
+
+    from edps_mlflow.mlproject import SubmittedStudy
+    from edps_mlflow.results import RunState
+
+    log = tmp_path / "run.log"
+    log.write_text("".join(f"line {i}\n" for i in range(20_000)) + "[ 1.0s] trials 0/2\r[ 2.0s] trials 1/2\r\nboom\n")
+    failing = SubmittedStudy(LocalSubmittedRun("run-a", subprocess.Popen(["false"])), log)
+    failing._submitted.command_proc.wait()
+    assert failing.state() is RunState.FAILED and failing.describe_end() == "exit code 1"
+    # A progress line rewritten in place keeps its last state.
+    assert failing.log_tail(3) == ["line 19999", "[ 2.0s] trials 1/2", "boom"]
+    running = SubmittedStudy(LocalSubmittedRun("run-b", subprocess.Popen(["sleep", "30"], start_new_session=True)), None)
+    assert running.state() is RunState.RUNNING
+    running.cancel()
+    assert running.state() is RunState.FAILED and running.log_tail() == []
