@@ -139,7 +139,8 @@ def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_
         # The run MLflow Projects made, nested under the sweep run, with the entry point's params.
         assert tags["mlflow.parentRunId"] == sweeps[0].info.run_id == tags["edps.submitted_by"]
         assert tags["mlflow.project.backend"] == "local" and tags["mlflow.project.entryPoint"] == "main"
-        assert study.data.params["bs"] == tags["edps.batch_size"] and study.data.params["sweep_run"] == tags["edps.submitted_by"]
+        assert study.data.params["bs"] == tags["edps.batch_size"]
+        assert study.data.params["sweep_run"] == tags["edps.submitted_by"]
     doctor = run_edps(["doctor", "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     complete = run_edps([*GRID, *PROJECT, "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
@@ -168,6 +169,27 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(local_referenc
     studies = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'", run_view_type=ViewType.ALL)
     assert sorted(r.info.run_id for r in studies) == sorted(adopted.values()), "no study run was submitted twice"
     assert _results(uri) == local_reference
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_cancels_the_runs_it_submitted(tmp_path):
+    """SIGTERM (as Ctrl-C) of the sweep: it cancels its submitted runs, which end KILLED or FAILED."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    process = _sweep([*GRID, *PROJECT, "--experiment", EXPERIMENT], tmp_path, MLFLOW_TRACKING_URI=uri)
+    adopted = _wait_for_adopted(client, process, {"16", "64"})
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "edps: interrupted" in stderr, stderr[-3000:]
+    experiment_id = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    deadline = time.monotonic() + 60
+    while client.search_runs([experiment_id], "attributes.status = 'RUNNING'") and time.monotonic() < deadline:
+        time.sleep(1)  # a cancelled study marks its runs as it stops
+    assert not client.search_runs([experiment_id], "attributes.status = 'RUNNING'"), "nothing is left RUNNING"
+    assert {client.get_run(r).info.status for r in adopted.values()} <= {"KILLED", "FAILED"}
+    for run_id in adopted.values():
+        with pytest.raises(AssertionError):
+            _study_process(run_id)  # the study processes are gone
 
 
 # ---- bad input: one line, before any work ------------------------------------------------------
@@ -212,6 +234,7 @@ def _refused(arguments: list[str], capsys) -> str:
     return lines[0]
 
 
+KUBERNETES = ["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config"]
 BAD = [
     (["--executor", "mlflow-project", "--backend", "slurm"], "'slurm' is not one of 'local', 'kubernetes'"),
     (["--executor", "mlflow-project", "--env-manager", "pip"], "'pip' is not one of 'local', 'virtualenv'"),
@@ -219,23 +242,23 @@ BAD = [
     (["--executor", "mlflow-project", "--backend-config", "x.json"], "--backend-config is for --backend kubernetes"),
     (["--executor", "mlflow-project", "--env-manager", "conda"], "--env-manager conda cannot run this project"),
     (["--env-manager", "virtualenv"], "options of --executor mlflow-project"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{dir}/none.json"],
+    ([*KUBERNETES, "{dir}/none.json"],
      "none.json does not exist"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{dir}/garbage.json"],
+    ([*KUBERNETES, "{dir}/garbage.json"],
      "garbage.json is not JSON"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{config:repository-uri=-}"],
+    ([*KUBERNETES, "{config:repository-uri=-}"],
      "needs 'repository-uri' (a non-empty string)"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{config:repository-uri=r/e:1}"],
+    ([*KUBERNETES, "{config:repository-uri=r/e:1}"],
      "must be an image repository without a tag"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{config:kube-job-template-path=/no/job.yaml}"],
+    ([*KUBERNETES, "{config:kube-job-template-path=/no/job.yaml}"],
      "Kubernetes job template /no/job.yaml does not exist"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{template:kind: Job=>kind: Pod}"],
+    ([*KUBERNETES, "{template:kind: Job=>kind: Pod}"],
      "must be a Kubernetes Job (apiVersion: batch/v1, kind: Job)"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{template:  namespace: edps\n=>}"],
+    ([*KUBERNETES, "{template:  namespace: edps\n=>}"],
      "needs metadata.namespace"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{template:restartPolicy: Never=>restartPolicy: Always}"],
+    ([*KUBERNETES, "{template:restartPolicy: Never=>restartPolicy: Always}"],
      "restartPolicy Never or OnFailure"),
-    (["--executor", "mlflow-project", "--backend", "kubernetes", "--backend-config", "{config}"],
+    ([*KUBERNETES, "{config}"],
      "the jobs cannot reach the tracking store sqlite:///"),
 ]
 
