@@ -16,13 +16,13 @@ import math
 import os
 import signal
 import sys
-from types import FrameType
 from typing import Any, Callable
 
 import click
 
 from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.resources import training_environment_missing
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         # import part of the standard library before they take over our sys.path.
         environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1"}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
+    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         cli.main(args=args, prog_name="edps", standalone_mode=False)
     except click.exceptions.Abort:
@@ -440,11 +441,6 @@ def _store_error_line(error: Exception) -> str | None:
     from edps_mlflow.tracking import store_error_line
 
     return store_error_line(error)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
-    raise KeyboardInterrupt
 
 
 def _mark_launcher_run(message: str) -> None:

@@ -40,6 +40,7 @@ from edps_mlflow import names as n
 from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.interrupts import store_call
 from edps_mlflow.results import Check, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
 
@@ -121,7 +122,8 @@ def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
     """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
     for attempt in range(attempts):
         try:
-            return action()
+            with store_call():  # a SIGTERM waits for the call's end: no transaction left open
+                return action()
         except (MlflowException, OSError) as error:
             if attempt == attempts - 1 or not is_transient(error):
                 raise
