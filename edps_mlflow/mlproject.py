@@ -251,6 +251,10 @@ class ProjectLaunch:
                 raise EdpsError("--backend kubernetes needs Docker (MLflow builds and pushes the project's image); "
                                 "no docker executable on PATH")
             return
+        if shutil.which("mlflow") is None:
+            # MLflow's local backend starts each submitted run as an `mlflow run` process.
+            raise EdpsError("--executor mlflow-project needs the mlflow command on PATH (MLflow's local backend "
+                            "starts `mlflow run` for each run); none found")
         if self.env_manager is EnvManager.UV and shutil.which("uv") is None:
             raise EdpsError("--env-manager uv needs the uv executable on PATH; none found (pip install uv)")
         if self.env_manager is EnvManager.VIRTUALENV and shutil.which("pyenv") is None:
