@@ -16,13 +16,13 @@ import math
 import os
 import signal
 import sys
-from types import FrameType
 from typing import Any, Callable
 
 import click
 
 from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.resources import training_environment_missing
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -123,6 +123,21 @@ class _ExperimentName(click.ParamType):
 OPTIONAL_INT, OPTIONAL_FLOAT = _OptionalNumber(integer=True), _OptionalNumber(integer=False)
 
 
+class _OptionalCount(click.IntRange):
+    """A positive integer, or 'default' (None), the MLproject's spelling of "leave it out"."""
+
+    def __init__(self) -> None:
+        super().__init__(min=1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if isinstance(value, str) and value.strip().lower() == "default":
+            return None
+        return super().convert(value, param, ctx)
+
+
+OPTIONAL_COUNT = _OptionalCount()
+
+
 def _options(*decorators: Callable) -> Callable[[Callable], Callable]:
     """Several click options as one decorator (applied in the order listed)."""
     def apply(command: Callable) -> Callable:
@@ -176,7 +191,8 @@ def cli() -> None:
 @click.option("--sparsity", type=float, default=0.0, show_default=True, help="Fraction pruned by SNIP, in [0, 1).")
 @protocol_options
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes on CPU (default: one per core).")
+@click.option("--workers", type=OPTIONAL_COUNT, default=None,
+              help="Worker processes on CPU (default: one per core).")
 @click.option("--pack-size", type=click.IntRange(min=1), default=None,
               help="Trials trained in lockstep (default: per device and batch size).")
 @click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
@@ -187,21 +203,30 @@ def cli() -> None:
                    "splits, else every 10th.")
 @click.option("--wait", is_flag=True,
               help="When another live process runs this study, wait for it (or take over when it dies).")
+# Set by `edps sweep --executor mlflow-project` through the MLproject: the study is that sweep's child.
+@click.option("--sweep-run", default="", hidden=True, help="The sweep run that submitted this study.")
+@click.option("--sweep-key", default="", hidden=True, help="The key of that sweep.")
 def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int | None, probe_trials: str, allow_tf32: bool, device: str | None, workers: int | None, pack_size: int | None,
-          full_evaluation: bool, system_metrics: bool, curve_interval: int | None, wait: bool) -> None:
+          probe_interval: int | None, probe_trials: str, allow_tf32: bool, device: str | None, workers: int | None,
+          pack_size: int | None, full_evaluation: bool, system_metrics: bool, curve_interval: int | None, wait: bool,
+          sweep_run: str, sweep_key: str) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
     from edps_mlflow.study import ExecutionOptions, run_study
 
+    if bool(sweep_run.strip()) != bool(sweep_key.strip()):
+        raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
     spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
                            seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
     options = ExecutionOptions(
-        full_trials=full_trials, device=device, workers=workers, pack_size=pack_size,
+        full_trials=full_trials, device=device or None, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics, wait=wait)
+        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics,
+        # A sweep's study waits for a live run of its key elsewhere, as it does in the other executors.
+        wait=wait or bool(sweep_run.strip()), parent_run_id=sweep_run.strip() or None,
+        sweep_key=sweep_key.strip() or None)
     run_study(spec, options)
 
 
@@ -214,10 +239,20 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
               help="paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the largest that fits "
                    "the training split (instead of --batch-sizes / --sparsities).")
 @protocol_options
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Local: study processes (default one per core, or per GPU).")
+@click.option("--executor", type=click.Choice(["local", "ray", "mlflow-project"]), default="local", show_default=True,
+              help="local: processes here; ray: Ray tasks; mlflow-project: each study a run of the MLproject "
+                   "through MLflow Projects (docs/executors.md).")
+@click.option("--workers", type=OPTIONAL_COUNT, default=None,
+              help="Local: study processes (default one per core, or per GPU); mlflow-project: runs submitted at "
+                   "once (default one per core).")
 @click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
+@click.option("--backend", type=click.Choice(["local", "kubernetes"]), default="local", show_default=True,
+              help="mlflow-project: MLflow Projects backend of the submitted runs.")
+@click.option("--backend-config", default="",
+              help="mlflow-project with --backend kubernetes: JSON file with MLflow's kube-job-template-path, "
+                   "repository-uri (and kube-context) and our base-image.")
+@click.option("--env-manager", type=click.Choice(["local", "virtualenv", "uv", "conda"]), default="local",
+              show_default=True, help="mlflow-project on the local backend: MLflow's environment of each run.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--wait", is_flag=True,
               help="When another live process runs this sweep, wait for it (or take over when it dies).")
@@ -225,10 +260,12 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
           workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None, ray_address: str | None,
-          device: str | None, wait: bool) -> None:
+          probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None,
+          ray_address: str | None, backend: str, backend_config: str, env_manager: str, device: str | None,
+          wait: bool) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
     from edps_mlflow.config import parse_probes
+    from edps_mlflow.mlproject import ProjectLaunch
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
     from edps_mlflow.workloads import get_workload
 
@@ -240,8 +277,9 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
                            sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
                            check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
     run_sweep(spec, SweepOptions(
-        experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device,
-        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait))
+        experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device or None,
+        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait,
+        project=ProjectLaunch(backend, env_manager, backend_config)))
 
 
 @cli.command()
@@ -372,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         # import part of the standard library before they take over our sys.path.
         environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1"}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
+    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         cli.main(args=args, prog_name="edps", standalone_mode=False)
     except click.exceptions.Abort:
@@ -406,11 +445,6 @@ def _store_error_line(error: Exception) -> str | None:
     from edps_mlflow.tracking import store_error_line
 
     return store_error_line(error)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
-    raise KeyboardInterrupt
 
 
 def _mark_launcher_run(message: str) -> None:

@@ -240,6 +240,11 @@ class StudySpec:
         """Every trial probes, so none is cut short by exact early stopping."""
         return bool(self.probes) and self.probe_trials is ProbeTrials.ALL
 
+    def full_trials(self, requested: bool) -> bool:
+        """Whether this study trains every trial to its own end: when asked, or when every trial probes. The
+        store tells the two modes apart (a study done in one is not done in the other)."""
+        return requested or self.trains_whole_runs
+
     @property
     def probes_best_only(self) -> bool:
         return bool(self.probes) and self.probe_trials is ProbeTrials.BEST

@@ -17,6 +17,9 @@ Layout in the tracking store:
   metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check; artifacts under ``mask/``.
 - Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
   an earlier live run of its key is FAILED with ``edps.yielded_to``.
+- A study run submitted through MLflow Projects (``--executor mlflow-project``) is the run MLflow made,
+  with MLflow's project tags and the entry point's params, ``edps.submitted_by`` (the sweep run) and the
+  artifact ``mlflow-run.log`` (its output, on the local backend).
 - Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
 """
 
@@ -52,6 +55,9 @@ TAG_ERROR = "edps.error"
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
+# A study run that MLflow Projects made for a sweep (``--executor mlflow-project``): the sweep run that
+# submitted it. The sweep tags it as its study right after submitting, before the entry point starts.
+TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
 # The key of a study's measurement without its probes (probes never change a result): studies that
 # differ only in probes share it, and the analysis counts them once.
@@ -125,6 +131,7 @@ ARTIFACT_TRIALS_CSV = "trials.csv"
 ARTIFACT_MASK_DIR = "mask"
 ARTIFACT_MASK_FILE = "mask.npz"
 ARTIFACT_MASK_SUMMARY = "summary.json"
+ARTIFACT_LAUNCH_LOG = "mlflow-run.log"  # the output of a submitted run (`mlflow run` and its entry point)
 ARTIFACT_USED_STUDY_RUNS = "used_study_runs.txt"
 ARTIFACT_FIGURES_DIR = "figures"
 

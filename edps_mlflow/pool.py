@@ -38,8 +38,9 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import reduction
-from types import FrameType
 from typing import Any, Callable, Iterable, Iterator
+
+from edps_mlflow.interrupts import raise_interrupt
 
 # Spawn, never fork: a forked child would inherit the parent's threads' locks (MLflow, torch).
 _CONTEXT = mp.get_context("spawn")
@@ -236,15 +237,11 @@ def _join_all(processes: list[Any], timeout: float) -> None:
 def sigterm_interrupts() -> Iterator[None]:
     """Inside, SIGTERM raises KeyboardInterrupt, so that the code inside can record that it was
     stopped (a study marks its runs KILLED); afterwards SIGTERM does what it did before."""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _worker_main(parent: int, index: int, task_queue: Any, events: Any, payload: _Deferred) -> None:

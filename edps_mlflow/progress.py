@@ -86,6 +86,7 @@ class SweepProgress:
                  interval: float = 30.0) -> None:
         self.total, self.done, self.trials_to_train, self.workers = total, done, trials_to_train, workers
         self.running = 0
+        self.failed = 0  # studies that ended without a result (the mlflow-project executor goes on after one)
         self.trials_done = 0
         self.best: dict[str, int] = {}  # study label -> best steps-to-result so far
         self.out = out
@@ -113,6 +114,12 @@ class SweepProgress:
         self.render(force=True, event=f"{label}: steps_to_result {result}"
                     + (" (already done)" if report.skipped else ""))
 
+    def failed_study(self, text: str) -> None:
+        """A study ended without a result (its lines say why); the sweep goes on with the others."""
+        self.running = max(0, self.running - 1)
+        self.failed += 1
+        self.render(force=True, event=text)
+
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         remaining = self.total - self.done
@@ -123,8 +130,9 @@ class SweepProgress:
         else:
             eta_text = "time left: after the first trial"
         best = ", ".join(f"{label} {steps}" for label, steps in list(self.best.items())[:3])
+        failed = f", {self.failed} failed" if self.failed else ""
         return (f"[{elapsed:7.1f}s] studies {self.done}/{self.total} done, {self.running} running, "
-                f"{max(0, remaining - self.running)} to do | trials {self.trials_done}/{self.trials_to_train} | "
+                f"{max(0, remaining - self.running - self.failed)} to do{failed} | trials {self.trials_done}/{self.trials_to_train} | "
                 f"{rate:.2f} trials/s | {eta_text}" + (f" | best so far: {best}" if best else ""))
 
     def render(self, force: bool = False, event: str | None = None) -> None:

@@ -44,6 +44,7 @@ from edps_mlflow.results import (
     training_limit,
 )
 from edps_mlflow.tracking import (
+    LauncherRun,
     StoreClient,
     StudyTracker,
     connect,
@@ -51,6 +52,7 @@ from edps_mlflow.tracking import (
     launcher_run,
     lease_seconds,
     open_store,
+    require_still_ours,
     resolve_experiment,
     store_errors,
     ui_link,
@@ -78,6 +80,9 @@ class ExecutionOptions:
     sweep_key: str | None = None
     # A live run of the same study elsewhere: wait for it (True; a sweep always waits) or stop.
     wait: bool = False
+    # Use the run that `mlflow run` made for this process (MLFLOW_RUN_ID) as the study run. False in a
+    # sweep's worker processes, which inherit the sweep's own MLFLOW_RUN_ID under `mlflow run -e sweep`.
+    adopt_launcher_run: bool = True
     threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
     # Steps between full validation passes that draw each trial's validation-error curve (None: the
     # workload's default; see curve_interval_for).
@@ -228,19 +233,18 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
-    if spec.trains_whole_runs and not options.full_trials:
-        # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
-        options = replace(options, full_trials=True)
+    # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
+    options = replace(options, full_trials=spec.full_trials(options.full_trials))
     settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
     # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
     # starting against an unreachable store does.
     client = connect(options.tracking_uri) if options.parent_run_id else open_store(options.tracking_uri)
     with store_errors(client):
-        launcher = None if options.parent_run_id else launcher_run(client)
+        launcher = launcher_run(client, spec.study_key) if options.adopt_launcher_run else None
         # Under `mlflow run` the study goes to the experiment of the run it made for us.
-        experiment_id = resolve_experiment(client, launcher[1] if launcher else
+        experiment_id = resolve_experiment(client, launcher.experiment_name if launcher else
                                            experiment_name_for(spec.workload, options.experiment))
-        claimed = _claim(spec, options, client, experiment_id, launcher[0] if launcher else None, out)
+        claimed = _claim(spec, options, client, experiment_id, launcher, out)
     if isinstance(claimed, LeasedRun):
         print(f"study already done: steps_to_result = {claimed.steps_to_result} in the finished study run "
               f"{claimed.run_id}; nothing to train", file=out, flush=True)
@@ -282,11 +286,13 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
 
 
 def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, experiment_id: str,
-           launcher: str | None, out: TextIO) -> StudyTracker | LeasedRun:
+           launcher: LauncherRun | None, out: TextIO) -> StudyTracker | LeasedRun:
     """Our study run, live; or the finished study run of this key when the study is already done.
 
     Never a second live run of one key: a live run elsewhere stops us with one line, or we wait for
-    it (``options.wait``); of two runs created at the same moment the later one gives way.
+    it (``options.wait``); of two runs created at the same moment the later one gives way. A run a
+    sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
+    it is not used it gives up its kind, as a run that gave way does.
     """
     lease = lease_seconds()
     label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
@@ -294,17 +300,30 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
     while True:
         done = registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials)
         if done is not None:
+            if launcher is not None and launcher.submitted:
+                yield_run(client, launcher.run_id, done.run_id, keep_kind=False)
             return done
         cleared = clear_expired(client, experiment_id, lease, spec.study_key)
         if cleared:
             print(f"marked {cleared} runs of this study left RUNNING by a dead process as FAILED", file=out)
-        live = live_runs(registry.keyed_runs(client, experiment_id, KIND_STUDY, spec.study_key), lease)
+        own = launcher.run_id if launcher is not None and launcher.submitted else None
+        live = [r for r in live_runs(registry.keyed_runs(client, experiment_id, KIND_STUDY, spec.study_key), lease)
+                if r.run_id != own]
         if live:
             if not options.wait:
                 raise EdpsError(describe_live(label, live[0], lease))
             wait_for(client, live[0].run_id, lease, out, label)
             continue
-        tracker = StudyTracker.create(client, experiment_id, spec, options.parent_run_id, options.sweep_key, launcher)
+        tracker = StudyTracker.create(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
+                                      launcher.run_id if launcher else None)
+        if own is not None:
+            # A submitted run whose sweep died before this process began may have been given up as
+            # expired in the meantime (by this process a moment ago, or by a resumed sweep).
+            try:
+                require_still_ours(client, own)
+            except EdpsError:
+                tracker.close()
+                raise
         rival = earlier_live_rival(client, experiment_id, KIND_STUDY, spec.study_key, tracker.study_run_id, lease)
         if rival is None:
             return tracker

@@ -12,17 +12,19 @@ the same key stops or waits (``--wait``), and a study that another live process 
 waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
 finished trained twice.
 
-An executor runs the studies that are not done: ``local`` (worker processes on this machine) or
-``ray`` (Ray tasks on a cluster).
+An executor runs the studies that are not done: ``local`` (worker processes on this machine),
+``ray`` (Ray tasks on a cluster) or ``mlflow-project`` (each study a run of the MLproject, submitted
+through MLflow Projects to its local or Kubernetes backend: project_executor.py).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Callable, TextIO
 
@@ -30,8 +32,17 @@ from edps_mlflow import registry
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
+from edps_mlflow.mlproject import (
+    Backend,
+    ProjectLaunch,
+    preview_kubernetes_job,
+    project_directory,
+    stage_docker_project,
+    study_parameters,
+)
 from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
+from edps_mlflow.project_executor import ProjectExecutor, ProjectSweep
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, gpu_count, sweep_layout
 from edps_mlflow.results import StudyReport
@@ -45,6 +56,7 @@ from edps_mlflow.tracking import (
     open_store,
     redact_uri,
     resolve_experiment,
+    resolve_tracking_uri,
     store_error_line,
     store_errors,
     ui_link,
@@ -52,7 +64,7 @@ from edps_mlflow.tracking import (
 )
 from edps_mlflow.workloads import get_workload
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "ray", "mlflow-project")
 
 
 @dataclass(frozen=True)
@@ -171,9 +183,7 @@ def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bo
     """Each study of the grid: done (a finished study run in the same early-stopping mode), partly done
     (finished trials to reuse) or to do."""
     stored = registry.study_runs(client, experiment_id, spec.workload)
-    # A study whose every trial probes trains whole runs whatever the sweep's mode (StudySpec.trains_whole_runs).
-    whole_runs = full_trials or spec.protocol.trains_whole_runs
-    finished = {s.study_key: s for s in stored if s.finished and s.full_trials == whole_runs}
+    finished = {s.study_key: s for s in stored if s.finished and s.full_trials == spec.protocol.full_trials(full_trials)}
     trial_counts = registry.finished_trial_counts(client, experiment_id, spec.workload)
     plan = []
     for study in spec.studies():
@@ -193,14 +203,15 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
     started = time.perf_counter()
     client = connect(task.tracking_uri)
     done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key,
-                                          task.full_trials or task.spec.trains_whole_runs)
+                                          task.spec.full_trials(task.full_trials))
     if done is not None:
         return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
     # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.
     options = ExecutionOptions(
         full_trials=task.full_trials, device=task.device, workers=1, experiment=task.experiment_name,
         data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
-        parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True)
+        parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True,
+        adopt_launcher_run=False)
     outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial)
     return StudyReport(task.spec.study_key, outcome.steps_to_result, len(outcome.records) or task.spec.trials,
                        outcome.trained, time.perf_counter() - started, skipped=not outcome.records)
@@ -298,10 +309,13 @@ class SweepOptions:
     full_trials: bool = False
     log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
     wait: bool = False  # a live run of this sweep elsewhere: wait for it instead of stopping
+    project: ProjectLaunch = field(default_factory=ProjectLaunch)  # where --executor mlflow-project submits
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise EdpsError(f"unknown executor {self.executor!r}; known executors: {', '.join(EXECUTORS)}")
+        if self.executor != "mlflow-project" and self.project != ProjectLaunch():
+            raise EdpsError("--backend, --backend-config and --env-manager are options of --executor mlflow-project")
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
             raise EdpsError(f"workers must be a positive integer, got {self.workers}")
         if self.device not in (None, "cpu", "cuda"):
@@ -333,6 +347,8 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
+    if options.executor == "mlflow-project":
+        _check_project_launch(spec, options)
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete
@@ -343,7 +359,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
         progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
                                  options.log_interval)
         if pending:
-            _dispatch(pending, spec, options, sweep, progress)
+            _dispatch(pending, spec, options, sweep, progress, out)
         return _finish(spec, options, sweep, progress, out)
     except KeyboardInterrupt:
         sweep.tracker.abort(interrupted=True)
@@ -351,6 +367,23 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     except BaseException:
         sweep.tracker.abort(interrupted=False)
         raise
+
+
+def _check_project_launch(spec: SweepSpec, options: SweepOptions) -> None:
+    """Everything --executor mlflow-project needs, checked before any work: the project, the tools of
+    the backend and environment manager, and on Kubernetes the job MLflow would submit."""
+    project = project_directory()
+    launch = options.project
+    tracking_uri = resolve_tracking_uri()
+    launch.check_environment(tracking_uri)
+    if launch.backend is Backend.KUBERNETES:
+        staged = stage_docker_project(project, launch.kubernetes.base_image)
+        try:
+            preview_kubernetes_job(launch, staged, study_parameters(
+                spec.studies()[0], "<sweep run id>", spec.sweep_key, options.data_dir, options.full_trials,
+                options.device, None), tracking_uri)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
 
 
 def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
@@ -387,9 +420,10 @@ def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:
     with store_errors(client):
         launched = launcher_run(client)
         # Under `mlflow run` the sweep goes to the experiment of the run it made for us.
-        experiment_name = launched[1] if launched else experiment_name_for(spec.workload, options.experiment)
+        experiment_name = launched.experiment_name if launched else experiment_name_for(spec.workload,
+                                                                                           options.experiment)
         experiment_id = resolve_experiment(client, experiment_name)
-        launcher = launched[0] if launched else None
+        launcher = launched.run_id if launched else None
         while True:
             runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, spec.sweep_key)
             live = live_runs(runs, lease)
@@ -459,11 +493,14 @@ def _trials_to_train(plan: list[PlannedStudy]) -> int:
 
 
 def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep,
-              progress: SweepProgress) -> None:
+              progress: SweepProgress, out: TextIO) -> None:
     """Run the pending studies on the chosen executor."""
     # Large batches first: they dominate the cost, so starting them early shortens the tail.
     pending = sorted(pending, key=lambda s: -s.batch_size)
     labels = {s.study_key: _label(s) for s in spec.studies()}
+    if options.executor == "mlflow-project":
+        _run_projects(pending, spec, options, sweep, progress, labels, out)
+        return
     if options.executor == "local":
         layout = sweep_layout(options.device, options.workers, len(pending))
         devices, workers, threads = list(layout.devices), len(layout.devices), layout.threads
@@ -481,6 +518,27 @@ def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, 
     else:
         gpus = gpu_count() if options.device in (None, "cuda") else 0
         run_ray(tasks, options.ray_address, 1.0 if gpus else 0.0, 1.0, workers, progress, labels)
+
+
+def _run_projects(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep,
+                  progress: SweepProgress, labels: dict[str, str], out: TextIO) -> None:
+    """Each pending study a run of the MLproject (project_executor.py); failures are reported as they
+    happen, and the sweep ends with one line naming them once the others are done."""
+    launch = options.project
+    workers = options.workers or available_cores()
+    progress.workers = min(workers, len(pending))
+    # On this machine the submitted studies share its cores; a Kubernetes pod sizes its own.
+    study_workers = max(1, available_cores() // progress.workers) if launch.backend is Backend.LOCAL else None
+    executor = ProjectExecutor(
+        ProjectSweep(client=sweep.client, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
+                     workload=spec.workload, sweep_run_id=sweep.tracker.run_id, sweep_key=spec.sweep_key,
+                     data_dir=options.data_dir, full_trials=options.full_trials, device=options.device,
+                     launch=launch, project=project_directory()),
+        workers, study_workers, progress, labels, out)
+    failures = executor.run(pending)
+    if failures:
+        raise EdpsError(f"{len(failures)} of {len(pending)} studies failed (reported above; first: {failures[0]}); "
+                        f"run the same command again to retry them: finished trials and studies are reused")
 
 
 def _finish(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, progress: SweepProgress,

@@ -28,7 +28,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, TypeVar
 
 import pandas as pd
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -40,6 +40,7 @@ from edps_mlflow import names as n
 from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.interrupts import store_call
 from edps_mlflow.results import Check, ProbedTrials, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
 
@@ -122,7 +123,8 @@ def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
     """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
     for attempt in range(attempts):
         try:
-            return action()
+            with store_call():  # a SIGTERM waits for the call's end: no transaction left open
+                return action()
         except (MlflowException, OSError) as error:
             if attempt == attempts - 1 or not is_transient(error):
                 raise
@@ -624,18 +626,18 @@ class StudyTracker:
     def create(cls, client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
                sweep_key: str | None = None, launcher_run_id: str | None = None) -> "StudyTracker":
         """The study run, with its kind, keys and a fresh heartbeat from its first moment: the run
-        that ``mlflow run`` made for us (``launcher_run_id``), else a new run, nested under
-        ``parent_run_id`` when given."""
+        that ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under
+        ``parent_run_id`` when given (a sweep's study, in its process or submitted as a project run)."""
         tags = {**_study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)}
         if sweep_key:
             tags[n.TAG_SWEEP_KEY] = sweep_key
+        if parent_run_id:
+            tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
         try:
             if launcher_run_id:
                 _log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
                 return cls(client, experiment_id, launcher_run_id, False, sweep_key)
             tags.update(provenance_tags())
-            if parent_run_id:
-                tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
             run = client.create_run(experiment_id, tags=tags)
             return cls(client, experiment_id, run.info.run_id, True, sweep_key)
         except MlflowException as error:
@@ -809,12 +811,21 @@ class StudyTracker:
         _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
 
 
-def launcher_run(client: StoreClient) -> tuple[str, str] | None:
-    """(run id, experiment name) of the run that ``mlflow run`` made for this process
-    (``MLFLOW_RUN_ID``), if any: our runs go to that run's experiment.
+class LauncherRun(NamedTuple):
+    """The run that ``mlflow run`` made for this process (``MLFLOW_RUN_ID``)."""
 
-    Honoured only while it is RUNNING and still empty (no kind of ours): any other run (a finished
-    study, another study's run) is never reopened; that is one line to the user.
+    run_id: str
+    experiment_name: str
+    submitted: bool  # a sweep submitted it and tagged it as this study's run already (--executor mlflow-project)
+
+
+def launcher_run(client: StoreClient, study_key: str | None = None) -> LauncherRun | None:
+    """The run that ``mlflow run`` made for this process (``MLFLOW_RUN_ID``), if any: our runs go to
+    that run's experiment.
+
+    Honoured only while it is RUNNING and still empty (no kind of ours), or, for a study
+    (``study_key``), while it is the run a sweep submitted for that very study: any other run (a
+    finished study, another study's run) is never reopened; that is one line to the user.
     """
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if not run_id:
@@ -823,12 +834,41 @@ def launcher_run(client: StoreClient) -> tuple[str, str] | None:
         run = client.get_run(run_id)
     except MlflowException as error:
         raise EdpsError(f"MLFLOW_RUN_ID={run_id}: {describe_store_error(str(client.tracking_uri), error)}") from None
-    kind = run.data.tags.get(n.TAG_KIND)
-    if run.info.status != RunStatus.to_string(RunStatus.RUNNING) or kind:
+    tags = run.data.tags
+    kind = tags.get(n.TAG_KIND)
+    running = run.info.status == RunStatus.to_string(RunStatus.RUNNING)
+    submitted = bool(kind == n.KIND_STUDY and tags.get(n.TAG_SUBMITTED_BY) and study_key)
+    if submitted and running and tags.get(n.TAG_STUDY_KEY) != study_key:
+        raise EdpsError(f"MLFLOW_RUN_ID={run_id} was submitted for study {tags.get(n.TAG_STUDY_KEY, '')[:12]}, but "
+                        f"these parameters and data make study {study_key[:12]}: the sweep and this process see "
+                        f"different data or code")
+    if not running or (kind and not submitted):
         what = f"a {kind} run" if kind else "not a new run"
         raise EdpsError(f"MLFLOW_RUN_ID={run_id} is {run.info.status} and {what}: only the empty RUNNING run that "
                         f"`mlflow run` creates is used; unset MLFLOW_RUN_ID to start a new run")
-    return run_id, client.get_experiment(run.info.experiment_id).name
+    return LauncherRun(run_id, client.get_experiment(run.info.experiment_id).name, submitted)
+
+
+def claim_submitted_run(client: StoreClient, run_id: str, spec: StudySpec, sweep_run_id: str, sweep_key: str) -> None:
+    """Make the run that MLflow Projects just created for a sweep's study that study's run: its kind,
+    keys, parent and a fresh heartbeat, before its entry point starts (seconds to minutes later), so
+    that a resumed sweep or another process sees the study as taken from this moment on."""
+    tags = {**_study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec),
+            n.MLFLOW_PARENT_RUN_ID: sweep_run_id, n.TAG_SWEEP_KEY: sweep_key, n.TAG_SUBMITTED_BY: sweep_run_id}
+    _log_batch(client, run_id, tags=tags)
+
+
+def renew_heartbeat(client: StoreClient, run_id: str) -> None:
+    """One heartbeat on a run (a sweep keeps its submitted runs live until their entry point beats itself)."""
+    client.set_tag(run_id, n.TAG_HEARTBEAT, heartbeat_tags()[n.TAG_HEARTBEAT])
+
+
+def log_launch_log(client: StoreClient, run_id: str, path: Path) -> None:
+    """The output of a submitted run as its artifact ``mlflow-run.log`` (one try: the log also stays on disk)."""
+    with tempfile.TemporaryDirectory(prefix="edps-launch-log-") as folder:
+        copy = Path(folder) / n.ARTIFACT_LAUNCH_LOG
+        shutil.copyfile(path, copy)
+        client.log_artifact(run_id, str(copy))
 
 
 def mark_refused(run_id: str, message: str) -> None:

@@ -1,0 +1,48 @@
+"""SIGTERM as KeyboardInterrupt, held back while a tracking-store call is in flight.
+
+A study stopped by SIGTERM (a cancelled `mlflow run`, a job scheduler, a sweep stopping its workers)
+records that it was stopped: its runs become KILLED. Raised in the middle of a store call, the
+interrupt can leave a sqlite transaction open in the stopping process, whose lock then blocks that
+very record and every other process on the store ("database is locked"). So the handler raises at
+once outside store calls, and at the end of the call inside one (``store_call``); store calls end
+within their timeouts. Signal handlers run in the main thread only, so the other threads (the
+heartbeat) are never interrupted and never hold one back.
+
+No imports of mlflow or torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Iterator
+
+_depth = 0  # store calls of the main thread in flight
+_pending = False  # a SIGTERM arrived during one
+
+
+def raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler: KeyboardInterrupt now, or when the store call in flight ends."""
+    global _pending
+    if _depth:
+        _pending = True
+        return
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def store_call() -> Iterator[None]:
+    """Around one call to the tracking store: a SIGTERM inside it is raised when it ends."""
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _pending:
+            _pending = False
+            raise KeyboardInterrupt

@@ -1,0 +1,453 @@
+"""Studies as runs of this project's MLproject, submitted through MLflow Projects.
+
+    edps sweep --executor mlflow-project --workers 2                       # mlflow run, locally
+    edps sweep --executor mlflow-project --env-manager virtualenv          # ... in MLflow's virtualenv
+    edps sweep --executor mlflow-project --backend kubernetes --backend-config kubernetes.json
+
+``ProjectLaunch`` is where the runs go (backend, its config, the environment manager), validated on
+construction with one line per mistake, before the sweep touches the store. ``submit`` makes one
+study a run of the ``main`` entry point with ``mlflow.projects.run(..., synchronous=False)``;
+``SubmittedStudy`` is the handle the sweep waits on, with the run's output (its log) on the local
+backend. The Kubernetes job that MLflow will create is built and checked here too
+(``kubernetes_job``), from MLflow's job template and repository URI as MLflow documents them.
+
+With ``tracking.py`` and ``registry.py`` this is the tracking layer of the training side: the only
+modules that import mlflow. The executor that schedules the submitted runs is ``project_executor.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from edps_mlflow.config import StudySpec
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.results import RunState
+from edps_mlflow.uris import redact_uri
+
+ENTRY_POINT = "main"
+MLPROJECT = "MLproject"
+# MLflow's keys of a Kubernetes backend config (https://mlflow.org/docs/latest/projects.html), and ours.
+KUBE_JOB_TEMPLATE = "kube-job-template-path"
+KUBE_REPOSITORY = "repository-uri"
+KUBE_CONTEXT = "kube-context"
+KUBE_BASE_IMAGE = "base-image"  # ours: the image the project's image is built FROM (MLproject's docker_env)
+_KUBE_KEYS = (KUBE_JOB_TEMPLATE, KUBE_REPOSITORY, KUBE_CONTEXT, KUBE_BASE_IMAGE)
+LOG_TAIL_LINES = 15
+_TAIL_BYTES = 64 * 1024  # the end of a log is all a report needs (a long study's log has many progress lines)
+
+
+class Backend(str, Enum):
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
+
+    @classmethod
+    def parse(cls, value: "str | Backend") -> "Backend":
+        try:
+            return cls(value)
+        except ValueError:
+            raise EdpsError(f"unknown backend {value!r}; known backends: "
+                            f"{', '.join(b.value for b in cls)}") from None
+
+
+class EnvManager(str, Enum):
+    """MLflow's environment managers for a run on the local backend."""
+
+    LOCAL = "local"
+    VIRTUALENV = "virtualenv"
+    UV = "uv"
+    CONDA = "conda"
+
+    @classmethod
+    def parse(cls, value: "str | EnvManager") -> "EnvManager":
+        try:
+            return cls(value)
+        except ValueError:
+            raise EdpsError(f"unknown environment manager {value!r}; known: "
+                            f"{', '.join(e.value for e in cls)}") from None
+
+
+def project_directory() -> Path:
+    """This project: the directory with the MLproject next to the package (a source checkout)."""
+    directory = Path(__file__).resolve().parents[1]
+    if not (directory / MLPROJECT).is_file():
+        raise EdpsError(f"--executor mlflow-project runs this project's MLproject, but there is none next to the "
+                        f"installed package ({directory}): install edps-mlflow from a source checkout "
+                        f"(pip install -e .)")
+    return directory
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """MLflow's Kubernetes backend config (a JSON file) and the job template it names, checked."""
+
+    path: Path
+    job_template_path: Path
+    repository_uri: str
+    base_image: str
+    kube_context: str | None
+    job_template: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "KubernetesConfig":
+        path = Path(path).expanduser()
+        where = f"backend config {path}"
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise EdpsError(f"{where} does not exist") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise EdpsError(f"{where} cannot be read: {error}") from None
+        except json.JSONDecodeError as error:
+            raise EdpsError(f"{where} is not JSON: {error}") from None
+        if not isinstance(config, dict):
+            raise EdpsError(f"{where} must be a JSON object with {KUBE_JOB_TEMPLATE!r}, {KUBE_REPOSITORY!r} and "
+                            f"{KUBE_BASE_IMAGE!r}")
+        unknown = sorted(set(config) - set(_KUBE_KEYS))
+        if unknown:
+            raise EdpsError(f"{where} has unknown keys {', '.join(map(repr, unknown))}; known: "
+                            f"{', '.join(map(repr, _KUBE_KEYS))}")
+        for key in (KUBE_JOB_TEMPLATE, KUBE_REPOSITORY, KUBE_BASE_IMAGE):
+            if not isinstance(config.get(key), str) or not config[key].strip():
+                raise EdpsError(f"{where} needs {key!r} (a non-empty string)")
+        context = config.get(KUBE_CONTEXT)
+        if context is not None and (not isinstance(context, str) or not context.strip()):
+            raise EdpsError(f"{where}: {KUBE_CONTEXT!r} must be a non-empty string when given")
+        if any(c.isspace() for c in config[KUBE_REPOSITORY]) or ":" in config[KUBE_REPOSITORY].rsplit("/", 1)[-1]:
+            raise EdpsError(f"{where}: {KUBE_REPOSITORY!r} must be an image repository without a tag (MLflow tags "
+                            f"each image itself), got {config[KUBE_REPOSITORY]!r}")
+        template_path = Path(config[KUBE_JOB_TEMPLATE]).expanduser()
+        if not template_path.is_absolute():
+            # MLflow opens the path as given, from the working directory; we resolve it once for both.
+            template_path = Path.cwd() / template_path
+        template = load_job_template(template_path)
+        return cls(path, template_path, config[KUBE_REPOSITORY].strip(), config[KUBE_BASE_IMAGE].strip(),
+                   context, template)
+
+    def mlflow_config(self) -> dict[str, str]:
+        """What ``mlflow.projects.run(backend_config=...)`` gets (MLflow ignores our extra key)."""
+        config = {KUBE_JOB_TEMPLATE: str(self.job_template_path), KUBE_REPOSITORY: self.repository_uri}
+        if self.kube_context:
+            config[KUBE_CONTEXT] = self.kube_context
+        return config
+
+
+def load_job_template(path: Path) -> dict[str, Any]:
+    """A Kubernetes Job template as MLflow fills it in: a batch/v1 Job with a namespace and a first
+    container (MLflow sets its name, image, command and appends the run's environment)."""
+    where = f"Kubernetes job template {path}"
+    try:
+        template = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise EdpsError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EdpsError(f"{where} cannot be read: {error}") from None
+    except yaml.YAMLError as error:
+        raise EdpsError(f"{where} is not YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(template, dict) or template.get("kind") != "Job" or template.get("apiVersion") != "batch/v1":
+        raise EdpsError(f"{where} must be a Kubernetes Job (apiVersion: batch/v1, kind: Job)")
+    metadata = template.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("namespace"), str) or not metadata["namespace"]:
+        raise EdpsError(f"{where} needs metadata.namespace (MLflow submits the job there)")
+    pod = (template.get("spec") or {}).get("template", {}) if isinstance(template.get("spec"), dict) else {}
+    pod_spec = pod.get("spec") if isinstance(pod, dict) else None
+    containers = pod_spec.get("containers") if isinstance(pod_spec, dict) else None
+    if not isinstance(containers, list) or not containers or not isinstance(containers[0], dict):
+        raise EdpsError(f"{where} needs spec.template.spec.containers with at least one container (MLflow runs the "
+                        f"project in the first)")
+    if pod_spec.get("restartPolicy") not in ("Never", "OnFailure"):
+        raise EdpsError(f"{where} needs spec.template.spec.restartPolicy Never or OnFailure (a Job's pods may not "
+                        f"restart Always)")
+    env = containers[0].get("env", [])
+    if not isinstance(env, list) or not all(isinstance(e, dict) and "name" in e for e in env):
+        raise EdpsError(f"{where}: the first container's env must be a list of {{name, value}} entries")
+    return template
+
+
+def kubernetes_job(template: dict[str, Any], project_name: str, image: str, command: list[str],
+                   environment: dict[str, str], job_name: str) -> dict[str, Any]:
+    """The Job that MLflow's Kubernetes backend submits for one run: the template with its name, and
+    the first container's name, image, command and environment filled in, as MLflow does it
+    (``mlflow.projects.kubernetes``). Built here to check a template before any work, without a cluster."""
+    job = json.loads(json.dumps(template))
+    job["metadata"]["name"] = job_name
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container.update({"name": project_name, "image": image, "command": command})
+    container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in environment.items())]
+    return job
+
+
+def check_kubernetes_job(job: dict[str, Any]) -> None:
+    """What the Kubernetes API would refuse in a built Job, as one line."""
+    name = job["metadata"]["name"]
+    if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise EdpsError(f"Kubernetes job name {name!r} is not a DNS label (lower case, digits and '-', at most 63)")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    names = [e["name"] for e in container["env"]]
+    for variable in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
+        if variable not in names:
+            raise EdpsError(f"the Kubernetes job has no {variable} in its environment")
+    if not all(isinstance(part, str) for part in container["command"]):
+        raise EdpsError("the Kubernetes job's command must be a list of strings")
+
+
+@dataclass(frozen=True)
+class ProjectLaunch:
+    """Where ``--executor mlflow-project`` submits its runs. Validated on construction: bad input is
+    one line before any work."""
+
+    backend: Backend = Backend.LOCAL
+    env_manager: EnvManager = EnvManager.LOCAL
+    backend_config: str | None = None
+    kubernetes: KubernetesConfig | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", Backend.parse(self.backend))
+        object.__setattr__(self, "env_manager", EnvManager.parse(self.env_manager))
+        config = self.backend_config.strip() if self.backend_config else None
+        object.__setattr__(self, "backend_config", config or None)
+        if self.backend is Backend.LOCAL and self.backend_config:
+            raise EdpsError("--backend-config is for --backend kubernetes (the local backend takes none)")
+        if self.backend is Backend.KUBERNETES:
+            if not self.backend_config:
+                raise EdpsError("--backend kubernetes needs --backend-config FILE: a JSON file with "
+                                f"{KUBE_JOB_TEMPLATE!r}, {KUBE_REPOSITORY!r} and {KUBE_BASE_IMAGE!r} "
+                                "(docs/executors.md has an example)")
+            if self.env_manager is not EnvManager.LOCAL:
+                raise EdpsError("--env-manager is for the local backend: on Kubernetes the run's environment is "
+                                "the project's Docker image")
+            object.__setattr__(self, "kubernetes", KubernetesConfig.load(self.backend_config))
+        elif self.env_manager is EnvManager.CONDA:
+            # MLflow refuses it for a project with python_env.yaml, as ours is.
+            raise EdpsError("--env-manager conda cannot run this project: its MLproject declares python_env.yaml, "
+                            "which MLflow runs with local, virtualenv or uv")
+
+    def check_environment(self, tracking_uri: str) -> None:
+        """What must exist on this machine before the first submission (one line when it does not)."""
+        if self.backend is Backend.KUBERNETES:
+            target = os.environ.get("KUBE_MLFLOW_TRACKING_URI") or tracking_uri
+            if not target.startswith(("http://", "https://")):
+                raise EdpsError(f"--backend kubernetes: the jobs cannot reach the tracking store "
+                                f"{redact_uri(target)} (not a server); use a tracking server "
+                                f"(MLFLOW_TRACKING_URI=https://...) or set KUBE_MLFLOW_TRACKING_URI to its address "
+                                f"as the cluster sees it")
+            missing = [name for name in ("kubernetes", "docker") if importlib.util.find_spec(name) is None]
+            if missing:
+                raise EdpsError(f"--backend kubernetes needs the Python packages {' and '.join(missing)} "
+                                f"(MLflow's Kubernetes backend uses them): pip install {' '.join(missing)}")
+            if shutil.which("docker") is None:
+                raise EdpsError("--backend kubernetes needs Docker (MLflow builds and pushes the project's image); "
+                                "no docker executable on PATH")
+            return
+        if shutil.which("mlflow") is None:
+            # MLflow's local backend starts each submitted run as an `mlflow run` process.
+            raise EdpsError("--executor mlflow-project needs the mlflow command on PATH (MLflow's local backend "
+                            "starts `mlflow run` for each run); none found")
+        if self.env_manager is EnvManager.UV and shutil.which("uv") is None:
+            raise EdpsError("--env-manager uv needs the uv executable on PATH; none found (pip install uv)")
+        if self.env_manager is EnvManager.VIRTUALENV and shutil.which("pyenv") is None:
+            raise EdpsError("--env-manager virtualenv needs pyenv on PATH (MLflow installs the Python of "
+                            "python_env.yaml with it); none found")
+
+    def describe(self) -> str:
+        if self.backend is Backend.KUBERNETES:
+            return f"backend kubernetes, images pushed to {self.kubernetes.repository_uri}"
+        return f"backend local, env manager {self.env_manager.value}"
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_dir: str | None,
+                     full_trials: bool, device: str | None, workers: int | None) -> dict[str, str]:
+    """The ``main`` entry point's parameters for one study of a sweep. Every value that enters the
+    study key is written so that it reads back exactly (the study checks: its key must be the one
+    the sweep submitted)."""
+    return {
+        "bs": str(spec.batch_size), "workload": spec.workload, "optimizer": spec.optimizer.value,
+        "sparsity": repr(float(spec.sparsity)), "trials": str(spec.trials), "goal_error": repr(float(spec.goal_error)),
+        "max_steps": str(spec.max_steps), "check_interval": str(spec.check_interval), "seed": str(spec.seed),
+        # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
+        "full_trials": _flag(full_trials), "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else "",
+        "probes": ",".join(spec.probes),
+        "probe_interval": str(spec.probe_interval), "probe_trials": spec.probe_trials.value,
+        "allow_tf32": _flag(spec.allow_tf32),
+        "device": device or "", "workers": str(workers) if workers else "default",
+        "sweep_run": sweep_run_id, "sweep_key": sweep_key,
+    }
+
+
+def absolute_store_uri(tracking_uri: str) -> str:
+    """A ``sqlite:///`` URI with a relative path made absolute (from this working directory)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return tracking_uri
+    path, _, query = tracking_uri[len(prefix):].partition("?")
+    if not path or path == ":memory:" or Path(path).is_absolute():
+        return tracking_uri
+    return prefix + str(Path(path).absolute()) + (f"?{query}" if query else "")
+
+
+def stage_docker_project(source: Path, base_image: str) -> Path:
+    """A copy of the project whose MLproject runs in ``base_image`` (``docker_env``), as MLflow's
+    Kubernetes backend needs: it builds the job's image FROM that image with this copy inside, so
+    the job runs the sweep's own code. The copy lives in a temporary directory."""
+    staged = Path(tempfile.mkdtemp(prefix="edps-kubernetes-project-"))
+    shutil.copytree(source / "edps_mlflow", staged / "edps_mlflow",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "python_env.yaml"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, staged / name)
+    text = (source / MLPROJECT).read_text()
+    if "python_env: python_env.yaml" not in text:
+        raise EdpsError(f"{source / MLPROJECT} does not declare python_env.yaml: cannot stage it for Kubernetes")
+    image = json.dumps(base_image)  # a YAML string, quoted
+    (staged / MLPROJECT).write_text(text.replace("python_env: python_env.yaml", f"docker_env:\n  image: {image}"))
+    return staged
+
+
+@contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr descriptors point at ``path`` inside the block, so that a
+    process started there writes its output to it. MLflow starts ``mlflow run`` with our own
+    descriptors and takes no others; that output is all a failed run leaves on the local backend."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(path, "ab", buffering=0) as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for descriptor in saved:
+            os.close(descriptor)
+
+
+class SubmittedStudy:
+    """A submitted run: its id, its state, its log, and cancel."""
+
+    def __init__(self, submitted: Any, log_path: Path | None) -> None:
+        self._submitted = submitted
+        self.run_id: str = submitted.run_id
+        self.log_path = log_path
+
+    def state(self) -> RunState:
+        """RUNNING until the run's process (or job) ends, then FINISHED, FAILED or KILLED."""
+        from mlflow.entities import RunStatus
+
+        try:
+            status = self._submitted.get_status()
+        except Exception as error:  # noqa: BLE001 - the Kubernetes API's errors have no common base here
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise EdpsError(f"cannot read the state of the submitted run {self.run_id}: {redact_uri(first)}") from None
+        name = RunStatus.to_string(status) if isinstance(status, int) else str(status)
+        return RunState.RUNNING if name == "SCHEDULED" else RunState(name)
+
+    def exit_code(self) -> int | None:
+        process = getattr(self._submitted, "command_proc", None)
+        return process.returncode if process is not None else None
+
+    def describe_end(self) -> str:
+        code = self.exit_code()
+        return f"exit code {code}" if code is not None else self.state().value
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        """The last lines of the run's output; where it has none here (Kubernetes), where to find it."""
+        if self.log_path is None:
+            job = getattr(self._submitted, "_job_name", None)
+            namespace = getattr(self._submitted, "_job_namespace", None)
+            return [f"(the log is the job's: kubectl logs job/{job} -n {namespace})"] if job else []
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - _TAIL_BYTES))
+                text = log.read().decode(errors="replace")
+        except OSError as error:
+            return [f"(no log: {error})"]
+        # A progress line rewritten in place on a terminal is many lines in one: keep the last of each.
+        kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+        kept = [line for line in kept if line.strip()]
+        return kept[-lines:]
+
+    def cancel(self) -> None:
+        try:
+            self._submitted.cancel()
+        except Exception:  # noqa: BLE001 - a run that is already gone needs no cancelling
+            pass
+
+
+def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tracking_uri: str,
+           experiment_id: str, log_path: Path | None) -> SubmittedStudy:
+    """One study as a run of the ``main`` entry point, submitted without waiting for it. On the local
+    backend the run's output goes to ``log_path``. An error of MLflow or the backend is one line."""
+    import mlflow
+    import mlflow.projects
+    from mlflow.exceptions import MlflowException
+
+    # mlflow.projects.run creates the run in the store of the fluent API: make it the sweep's, and give
+    # the run the same store (its entry point runs in the project directory, not in ours).
+    mlflow.set_tracking_uri(absolute_store_uri(tracking_uri))
+    arguments: dict[str, Any] = {"uri": str(project), "entry_point": ENTRY_POINT, "parameters": parameters,
+                                 "experiment_id": experiment_id, "backend": launch.backend.value,
+                                 "synchronous": False}
+    try:
+        if launch.backend is Backend.KUBERNETES:
+            arguments["backend_config"] = launch.kubernetes.mlflow_config()
+            return SubmittedStudy(mlflow.projects.run(**arguments), None)
+        arguments["env_manager"] = launch.env_manager.value
+        assert log_path is not None
+        with _output_to(log_path):
+            submitted = mlflow.projects.run(**arguments)
+        return SubmittedStudy(submitted, log_path)
+    except (MlflowException, OSError, ImportError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EdpsError(f"mlflow.projects.run ({launch.describe()}): {redact_uri(first)}") from None
+    except Exception as error:  # noqa: BLE001 - docker and kubernetes client errors have no common base
+        if type(error).__module__.split(".")[0] not in ("docker", "kubernetes", "urllib3", "requests"):
+            raise
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EdpsError(f"mlflow.projects.run ({launch.describe()}): {redact_uri(first)}") from None
+
+
+def preview_kubernetes_job(launch: ProjectLaunch, project: Path, parameters: dict[str, str],
+                           tracking_uri: str) -> dict[str, Any]:
+    """The Job MLflow would submit for a study with ``parameters`` from the staged ``project`` (its
+    image not built yet: a placeholder digest), checked; bad templates fail here, before any work."""
+    import shlex
+    from datetime import datetime
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.projects.utils import load_project
+
+    try:
+        spec = load_project(str(project))
+        command = spec.get_entry_point(ENTRY_POINT).compute_command(parameters, None)
+    except MlflowException as error:
+        raise EdpsError(f"the project staged for Kubernetes ({project}): {error.message}") from None
+    if not spec.docker_env:
+        raise EdpsError(f"the project staged for Kubernetes ({project}) has no docker_env")
+    config = launch.kubernetes
+    environment = {"MLFLOW_RUN_ID": "<run id>", "MLFLOW_EXPERIMENT_ID": "<experiment id>",
+                   "MLFLOW_TRACKING_URI": os.environ.get("KUBE_MLFLOW_TRACKING_URI") or tracking_uri}
+    job = kubernetes_job(config.job_template, spec.name, f"{config.repository_uri}:<tag>@sha256:<digest>",
+                         shlex.split(command), environment,
+                         f"{spec.name}-{datetime.now().strftime('%Y-%m-%d-%H-%M-%S-%f')}")
+    check_kubernetes_job(job)
+    return job
