@@ -262,8 +262,8 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
                   **time_tables, **probe_tables}, files,
-                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed, "devices": ",".join(map(str, device_counts)),
-                  "bandwidth_gb_s": bandwidth, "latency_us": latency})
+                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
+                  "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})
 
 
 def _time_sections(studies: pd.DataFrame, model, directory: Path
