@@ -134,7 +134,8 @@ def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
         if len(devices) > 1:
             curve_notes.append(f"timed on {len(devices)} different devices")
         if len(packs) and packs.max() > 1:
-            curve_notes.append(f"timed with up to {packs.max():.3g} trials packed per step (each trial's share)")
+            curve_notes.append(f"timed in packs of up to {packs.max():.3g} trials: each trial's share of a lockstep "
+                               f"step, which may differ from a lone trial's step either way")
         for _, study in curve.iterrows():
             steps = study["steps_to_result"]
             if steps is None or not np.isfinite(float(steps)):

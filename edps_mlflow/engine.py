@@ -345,8 +345,8 @@ class ChunkRun:
 
         A trial's time per step should be what one step of it costs on this device; a lockstep step of K
         trials is one computation for all K, so each is charged 1/K of it (its cost in the study), and
-        remembers K (TrialResult.pack_size): alone it would usually take between that share and the whole
-        step (packing is chosen where it is faster per trial).
+        remembers K (TrialResult.pack_size). Alone its step may be faster or slower than the share (the packed
+        path has no channels-last on CPU, and no launch overhead per trial on GPU); the analysis says so.
         """
         share = seconds / len(self.active)
         for state in self.active:

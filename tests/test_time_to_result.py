@@ -186,7 +186,7 @@ def test_time_on_a_real_sweep(tmp_path, capsys):
         measured[64]["steps_to_result"] * (measured[32]["train/seconds_per_step"] + 24360 / 10e9 + 2e-5) / 3600,
         rel=1e-9)
     assert pd.isna(curve.loc[(16, 2), "hours"])  # 8 per device: below the smallest timed batch size
-    assert "packed" in curve.loc[(16, 1), "note"]  # batch size 32 was timed in a pack of 3
+    assert "timed in packs of up to" in curve.loc[(16, 1), "note"]  # batch size 32 was timed in a pack of 3
     assert (tmp_path / "figures" / "time_digits-simple-cnn_sgd_sp0.png").exists()
 
     main(["report", "--tracking-uri", uri, "--experiment", "t", "--bootstrap", "0", "--devices", "1,2,4",
