@@ -371,10 +371,13 @@ class ChunkRun:
             self.loss_sums += losses
             probe_total += probe_seconds
             if probe_values:
+                reported = time.perf_counter()
                 for k, state in enumerate(self.active):
                     state.probe_seconds += probe_seconds / len(self.active)
                     self.observer.on_probe(state.setup.index, self.step,
                                            {name: v[k] for name, v in probe_values.items()})
+                # Reporting may log to the store (a study trained in this process): not training time either.
+                probe_total += time.perf_counter() - reported
         return steps, probe_total
 
     def _finish(self, positions: list[int], statuses: Sequence[TrialStatus | None]) -> None:
