@@ -8,6 +8,7 @@
     edps-analyze fit    --csv steps.csv [--trials-csv trials.csv]
     edps-analyze lipschitz   --experiment edps/digits-simple-cnn/sgd
     edps-analyze noise-scale --experiment edps/digits-simple-cnn
+    edps-analyze time   --experiment edps/digits-simple-cnn --devices 1,2,4,8 --bandwidth 10 --latency 10
 """
 
 from __future__ import annotations
@@ -122,6 +123,44 @@ def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
     _emit(studies, output_format, human)
 
 
+class _Devices(click.ParamType):
+    """Device counts: positive integers separated by commas (``1,2,4,8``)."""
+
+    name = "devices"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        from analysis.timing import parse_devices
+
+        try:
+            return parse_devices(str(value))
+        except EdpsError as error:
+            self.fail(str(error).replace("--devices ", ""), param, ctx)
+
+
+def _cost_options(command: Callable) -> Callable:
+    from analysis.timing import DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US
+
+    @click.option("--devices", "device_counts", type=_Devices(), default=",".join(map(str, DEFAULT_DEVICES)),
+                  show_default=True, help="Device counts N to project data parallelism over.")
+    @click.option("--bandwidth", type=_Finite(min=0, min_open=True), default=DEFAULT_BANDWIDTH_GB_S,
+                  show_default=True, help="Interconnect bandwidth per device in GB/s (10^9 bytes per second).")
+    @click.option("--latency", type=_Finite(min=0), default=DEFAULT_LATENCY_US, show_default=True,
+                  help="Latency of one all-reduce message in microseconds.")
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def _cost_model(device_counts: tuple[int, ...], bandwidth: float, latency: float):
+    from analysis.timing import GIGABYTE, MICROSECOND, CostModel
+
+    return CostModel(bandwidth=bandwidth * GIGABYTE, latency=latency * MICROSECOND, devices=device_counts)
+
+
 def _fit_options(command: Callable) -> Callable:
     @click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
     @click.option("--bootstrap", type=BOOTSTRAP, default=200, show_default=True,
@@ -191,34 +230,95 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
 @cli.command()
 @_source_options
 @_fit_options
+@_cost_options
 @click.option("--output", default="report.md", show_default=True, type=click.Path(),
               help="Report file: .md for Markdown, .html for HTML; figures go beside it.")
 @click.option("--log-to-mlflow", is_flag=True, help="Record the report, tables and figures on an analysis run.")
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
-           trials_csv, output, log_to_mlflow) -> None:
-    """One report file with the grids, the fits and the figures."""
+           trials_csv, device_counts, bandwidth, latency, output, log_to_mlflow) -> None:
+    """One report file with the grids, the fits, time to result and the figures."""
     from analysis.regimes import sparsity_comparison
     from analysis.report import steps_grids, write_report
 
     path = Path(output)
     if path.suffix.lower() not in (".md", ".html", ".htm"):
         raise EdpsError(f"report output must end in .md or .html, got {output!r}")
+    model = _cost_model(device_counts, bandwidth, latency)
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figures = _figures(studies, path.parent / f"{path.stem}_figures", tolerance, fits)
-    extra = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, path.parent / f"{path.stem}_figures")
-    for _, _, _, paths in extra:
-        figures.setdefault(("probes", ""), []).extend(paths)
-    write_report(path, steps_grids(studies), fits, figures, source, tolerance,
-                 extra=[(title, table) for _, title, table, _ in extra])
+    directory = path.parent / f"{path.stem}_figures"
+    figures = _figures(studies, directory, tolerance, fits)
+    time_sections, time_tables = _time_sections(studies, model, directory)
+    probe_sections = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, directory)
+    extra = time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
+    for _, _, paths in extra:
+        figures.setdefault(("sections", ""), []).extend(paths)
+    write_report(path, steps_grids(studies), fits, figures, source, tolerance, extra=extra)
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]
-        probe_tables = {name: table for name, _, table, _ in extra}
+        probe_tables = {name: table for name, _, table, _ in probe_sections}
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
-                  **probe_tables}, files, {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
+                  **time_tables, **probe_tables}, files,
+                 {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
+                  "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})
+
+
+def _time_sections(studies: pd.DataFrame, model, directory: Path
+                   ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
+    """The report's time-to-result sections (the fastest batch size per device count with the figures, then
+    every row) and the tables for --log-to-mlflow; one section saying why when the studies were not timed."""
+    from analysis.plots import time_figures
+    from analysis.report import time_summary
+    from analysis.timing import fastest_table, time_table
+
+    title = "Time to result"
+    try:
+        table = time_table(studies, model)
+    except EdpsError as error:
+        return [(title, pd.DataFrame({"not available": [str(error)]}), [])], {}
+    fastest = fastest_table(table)
+    summary, rows = time_summary(table, fastest)
+    paths = time_figures(table, fastest, directory, model.describe())
+    return ([(f"{title}: the fastest batch size per number of devices (one device: measured; more: "
+              f"{model.describe()})", summary, paths),
+             (f"{title}: every batch size", rows, [])],
+            {"time_to_result": table, "fastest_batch_size": fastest})
+
+
+@cli.command("time")
+@_source_options
+@_cost_options
+@click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
+              help="table/markdown: the fastest batch size per device count, then every row; csv/json: every row.")
+@click.option("--out-dir", default="figures", show_default=True, type=click.Path(),
+              help="Where the figures (hours against batch size, one line per device count) go.")
+def time_to_result(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, device_counts, bandwidth,
+                   latency, output_format, out_dir) -> None:
+    """Time to result in hours per batch size on the measured device, projected over N devices (data
+    parallelism with a ring all-reduce), and the fastest batch size for each N (docs/time-to-result.md)."""
+    from analysis.plots import time_figures
+    from analysis.report import markdown_table, time_summary
+    from analysis.timing import fastest_table, time_table
+
+    model = _cost_model(device_counts, bandwidth, latency)
+    studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    table = time_table(studies, model)
+    fastest = fastest_table(table)
+    paths = time_figures(table, fastest, Path(out_dir), model.describe())
+    if output_format in ("csv", "json"):
+        _emit(table, output_format, "")
+    else:
+        render = (markdown_table if output_format == "markdown"
+                  else lambda frame: frame.to_string(index=False))
+        summary, rows = time_summary(table, fastest)
+        click.echo(f"Time to result from {source}; one device: as measured; more: {model.describe()}\n")
+        click.echo("Fastest batch size per number of devices:\n" + render(summary) + "\n")
+        click.echo("Every batch size:\n" + render(rows))
+    for path in paths:
+        click.echo(str(path), err=True)
 
 
 @cli.command()

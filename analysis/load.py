@@ -8,6 +8,10 @@ The study table has one row per study (the latest finished study run per study k
     trials_total, trials_reached, trials_not_reached,
     trials_diverged, trials_superseded                      trial counts by status
     best_learning_rate, best_momentum                       the best trial's metaparameters (if any)
+    seconds_per_step, pack_size, device                     the best trial's measured training seconds per
+                                                            step, the trials that shared its steps, and
+                                                            the device (empty for runs that predate them)
+    model_parameters, model_parameter_bytes                 the network's size (every parameter)
     experiment, study_run_id, study_key                     where it came from
 
 A CSV needs at least ``workload, optimizer, sparsity, batch_size, steps_to_result``; the other
@@ -46,7 +50,8 @@ T = TypeVar("T")
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
 STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error", "check_interval", "max_steps",
                  "steps_to_result", "trials_total", "trials_reached", "trials_not_reached", "trials_diverged",
-                 "trials_superseded", "best_learning_rate", "best_momentum", "experiment", "study_run_id", "study_key",
+                 "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step", "pack_size", "device",
+                 "model_parameters", "model_parameter_bytes", "experiment", "study_run_id", "study_key",
                  "sweep_run_id")
 TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps_trained")
 
@@ -60,7 +65,9 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "trials_total": (1, math.inf, True, True), "trials_reached": (0, math.inf, True, True),
     "trials_not_reached": (0, math.inf, True, True), "trials_diverged": (0, math.inf, True, True),
     "trials_superseded": (0, math.inf, True, True), "best_learning_rate": (0.0, math.inf, False, False),
-    "best_momentum": (0.0, 1.0, True, False),
+    "best_momentum": (0.0, 1.0, True, False), "seconds_per_step": (0.0, math.inf, False, False),
+    "pack_size": (1.0, math.inf, True, False), "model_parameters": (1, math.inf, True, True),
+    "model_parameter_bytes": (1, math.inf, True, True),
 }
 NUMERIC_COLUMNS = tuple(_RANGES)
 _REQUIRED_VALUES = ("workload", "optimizer", "sparsity", "batch_size", "study_key", "trial_index", "status")
@@ -185,6 +192,9 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
             "trials_diverged": metrics.get(n.trials_metric("diverged")),
             "trials_superseded": metrics.get(n.trials_metric("superseded")),
             "best_learning_rate": _number(best_learning_rate), "best_momentum": _number(best_momentum),
+            "seconds_per_step": metrics.get(n.METRIC_SECONDS_PER_STEP), "pack_size": metrics.get(n.METRIC_PACK_SIZE),
+            "device": params.get(n.PARAM_DEVICE), "model_parameters": metrics.get(n.METRIC_MODEL_PARAMETERS),
+            "model_parameter_bytes": metrics.get(n.METRIC_MODEL_PARAMETER_BYTES),
             "experiment": names[run.info.experiment_id], "study_run_id": run.info.run_id,
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
         })

@@ -197,3 +197,47 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return _save(figure, directory, "noise_scale")
+
+
+def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, cost: str) -> list[Path]:
+    """Hours to result against batch size, log-log, one line per device count and one figure per curve; each
+    line's fastest batch size starred. ``table`` and ``fastest`` come from analysis.timing; ``cost`` describes
+    the cost model for the title."""
+    from analysis.timing import TIME_COLUMNS
+
+    keys = [c for c in table.columns if c not in TIME_COLUMNS]
+    paths: list[Path] = []
+    stems: set[str] = set()
+    for key, curve in table.groupby(keys, sort=True, dropna=False):
+        head = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        figure, axis = plt.subplots(figsize=(8.4, 4.6))
+        counts = sorted(curve["devices"].unique())
+        colours = plt.cm.plasma(np.linspace(0.0, 0.8, max(1, len(counts))))
+        for colour, count in zip(colours, counts):
+            line = curve[(curve["devices"] == count)].dropna(subset=["hours"]).sort_values("batch_size")
+            if line.empty:
+                continue
+            axis.plot(line["batch_size"], line["hours"], "o-", color=colour, linewidth=1.6,
+                      label=f"{count} device{'s' if count != 1 else ''}" + (" (measured)" if count == 1 else ""))
+            best = fastest[(fastest["devices"] == count) & np.logical_and.reduce(
+                [fastest[k].astype(str) == str(v) for k, v in head.items()])]
+            if len(best) and pd.notna(best["hours"].iloc[0]):
+                axis.plot([best["batch_size"].iloc[0]], [best["hours"].iloc[0]], "*", color=colour, markersize=14,
+                          markeredgecolor="black", markeredgewidth=0.6)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("batch size (examples per step, all devices together)")
+        axis.set_ylabel("hours to result")
+        axis.grid(True, which="major", alpha=0.3)
+        devices = curve["device"].dropna()
+        measured = devices.iloc[0] if len(devices) else "an unrecorded device"
+        axis.set_title(f"{head['workload']}, {head['optimizer']}, sparsity {float(head['sparsity']):g}: "
+                       f"time to reach the goal (star: the fastest batch size)\none device: measured on {measured}"
+                       f"\nmore devices: {cost}", fontsize=8)
+        axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
+        stem = f"time_{head['workload']}_{head['optimizer']}_sp{float(head['sparsity']):g}"
+        if stem in stems:  # a second protocol of the same sparsity
+            stem += f"_{len(stems)}"
+        stems.add(stem)
+        paths += _save(figure, directory, stem)
+    return paths

@@ -55,6 +55,31 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The time-to-result tables (analysis.timing) for people: the fastest batch size per curve and device
+    count, and every row, numbers rounded, hours and seconds per step side by side."""
+    from analysis.timing import TIME_COLUMNS
+
+    keys = [c for c in table.columns if c not in TIME_COLUMNS]
+    head = [c for c in keys if c in ("workload", "optimizer", "sparsity")] + \
+        [c for c in keys if c not in ("workload", "optimizer", "sparsity") and table[c].nunique(dropna=False) > 1]
+
+    def curve(frame: pd.DataFrame) -> dict[str, pd.Series]:
+        return {c: frame[c].map(lambda v: f"{v:g}" if isinstance(v, float) else str(v)) for c in head}
+
+    summary = pd.DataFrame({
+        **curve(fastest), "devices": fastest["devices"], "fastest batch size": fastest["batch_size"].map(_number),
+        "per-device batch": fastest["per_device_batch"].map(_number), "hours": fastest["hours"].map(_number),
+        "speed-up over 1 device": fastest["speedup_over_one_device"].map(_number), "note": fastest["note"]})
+    rows = pd.DataFrame({
+        **curve(table), "batch size": table["batch_size"], "devices": table["devices"],
+        "per-device batch": table["per_device_batch"], "steps": table["steps_to_result"].map(_number),
+        "compute s/step": table["compute_seconds_per_step"].map(_number),
+        "all-reduce s/step": table["allreduce_seconds_per_step"].map(_number),
+        "hours": table["hours"].map(_number), "note": table["note"]})
+    return summary, rows
+
+
 def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
     if index:
         frame = frame.reset_index()
@@ -76,8 +101,10 @@ def _embedded(files: list[Path]) -> list[str]:
 
 
 def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tuple[str, str], list[Path]],
-                 source: str, tolerance: float, extra: list[tuple[str, pd.DataFrame]] | None = None) -> Path:
-    """One Markdown (.md) or HTML (.html) file. HTML embeds its figures; Markdown links them relative to it."""
+                 source: str, tolerance: float,
+                 extra: list[tuple[str, pd.DataFrame, list[Path]]] | None = None) -> Path:
+    """One Markdown (.md) or HTML (.html) file. HTML embeds its figures; Markdown links them relative to it.
+    ``extra``: further sections after the curves, each a title, a table and its figures."""
     summary = fit_summary(fits)
     embed = path.suffix.lower() in (".html", ".htm")
     sections = []
@@ -100,10 +127,10 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
             parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:100%'>" for uri in pngs)
             parts.append("<h3>Steps to result</h3>" + grid.to_html())
             parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
-        for title, table in extra or []:
+        for title, table, files in extra or []:
             parts.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=_number))
-        for uri in _embedded(figures.get(("probes", ""), [])):
-            parts.append(f"<img alt='probes' src='{uri}' style='max-width:60%'>")
+            parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:80%'>"
+                         for uri in _embedded(files))
         parts.append("</body></html>")
         path.write_text("\n".join(parts))
     else:
@@ -113,8 +140,8 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
             parts += [f"![{title}]({p})" for p in pngs]
             parts += ["", "### Steps to result", "", markdown_table(grid, index=True), "", "### Fits", "",
                       markdown_table(fit), ""]
-        for title, table in extra or []:
+        for title, table, files in extra or []:
             parts += [f"## {title}", "", markdown_table(table.map(_number)), ""]
-        parts += [f"![probes]({p})" for p in _relative(path, figures.get(("probes", ""), []))]
+            parts += [f"![{title}]({p})" for p in _relative(path, files)] + [""]
         path.write_text("\n".join(parts))
     return path

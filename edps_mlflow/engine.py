@@ -277,12 +277,15 @@ class _TrialState:
     checks_cut_short: int = 0
     best_validation_error: float | None = None
     probe_seconds: float = 0.0
+    train_seconds: float = 0.0  # its share of the training steps' seconds (see ChunkRun._account)
+    shared_steps: int = 0  # the sum over its steps of the trials that trained in each
 
     def result(self, status: TrialStatus, step: int, seconds: float) -> TrialResult:
         return TrialResult(
             index=self.setup.index, status=status, steps_to_result=step if status is TrialStatus.REACHED else None,
             steps_trained=step, best_validation_error=self.best_validation_error, checks=self.checks,
-            checks_cut_short=self.checks_cut_short, seconds=seconds, probe_seconds=self.probe_seconds)
+            checks_cut_short=self.checks_cut_short, seconds=seconds, probe_seconds=self.probe_seconds,
+            train_seconds=self.train_seconds, pack_size=self.shared_steps / step if step > 0 else 1.0)
 
 
 class ChunkRun:
@@ -326,8 +329,10 @@ class ChunkRun:
             # Its next check could only tie the study's best (exact: see results.training_limit).
             self._finish(list(range(len(self.active))), [TrialStatus.SUPERSEDED] * len(self.active))
         else:
-            steps = self._train_to_check()
+            steps, probe_seconds = self._train_to_check()
+            # Reading the losses waits for the device, so on a GPU too the interval's steps are done here.
             mean_losses = (self.loss_sums / steps).tolist()
+            self._account(steps, time.perf_counter() - self._advance_started - probe_seconds)
             self.loss_sums.zero_()
             statuses = _check(self.trainer, self.data, self.settings, bound, self.active, self.step, mean_losses,
                               self.observer)
@@ -335,11 +340,26 @@ class ChunkRun:
             self._finish([k for k, s in enumerate(statuses) if s is not None], statuses)
         self.seconds += time.perf_counter() - self._advance_started
 
-    def _train_to_check(self) -> int:
-        """Train every active trial to the next check step; how many steps that took."""
+    def _account(self, steps: int, seconds: float) -> None:
+        """Share ``seconds`` of ``steps`` lockstep training steps out among the trials that took them.
+
+        A trial's time per step should be what one step of it costs on this device; a lockstep step of K
+        trials is one computation for all K, so each is charged 1/K of it (its cost in the study), and
+        remembers K (TrialResult.pack_size). Alone its step may be faster or slower than the share (the packed
+        path has no channels-last on CPU, and no launch overhead per trial on GPU); the analysis says so.
+        """
+        share = seconds / len(self.active)
+        for state in self.active:
+            state.train_seconds += share
+            state.shared_steps += steps * len(self.active)
+
+    def _train_to_check(self) -> tuple[int, float]:
+        """Train every active trial to the next check step; how many steps that took, and the seconds the
+        probes took among them."""
         settings, data, trainer = self.settings, self.data, self.trainer
         target = min(settings.max_steps, (self.step // settings.check_interval + 1) * settings.check_interval)
         steps = target - self.step
+        probe_total = 0.0
         while self.step < target:
             self.step += 1
             rates = ([s.setup.optimizer.learning_rate_at(self.step - 1) for s in self.active]
@@ -349,12 +369,16 @@ class ChunkRun:
                 self.step, trainer.probe_view,
                 lambda: trainer.step(data.train_images[batch], data.train_labels[batch], rates))
             self.loss_sums += losses
+            probe_total += probe_seconds
             if probe_values:
+                reported = time.perf_counter()
                 for k, state in enumerate(self.active):
                     state.probe_seconds += probe_seconds / len(self.active)
                     self.observer.on_probe(state.setup.index, self.step,
                                            {name: v[k] for name, v in probe_values.items()})
-        return steps
+                # Reporting may log to the store (a study trained in this process): not training time either.
+                probe_total += time.perf_counter() - reported
+        return steps, probe_total
 
     def _finish(self, positions: list[int], statuses: Sequence[TrialStatus | None]) -> None:
         """End the trials at ``positions`` with their statuses; the trainer keeps the rest."""

@@ -14,7 +14,8 @@ Layout in the tracking store:
   metaparameters); metrics ``steps_to_result`` (absent when no trial reached), ``trials/<status>``,
   ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``.
 - Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status``;
-  metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check; artifacts under ``mask/``.
+  metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check, ``train/seconds_per_step`` and
+  ``train/pack_size`` at the end (param ``device``); artifacts under ``mask/``.
 - Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
   an earlier live run of its key is FAILED with ``edps.yielded_to``.
 - A study run submitted through MLflow Projects (``--executor mlflow-project``) is the run MLflow made,
@@ -89,6 +90,9 @@ PARAM_BATCH_SIZE = "batch_size"
 PARAM_SPARSITY = "sparsity"
 PARAM_OPTIMIZER = "optimizer"
 PARAM_WORKLOAD = "workload"
+# The device a trial's training time was measured on ("cuda:0 (NVIDIA H200)", "cpu (<model>, 1 thread)"); on a
+# study run, the device of its best trial's measurement.
+PARAM_DEVICE = "device"
 
 # ---- metrics --------------------------------------------------------------------------------
 METRIC_STEPS_TO_RESULT = "steps_to_result"
@@ -100,6 +104,15 @@ METRIC_TRAIN_LOSS = "train/loss"
 METRIC_LEARNING_RATE = "learning_rate"
 METRIC_TRIAL_SECONDS = "trial/seconds"
 METRIC_PROBE_SECONDS = "probe/seconds"
+# Measured training seconds per step (no checks, evaluation or probes): a trial's own, and on a study run its
+# best trial's. A packed trial's steps were shared with others: the metric is its share of each lockstep step
+# (the step's seconds divided by the trials in it), and METRIC_PACK_SIZE says how many shared them on average.
+METRIC_SECONDS_PER_STEP = "train/seconds_per_step"
+METRIC_PACK_SIZE = "train/pack_size"
+# The network's size on a study run (every parameter, pruned or not: data parallelism all-reduces dense
+# gradients), for the time-to-result projection over several devices.
+METRIC_MODEL_PARAMETERS = "model/parameters"
+METRIC_MODEL_PARAMETER_BYTES = "model/parameter_bytes"
 # Numbers users filter on are metrics too: MLflow compares params and tags only as strings.
 METRIC_BATCH_SIZE = "batch_size"
 METRIC_SPARSITY = "sparsity"

@@ -22,10 +22,13 @@ from edps_mlflow.names import (
     KIND_SWEEP,
     KIND_TRIAL,
     METRIC_BEST_VALIDATION_ERROR,
+    METRIC_PACK_SIZE,
+    METRIC_SECONDS_PER_STEP,
     METRIC_STEPS_TO_RESULT,
     METRIC_STEPS_TRAINED,
     MLFLOW_PARENT_RUN_ID,
     PARAM_BEST_PREFIX,
+    PARAM_DEVICE,
     PARAM_SPEC_TRIALS,
     STOPPING_FULL_TRIALS,
     TAG_BATCH_SIZE,
@@ -68,6 +71,10 @@ class StoredTrial:
     steps_to_result: int | None
     steps_trained: int
     best_validation_error: float | None
+    # How fast it trained, where (None: a run from before these were recorded, or one that trained no step).
+    seconds_per_step: float | None = None
+    pack_size: float | None = None
+    device: str | None = None
 
 
 def _search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
@@ -102,6 +109,8 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
             steps_to_result=int(steps) if steps is not None else None,
             steps_trained=int(metrics.get(METRIC_STEPS_TRAINED, 0)),
             best_validation_error=metrics.get(METRIC_BEST_VALIDATION_ERROR),
+            seconds_per_step=metrics.get(METRIC_SECONDS_PER_STEP), pack_size=metrics.get(METRIC_PACK_SIZE),
+            device=run.data.params.get(PARAM_DEVICE),
         )
     return found
 

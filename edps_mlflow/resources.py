@@ -64,6 +64,32 @@ def resolve_device(requested: str | None) -> "torch.device":
     return device
 
 
+def describe_device(device: str, threads: int) -> str:
+    """The device a training time was measured on, for people and for the time-to-result analysis:
+    ``cuda:0 (NVIDIA H200)``, or ``cpu (<processor model>, 1 thread)``; a CPU's speed depends on its threads."""
+    import torch
+
+    kind = torch.device(device)
+    if kind.type == "cuda":
+        index = kind.index if kind.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return f"cpu ({_processor_model()}, {threads} thread{'s' if threads != 1 else ''})"
+
+
+def _processor_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform says, else "unknown model"."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.lower().startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or "unknown model"
+
+
 def gpu_count() -> int:
     import torch
 

@@ -65,6 +65,15 @@ class TrialResult:
     checks_cut_short: int
     seconds: float
     probe_seconds: float = 0.0
+    # Seconds of the training steps alone (no checks, evaluation or probes). A packed trial's share: each
+    # lockstep step's seconds divided by the trials in it; pack_size is that count, averaged over its steps.
+    train_seconds: float = 0.0
+    pack_size: float = 1.0
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """Measured training seconds per step (None: it trained no step)."""
+        return self.train_seconds / self.steps_trained if self.steps_trained > 0 else None
 
     @classmethod
     def superseded_before_start(cls, index: int) -> "TrialResult":
@@ -85,6 +94,11 @@ class TrialRecord:
     reused: bool
     seconds: float = 0.0
     probe_seconds: float = 0.0
+    # Its measured training seconds per step, the trials that shared those steps (TrialResult) and the device
+    # they were measured on; None when unknown (no step trained, or reused from a run that did not record them).
+    seconds_per_step: float | None = None
+    pack_size: float | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from edps_mlflow.registry import LeasedRun, StoredTrial, finished_trials, neighb
 from edps_mlflow.resources import (
     WorkerLayout,
     breadth_first_fits,
+    describe_device,
     held_bytes_per_trial,
     resolve_device,
     study_layout,
@@ -109,6 +110,9 @@ class StudyPlan:
     schedule: Schedule
     run_settings: dict[str, Any] = field(repr=False)
     warning: str | None = None
+    # The device the trials' training time is measured on (resources.describe_device).
+    device_description: str = ""
+    model_size: tuple[int, int] = (0, 0)  # (parameters, bytes) of the network, for the time-to-result analysis
 
     @property
     def chunks(self) -> list[list[int]]:
@@ -196,7 +200,15 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
                     "schedule": schedule.value, "held_bytes_per_trial": held, "allow_tf32": spec.allow_tf32,
                     "curve_interval": curve_interval}
-    return StudyPlan(trials, reused, to_train, trial_order, layout, schedule, run_settings, warning)
+    return StudyPlan(trials, reused, to_train, trial_order, layout, schedule, run_settings, warning,
+                     device_description=describe_device(device, layout.threads), model_size=model_size(workload))
+
+
+def model_size(workload: Workload) -> tuple[int, int]:
+    """(parameters, bytes) of the workload's network, every parameter counted (pruned ones too: data
+    parallelism all-reduces dense gradients)."""
+    parameters = list(workload.build_model().parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() * p.element_size() for p in parameters)
 
 
 def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, wanted: Schedule, device: str,
@@ -266,11 +278,12 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
                                             time.perf_counter() - started)
         probed = None
         if spec.probes_best_only:
-            probed = probe_best_trial(spec, outcome, workload, data, str(device), options, tracker, out)
+            probed = probe_best_trial(spec, outcome, workload, data, str(device), options, tracker, out,
+                                      plan.device_description)
         elif spec.probes:
             best = outcome.best_record()
             probed = ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
-        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed)
+        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size)
         tracker.finish_study()
     except KeyboardInterrupt:
         tracker.abort(interrupted=True)
@@ -338,8 +351,9 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
 class _Recorder:
     """Receives engine events in this process and forwards them to MLflow and the progress line."""
 
-    def __init__(self, tracker: StudyTracker, trials: dict[int, TrialSpec], progress: StudyProgress) -> None:
-        self.tracker, self.trials, self.progress = tracker, trials, progress
+    def __init__(self, tracker: StudyTracker, trials: dict[int, TrialSpec], progress: StudyProgress,
+                 device: str) -> None:
+        self.tracker, self.trials, self.progress, self.device = tracker, trials, progress, device
         self.records: dict[int, TrialRecord] = {}
 
     def trial_started(self, trial_index: int, mask: Mask | None) -> None:
@@ -354,11 +368,14 @@ class _Recorder:
         self.tracker.log_probe(trial_index, step, values)
 
     def on_finish(self, result: TrialResult) -> None:
-        run_id = self.tracker.finish_trial(result)
+        run_id = self.tracker.finish_trial(result, self.device)
+        timed = result.seconds_per_step is not None
         self.records[result.index] = TrialRecord(
             trial=self.trials[result.index], status=result.status, steps_to_result=result.steps_to_result,
             steps_trained=result.steps_trained, best_validation_error=result.best_validation_error,
-            run_id=run_id, reused=False, seconds=result.seconds, probe_seconds=result.probe_seconds)
+            run_id=run_id, reused=False, seconds=result.seconds, probe_seconds=result.probe_seconds,
+            seconds_per_step=result.seconds_per_step, pack_size=result.pack_size if timed else None,
+            device=self.device if timed else None)
         self.progress.trial_finished(result.index, result.status.value, result.steps_to_result)
 
 
@@ -368,7 +385,7 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
     """Train the plan's chunks here or in worker processes; every trial's record, reused ones included."""
     progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
                              on_trial=on_trial)
-    recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress)
+    recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
     job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
                       exact_early_stopping=not options.full_trials, schedule=plan.schedule)
@@ -384,12 +401,14 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
         records[index] = TrialRecord(
             trial=plan.trials[index], status=stored.status, steps_to_result=stored.steps_to_result,
             steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error,
-            run_id=stored.run_id, reused=True)
+            run_id=stored.run_id, reused=True, seconds_per_step=stored.seconds_per_step,
+            pack_size=stored.pack_size, device=stored.device)
     return records
 
 
 def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: Any, device: str,
-                     options: ExecutionOptions, tracker: StudyTracker, out: TextIO) -> ProbedTrials:
+                     options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
+                     device_description: str) -> ProbedTrials:
     """Train the study's best trial again, with the probes, along its whole run (to its goal), as a
     trial run nested under the study run; or find that run in the store.
 
@@ -414,7 +433,7 @@ def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload,
     settings = engine_settings(probe_spec, workload, data.validation_size, options)
     layout = study_layout(device.split(":")[0], spec.batch_size, 1, 1, options.threads, 1)
     progress = StudyProgress(1, 1, stream=out, log_interval=options.log_interval)
-    recorder = _Recorder(tracker, {trial.index: trial}, progress)
+    recorder = _Recorder(tracker, {trial.index: trial}, progress, device_description)
     space = workload.search_space(spec.optimizer.value)
     job = TrainingJob(spec=probe_spec, points=tuple(space.points(spec.trials)), settings=settings,
                       data_dir=options.data_dir, device=device, threads=layout.threads, exact_early_stopping=False,

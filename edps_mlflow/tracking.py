@@ -561,7 +561,8 @@ def trials_table(outcome: StudyOutcome) -> pd.DataFrame:
             "best_validation_error": record.best_validation_error,
             **{name: value for name, value in record.trial.metaparameters.items()},
             "init_seed": record.trial.init_seed, "run_id": record.run_id, "reused": record.reused,
-            "seconds": round(record.seconds, 3),
+            "seconds": round(record.seconds, 3), "seconds_per_step": record.seconds_per_step,
+            "pack_size": record.pack_size, "device": record.device,
         })
     return pd.DataFrame(rows).astype({"steps_to_result": "Int64"})
 
@@ -584,11 +585,17 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
         metrics[n.METRIC_STUDY_TRIAL_STEPS_RATIO] = outcome.trial_steps / lower_bound
     best = outcome.best_record()
     metrics.update({n.METRIC_BEST_PREFIX + k: v for k, v in (best.trial.metaparameters if best else {}).items()})
+    if best is not None and best.seconds_per_step is not None:
+        # The study's time per step is its best trial's: the one whose steps make steps-to-result.
+        metrics[n.METRIC_SECONDS_PER_STEP] = best.seconds_per_step
+        if best.pack_size is not None:
+            metrics[n.METRIC_PACK_SIZE] = best.pack_size
     return metrics
 
 
 def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-               allowed_errors: int, probed: ProbedTrials | None = None) -> dict[str, Any]:
+               allowed_errors: int, probed: ProbedTrials | None = None,
+               model_size: tuple[int, int] | None = None) -> dict[str, Any]:
     """``study.json``: the study, its result and how it was run, in one document."""
     best = outcome.best_record()
     return {
@@ -598,7 +605,10 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
         "version": __version__, "study_key": spec.study_key, "spec": spec.key_fields(),
         "steps_to_result": outcome.steps_to_result,
         "best_trial": None if best is None else {"trial_index": best.trial.index, "run_id": best.run_id,
-                                                  "metaparameters": best.trial.metaparameters},
+                                                  "metaparameters": best.trial.metaparameters,
+                                                  "seconds_per_step": best.seconds_per_step,
+                                                  "pack_size": best.pack_size, "device": best.device},
+        "model": None if model_size is None else {"parameters": model_size[0], "parameter_bytes": model_size[1]},
         "counts": {status.value: outcome.count(status) for status in TrialStatus},
         "reused": outcome.reused, "trained": outcome.trained, "trial_steps": outcome.trial_steps,
         "trial_steps_lower_bound": trial_steps_lower_bound(outcome.records),
@@ -698,25 +708,33 @@ class StudyTracker:
         self._log(self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-                       allowed_errors: int, probed: ProbedTrials | None = None) -> None:
-        """The study's summary metrics, the best trial's metaparameters, which trials probed, and the two
+                       allowed_errors: int, probed: ProbedTrials | None = None,
+                       model_size: tuple[int, int] | None = None) -> None:
+        """The study's summary metrics, the best trial's metaparameters (and the device its time per step
+        was measured on), which trials probed, the network's size ``(parameters, bytes)`` and the two
         artifacts."""
         best = outcome.best_record()
-        params = {n.PARAM_BEST_PREFIX + k: v for k, v in (best.trial.metaparameters if best else {}).items()}
+        params: dict[str, Any] = {n.PARAM_BEST_PREFIX + k: v
+                                  for k, v in (best.trial.metaparameters if best else {}).items()}
+        metrics = study_metrics(outcome)
+        if best is not None and best.seconds_per_step is not None and best.device is not None:
+            params[n.PARAM_DEVICE] = best.device
+        if model_size is not None:
+            metrics.update({n.METRIC_MODEL_PARAMETERS: model_size[0], n.METRIC_MODEL_PARAMETER_BYTES: model_size[1]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
         if probed is not None:
             tags[n.TAG_PROBED_TRIALS] = probed.mode
             if probed.best_probe_run_id:
                 tags[n.TAG_BEST_PROBE_RUN] = probed.best_probe_run_id
-        metrics = study_metrics(outcome)
-        if probed is not None and probed.probe_seconds:
-            metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
+            if probed.probe_seconds:
+                metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
         self._log(self.study_run_id, params=params, metrics=metrics, tags=tags)
         buffer = io.StringIO()
         trials_table(outcome).to_csv(buffer, index=False)
         (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
         (self._scratch / n.ARTIFACT_STUDY_JSON).write_text(
-            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed), indent=2, sort_keys=True))
+            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed, model_size), indent=2,
+                       sort_keys=True))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_TRIALS_CSV))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
 
@@ -785,11 +803,18 @@ class StudyTracker:
         if finite:
             self._log(self.trial_runs[trial_index], metrics=finite, step=step)
 
-    def finish_trial(self, result: TrialResult) -> str:
+    def finish_trial(self, result: TrialResult, device: str | None = None) -> str:
+        """End a trial's run with its outcome, and its training seconds per step on ``device`` when it
+        trained a step."""
         run_id = self.trial_runs.pop(result.index)
         metrics: dict[str, float] = {n.METRIC_STEPS_TRAINED: result.steps_trained,
                                      n.METRIC_CHECKS_CUT_SHORT: result.checks_cut_short,
                                      n.METRIC_TRIAL_SECONDS: result.seconds}
+        params: dict[str, Any] = {}
+        if result.seconds_per_step is not None:
+            metrics.update({n.METRIC_SECONDS_PER_STEP: result.seconds_per_step, n.METRIC_PACK_SIZE: result.pack_size})
+            if device is not None:
+                params[n.PARAM_DEVICE] = device
         if result.probe_seconds:
             metrics[n.METRIC_PROBE_SECONDS] = result.probe_seconds
         if result.steps_to_result is not None:
@@ -801,7 +826,7 @@ class StudyTracker:
             tags[n.MLFLOW_RUN_NAME] = trial_run_name(self.trial_specs.pop(result.index), trial_outcome(result))
         # Step 0: the UI charts a metric whose latest step is 0 as a bar (a value), one at a later step as
         # a line, which for a single value is a lone dot.
-        self._log(run_id, metrics=metrics, tags=tags)
+        self._log(run_id, params=params, metrics=metrics, tags=tags)
         self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return run_id
 

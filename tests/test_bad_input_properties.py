@@ -234,6 +234,24 @@ def test_invalid_plot_tolerance_is_refused(tolerance, store, capsys):
     assert not (store.parent / "fig").exists()
 
 
+BAD_COST_OPTIONS = st.one_of(
+    st.tuples(st.just("--bandwidth"), st.one_of(st.floats(max_value=0.0).map(repr), NON_FINITE, GARBAGE)),
+    st.tuples(st.just("--latency"), st.one_of(st.floats(max_value=-1e-12).map(repr), NON_FINITE, GARBAGE)),
+    st.tuples(st.just("--devices"), st.one_of(
+        st.integers(max_value=0).map(str), st.floats(min_value=1.1, max_value=100).map(repr), GARBAGE,
+        st.lists(st.integers(1, 64), min_size=1, max_size=4).map(lambda v: ",".join(map(str, v + v[:1]))))),
+)
+
+
+@PROPERTY
+@given(option=BAD_COST_OPTIONS, command=st.sampled_from(["time", "report"]))
+def test_invalid_cost_model_options_are_refused_in_one_line(option, command, store, capsys):
+    refused(analysis.cli.main, [command, "--csv", STEPS_CSV, "--out-dir" if command == "time" else "--output",
+                                str(store.parent / ("fig" if command == "time" else "report.md")), *option],
+            capsys, "edps-analyze: error: ", "CLI options")
+    assert not (store.parent / "fig").exists() and not (store.parent / "report.md").exists()
+
+
 # ---- environment variables ------------------------------------------------------------------
 TINY_STUDY = ["study", "--bs", "64", "--trials", "1", "--max-steps", "20", "--check-interval", "10"]
 TINY_SWEEP = ["sweep", "--batch-sizes", "64", "--trials", "1", "--max-steps", "20", "--check-interval", "10"]

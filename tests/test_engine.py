@@ -218,3 +218,27 @@ def test_pack_size_choice():
     assert choose_pack_size(gpu, 128, 100) == 32
     assert choose_pack_size(gpu, 512, 100) == 8
     assert choose_pack_size(gpu, 4096, 100) == 1
+
+
+def test_training_seconds_per_step_exclude_checks_and_are_shared_within_a_pack():
+    """Each trial's training seconds are its share of the lockstep steps it took (no checks, no evaluation):
+    positive, below its wall time, and the pack size is the mean number of trials that shared its steps."""
+    spec = study_spec(optimizer="sgd", batch_size=16, max_steps=300)
+    setups = setups_for(spec, [{"learning_rate": 1e6}, {"learning_rate": 0.05}, {"learning_rate": 0.02}])
+    settings = engine_settings(spec, early_abort=False)  # full evaluation at every check: a visible cost
+    results = {r.index: r for r in train_trials(DIGITS.build_model, digits_data(), setups, settings,
+                                                LocalStepBound(300, 100, exact_early_stopping=False))}
+    diverged = results[0]
+    assert diverged.status is TrialStatus.DIVERGED and diverged.steps_trained == 100 and diverged.pack_size == 3
+    for index in (1, 2):
+        result = results[index]
+        assert result.steps_trained == 300
+        # Its first 100 steps were shared by three trials, the other 200 by two.
+        assert result.pack_size == pytest.approx((100 * 3 + 200 * 2) / 300)
+        assert 0 < result.train_seconds < result.seconds
+        assert result.seconds_per_step == pytest.approx(result.train_seconds / 300)
+    # The two trials that trained together to the end were charged the same share.
+    assert results[1].train_seconds == pytest.approx(results[2].train_seconds)
+    alone = train_trials(DIGITS.build_model, digits_data(), setups[1:2], settings,
+                         LocalStepBound(300, 100, exact_early_stopping=False))[0]
+    assert alone.pack_size == 1 and 0 < alone.train_seconds < alone.seconds
