@@ -17,7 +17,10 @@ other. The rule, per curve (optimizer x sparsity), on the fit of the points meas
 - The start of maximal data parallelism (the plateau): the measured batch size before it must be
   half of it. Excess and choice as above; a curve that has not shown its plateau yet measures
   between its two largest points, else extends upwards.
-- A curve without a fit (fewer than 3 points with a result) bisects its widest gap first.
+- A curve without a fit (fewer than 3 points with a result), or whose fit the analysis calls doubtful
+  (steps rising with batch size, B_crit far outside the measured range: ``analysis.regimes.fit_warnings``),
+  bisects its widest gap first: a B_crit interval of a hyperbola that does not describe the curve
+  answers nothing, however narrow.
 
 Each round every curve measures the batch size of its largest excess (one per curve, so a round's
 studies run in parallel). The sweep stops when no curve has an excess left (``target met``), when
@@ -37,7 +40,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
-from analysis.regimes import fit_table
+from analysis.regimes import fit_table, is_degenerate
 from edps_mlflow.errors import EdpsError
 
 # At least this many points per curve in the coarse grid (the hyperbola has two parameters).
@@ -54,6 +57,7 @@ TOLERANCE = 0.2  # of the regime boundaries (analysis.regimes)
 
 class UncertaintyKind(str, Enum):
     NO_FIT = "no fit"
+    DOUBTFUL_FIT = "doubtful fit"  # analysis.regimes says the hyperbola does not describe the curve
     B_CRIT = "B_crit interval"
     PERFECT_SCALING_END = "end of perfect scaling"
     MAXIMAL_PARALLELISM_START = "start of maximal data parallelism"
@@ -207,6 +211,17 @@ def _bisect(low: int, high: int, candidates: list[int]) -> int | None:
     return min(inside, key=lambda c: (abs(math.log2(c) - middle), c))
 
 
+def _widest_gap(measured: list[int], unmeasured: list[int]) -> int | None:
+    """The batch size that bisects the widest gap between measured ones (else the next above them)."""
+    gaps = sorted(((math.log2(high / low), low, high) for low, high in zip(measured, measured[1:])), reverse=True)
+    for _, low, high in gaps:
+        choice = _bisect(low, high, unmeasured)
+        if choice is not None:
+            return choice
+    above = [c for c in unmeasured if c > measured[-1]] if measured else unmeasured
+    return above[0] if above else None
+
+
 def _gap_text(low: int, high: int) -> str:
     return f"between {low} and {high} ({math.log2(high / low):.0f} doublings apart)"
 
@@ -230,16 +245,13 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
     items: list[Uncertainty] = []
     b_crit = _value(fit, "b_crit")
     if b_crit is None:
-        gaps = [(math.log2(high / low), low, high) for low, high in zip(measured_all, measured_all[1:])]
-        choice = None
-        for _, low, high in sorted(gaps, reverse=True):
-            choice = _bisect(low, high, unmeasured)
-            if choice is not None:
-                break
         items.append(Uncertainty(UncertaintyKind.NO_FIT, UNKNOWN_EXCESS,
                                  f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes have a result",
-                                 choice))
+                                 _widest_gap(measured_all, unmeasured)))
         return CurveState(curve, tuple(measured_all), fit, tuple(items))
+    if is_degenerate(fit):
+        items.append(Uncertainty(UncertaintyKind.DOUBTFUL_FIT, UNKNOWN_EXCESS, f"doubtful fit: {fit.get('note')}",
+                                 _widest_gap(measured_all, unmeasured)))
     low, high = _value(fit, "b_crit_low"), _value(fit, "b_crit_high")
     if low is None or high is None or low <= 0:
         inside = unmeasured

@@ -7,7 +7,8 @@ else in the project.
 Layout in the tracking store:
 
 - Sweep run (``edps sweep``): tags ``edps.kind=sweep``, ``edps.sweep_key``; params ``sweep.*``; the
-  parent of its study runs.
+  parent of its study runs. An adaptive sweep's run (``edps sweep --adaptive``) adds the tag
+  ``edps.adaptive.stop``, metrics ``adaptive/*`` and the artifact ``adaptive_decisions.csv``.
 - Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
   ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``, ``edps.run.*`` (execution settings, which
   do not change the result); params ``spec.*`` (the resolved study) and ``best.*`` (the best trial's

@@ -156,6 +156,17 @@ def test_a_curve_without_a_fit_bisects_its_widest_gap():
     assert only.batch_size in (32, 64, 256, 512)
 
 
+def test_a_curve_the_hyperbola_does_not_describe_stays_uncertain():
+    # Steps that rise with batch size (a sparse curve with too few trials): however narrow B_crit's
+    # interval, the fit answers nothing; the sweep keeps measuring, and says why.
+    state = assess(lambda b: 600 * b ** 0.05, (2, 16, 128, 1024), spread=0.0)
+    doubtful = next(u for u in state.open if u.kind is UncertaintyKind.DOUBTFUL_FIT)
+    assert "steps rise with batch size" in doubtful.description and doubtful.batch_size in (4, 8, 32, 64, 256, 512)
+    full = assess(lambda b: 600 * b ** 0.05, RANGE, spread=0.0)
+    assert any(u.kind is UncertaintyKind.DOUBTFUL_FIT for u in full.open) and full.next_batch_size() is None
+    assert decide([full], 10, 0, 0.0, AdaptiveSettings()).stop is StopReason.EXHAUSTED
+
+
 def test_one_pick_per_curve_largest_excess_first_and_limits():
     dense = assess(hyperbola(100, 32), (2, 16, 128, 1024))
     sparse = assess(hyperbola(300, 8), (2, 16, 128, 1024), sparsity=0.9)
