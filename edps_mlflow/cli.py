@@ -260,7 +260,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
               help="Measure a coarse grid of the --batch-sizes range, then round by round the batch size per curve "
                    "that narrows B_crit or a regime boundary most, until --target is met or a limit is reached.")
 @click.option("--target", type=float, default=None,
-              help="Adaptive: B_crit's 95%% interval must lie within this factor of its estimate [default: 2].")
+              help="Adaptive: B_crit's 95% interval must lie within this factor of its estimate [default: 2].")
 @click.option("--max-studies", type=int, default=None, help="Adaptive: stop after this many studies.")
 @click.option("--budget", default=None,
               help="Adaptive: stop when the measured studies' trial-steps (e.g. 2e6steps) or this command's wall "
