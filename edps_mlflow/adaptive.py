@@ -121,8 +121,8 @@ class AdaptiveSettings:
     budget: Budget | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.target, bool) or not isinstance(self.target, (int, float)) or not math.isfinite(self.target) \
-                or self.target <= 1.0:
+        number = isinstance(self.target, (int, float)) and not isinstance(self.target, bool)
+        if not number or not math.isfinite(self.target) or self.target <= 1.0:
             raise EdpsError(f"target must be a factor greater than 1 (e.g. 2), got {self.target!r}")
         if self.max_studies is not None and (isinstance(self.max_studies, bool) or not isinstance(self.max_studies, int)
                                              or self.max_studies < 1):
@@ -246,7 +246,8 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
     b_crit = _value(fit, "b_crit")
     if b_crit is None:
         items.append(Uncertainty(UncertaintyKind.NO_FIT, UNKNOWN_EXCESS,
-                                 f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes have a result",
+                                 f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes have a "
+                                 f"result",
                                  _widest_gap(measured_all, unmeasured)))
         return CurveState(curve, tuple(measured_all), fit, tuple(items))
     if is_degenerate(fit):
@@ -274,7 +275,8 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
     elif last is not None:
         last_b, end_b = int(last), int(end)
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, math.log2(end_b / last_b) - 1,
-                                 f"perfect scaling ends {_gap_text(last_b, end_b)}", _bisect(last_b, end_b, unmeasured)))
+                                 f"perfect scaling ends {_gap_text(last_b, end_b)}",
+                                 _bisect(last_b, end_b, unmeasured)))
 
     start = _value(fit, "maximal_parallelism_start")
     if start is None:

@@ -224,7 +224,8 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
         raise EdpsError("device cuda requested but no CUDA device is available")
     if spec.grid.protocol.data_fingerprint is None:
         fingerprint = workload.data_fingerprint(options.data_dir)
-        spec = replace(spec, grid=replace(spec.grid, protocol=replace(spec.grid.protocol, data_fingerprint=fingerprint)))
+        protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
+        spec = replace(spec, grid=replace(spec.grid, protocol=protocol))
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete
@@ -296,11 +297,13 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: _OpenSweep, star
     assert result is not None  # measure never gives up
     buffer = io.StringIO()
     result.decisions.to_csv(buffer, index=False)
-    sweep.tracker.log_table(n.ARTIFACT_ADAPTIVE_DECISIONS, buffer.getvalue(), tags={n.TAG_ADAPTIVE_STOP: result.stop.value},
-                            metrics={n.METRIC_ADAPTIVE_ROUNDS: result.rounds, n.METRIC_ADAPTIVE_STUDIES: len(result.measured),
-                                     n.METRIC_ADAPTIVE_TRIAL_STEPS: result.trial_steps})
+    metrics = {n.METRIC_ADAPTIVE_ROUNDS: result.rounds, n.METRIC_ADAPTIVE_STUDIES: len(result.measured),
+               n.METRIC_ADAPTIVE_TRIAL_STEPS: result.trial_steps}
+    sweep.tracker.log_table(n.ARTIFACT_ADAPTIVE_DECISIONS, buffer.getvalue(),
+                            tags={n.TAG_ADAPTIVE_STOP: result.stop.value}, metrics=metrics)
     with_result = sum(1 for m in result.measured if m.steps_to_result is not None)
-    sweep.tracker.finish(len(result.measured), with_result, time.monotonic() - started, adaptive_description(spec, result))
+    sweep.tracker.finish(len(result.measured), with_result, time.monotonic() - started,
+                         adaptive_description(spec, result))
     _report(result, out)
     print(ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.tracker.run_id), file=out, flush=True)
     return result
@@ -355,7 +358,8 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
              f"trial-steps. Target: B_crit's 95% interval within x{spec.settings.target:g} of its estimate and both "
              f"regime boundaries between adjacent measured powers of two" + (f"; limits: {limits}" if limits else "")
              + ".",
-             f"**Stopped: {result.stop.value}.** Still uncertain: " + ("; ".join(result.uncertain()) or "nothing") + ".",
+             f"**Stopped: {result.stop.value}.** Still uncertain: " + ("; ".join(result.uncertain()) or "nothing")
+             + ".",
              _markdown(result_rows(result)),
              f"Decisions (also `{n.ARTIFACT_ADAPTIVE_DECISIONS}`):",
              _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "batch_size", "reason",

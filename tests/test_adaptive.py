@@ -235,31 +235,44 @@ def _runs(uri: str, kind: str) -> list:
             if r.data.tags.get("edps.kind") == kind]
 
 
-@pytest.mark.slow
-def test_adaptive_sweep_decides_replays_and_is_reused(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # The coarse grid only (4 studies): stopped by --max-studies, with what is left said.
-    first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+def _measured(uri: str) -> dict[int, float | None]:
+    """batch size -> steps_to_result of the finished study runs."""
+    return {int(r.data.tags["edps.batch_size"]): r.data.metrics.get("steps_to_result")
+            for r in _runs(uri, "study") if r.info.status == "FINISHED"}
+
+
+@pytest.fixture(scope="module")
+def adaptive_store(tmp_path_factory):
+    """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store."""
+    directory = tmp_path_factory.mktemp("adaptive-sweep")
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "round 0: coarse grid 8, 32, 64, 256" in first.stdout
-    assert "stopped: max studies after 1 round(s), 4 studies" in first.stdout and "still uncertain: " in first.stdout
-    trained = {r.data.tags["edps.trial_key"] for r in _runs(uri, "trial")}
-    assert len(trained) == 8
+    trained_first = len(_runs(uri, "trial"))
+    second = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return directory, uri, first.stdout, second.stdout, trained_first
+
+
+@pytest.mark.slow
+def test_adaptive_sweep_decides_replays_and_is_reused(adaptive_store):
+    tmp_path, uri, first, second, trained_first = adaptive_store
+    # The coarse grid only (4 studies): stopped by --max-studies, with what is left said.
+    assert "round 0: coarse grid 8, 32, 64, 256" in first
+    assert "stopped: max studies after 1 round(s), 4 studies" in first and "still uncertain: " in first
+    assert trained_first == 8
 
     # A larger limit is another adaptive sweep (its own key): it replays the coarse grid from the
     # store (nothing retrained) and measures the rounds that follow, one batch size per round here.
-    second = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "round 1: sgd sparsity=0 measures bs " in second.stdout
+    assert "round 1: sgd sparsity=0 measures bs " in second
     sweeps = {r.data.tags["edps.sweep_key"]: r for r in _runs(uri, "sweep")}
     assert len(sweeps) == 2 and all(r.info.status == "FINISHED" for r in sweeps.values())
     run = max(sweeps.values(), key=lambda r: r.info.start_time)
     stop = run.data.tags["edps.adaptive.stop"]
-    assert stop in ("max studies", "target met")
+    assert stop in ("max studies", "target met", "exhausted")
     measured = int(run.data.metrics["adaptive/studies"])
     assert 5 <= measured <= 6 and run.data.metrics["adaptive/trial_steps"] > 0
-    studies = [r for r in _runs(uri, "study") if r.info.status == "FINISHED"]
-    assert len(studies) == measured, "one finished study run per measured batch size"
+    assert len(_measured(uri)) == measured, "one finished study run per measured batch size"
     trials = [r.data.tags["edps.trial_key"] for r in _runs(uri, "trial") if r.info.status == "FINISHED"]
     assert len(trials) == len(set(trials)) == 2 * measured, "no trial trained twice"
 
@@ -285,3 +298,17 @@ def test_adaptive_sweep_decides_replays_and_is_reused(tmp_path):
     grid = run_edps(["sweep", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert grid.returncode == 0, grid.stderr[-3000:]
     assert f"plan: {measured} done, 0 partly done (finished trials are reused), {6 - measured} to do" in grid.stdout
+
+
+@pytest.mark.slow
+def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_path):
+    pytest.importorskip("ray")
+    _, local_uri, _, local, _ = adaptive_store
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY, "--executor", "ray", "--workers", "2"],
+                      cwd=tmp_path, timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    rounds = [line for line in result.stdout.splitlines() if line.startswith(("round ", "stopped: "))]
+    assert rounds == [line for line in local.splitlines() if line.startswith(("round ", "stopped: "))]
+    # The local store also holds the coarse-only sweep's studies: the same keys, the same results.
+    assert _measured(uri) == _measured(local_uri)
