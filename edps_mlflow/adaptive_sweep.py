@@ -210,7 +210,8 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
     for study in studies:
         key = study.study_key
         if key not in cache:
-            run = registry.latest_finished_study(client, experiment_id, key, full_trials)
+            # A study whose every trial probes trains whole runs whatever the sweep's mode.
+            run = registry.latest_finished_study(client, experiment_id, key, full_trials or study.trains_whole_runs)
             if run is None:
                 return None
             cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result,
