@@ -211,7 +211,7 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
         key = study.study_key
         if key not in cache:
             # A study whose every trial probes trains whole runs whatever the sweep's mode.
-            run = registry.latest_finished_study(client, experiment_id, key, full_trials or study.trains_whole_runs)
+            run = registry.latest_finished_study(client, experiment_id, key, study.full_trials(full_trials))
             if run is None:
                 return None
             cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result,
