@@ -256,19 +256,34 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--wait", is_flag=True,
               help="When another live process runs this sweep, wait for it (or take over when it dies).")
+@click.option("--adaptive", is_flag=True,
+              help="Measure a coarse grid of the --batch-sizes range, then round by round the batch size per curve "
+                   "that narrows B_crit or a regime boundary most, until --target is met or a limit is reached.")
+@click.option("--target", type=float, default=None,
+              help="Adaptive: B_crit's 95% interval must lie within this factor of its estimate [default: 2].")
+@click.option("--max-studies", type=int, default=None, help="Adaptive: stop after this many studies.")
+@click.option("--budget", default=None,
+              help="Adaptive: stop when the measured studies' trial-steps (e.g. 2e6steps) or this command's wall "
+                   "clock (e.g. 90s, 30m, 2h) is spent; checked before each round.")
 def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, grid: str,
           workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None,
           ray_address: str | None, backend: str, backend_config: str, env_manager: str, device: str | None,
-          wait: bool) -> None:
-    """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store."""
+          wait: bool, adaptive: bool, target: float | None, max_studies: int | None, budget: str | None) -> None:
+    """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store.
+    With --adaptive, measure only the batch sizes that pin B_crit and the regime boundaries."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.mlproject import ProjectLaunch
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
     from edps_mlflow.workloads import get_workload
 
+    if not adaptive:
+        given = [name for name, value in (("--target", target), ("--max-studies", max_studies),
+                                          ("--budget", budget)) if value is not None]
+        if given:
+            raise EdpsError(f"{', '.join(given)} only apply to an adaptive sweep: add --adaptive")
     if grid == "paper":
         if batch_sizes is not None or sparsities is not None:
             raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and --sparsities")
@@ -276,10 +291,19 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
     spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes,
                            sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
                            check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
-    run_sweep(spec, SweepOptions(
+    options = SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device or None,
         data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait,
-        project=ProjectLaunch(backend, env_manager, backend_config)))
+        project=ProjectLaunch(backend, env_manager, backend_config))
+    if adaptive:
+        from edps_mlflow.adaptive import AdaptiveSettings, Budget
+        from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
+
+        settings = AdaptiveSettings(target=2.0 if target is None else target, max_studies=max_studies,
+                                    budget=Budget.parse(budget) if budget is not None else None)
+        run_adaptive_sweep(AdaptiveSweepSpec(spec, settings), options)
+        return
+    run_sweep(spec, options)
 
 
 @cli.command()

@@ -7,7 +7,8 @@ else in the project.
 Layout in the tracking store:
 
 - Sweep run (``edps sweep``): tags ``edps.kind=sweep``, ``edps.sweep_key``; params ``sweep.*``; the
-  parent of its study runs.
+  parent of its study runs. An adaptive sweep's run (``edps sweep --adaptive``) adds the tag
+  ``edps.adaptive.stop``, metrics ``adaptive/*`` and the artifact ``adaptive_decisions.csv``.
 - Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
   ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``, ``edps.run.*`` (execution settings, which
   do not change the result); params ``spec.*`` (the resolved study) and ``best.*`` (the best trial's
@@ -65,6 +66,7 @@ TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers,
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
 TAG_BEST_PROBE_RUN = "edps.best_probe_run"  # the trial run with the probes along the best trial's whole run
+TAG_ADAPTIVE_STOP = "edps.adaptive.stop"  # why an adaptive sweep stopped (adaptive.StopReason)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
 TAG_ANALYSIS_SWEEP_RUNS = "edps.analysis.sweep_runs"
@@ -132,6 +134,9 @@ METRIC_PLAN_PREFIX = "plan/"  # + a plan count of a sweep
 METRIC_STUDIES_DONE = "studies/done"
 METRIC_STUDIES_WITH_RESULT = "studies/with_result"
 METRIC_SWEEP_SECONDS = "sweep/seconds"
+METRIC_ADAPTIVE_ROUNDS = "adaptive/rounds"
+METRIC_ADAPTIVE_STUDIES = "adaptive/studies"  # studies the adaptive sweep measured (trained or reused)
+METRIC_ADAPTIVE_TRIAL_STEPS = "adaptive/trial_steps"  # every trial's steps over those studies
 METRIC_PROBE_LIPSCHITZ = "probe/lipschitz"
 METRIC_PROBE_NOISE_SCALE = "probe/noise_scale"
 METRIC_PROBE_GRAD_NORM_SQ = "probe/grad_norm_sq"
@@ -147,6 +152,7 @@ ARTIFACT_MASK_SUMMARY = "summary.json"
 ARTIFACT_LAUNCH_LOG = "mlflow-run.log"  # the output of a submitted run (`mlflow run` and its entry point)
 ARTIFACT_USED_STUDY_RUNS = "used_study_runs.txt"
 ARTIFACT_FIGURES_DIR = "figures"
+ARTIFACT_ADAPTIVE_DECISIONS = "adaptive_decisions.csv"  # on an adaptive sweep run: each decision and why
 
 
 def trials_metric(status: str) -> str:

@@ -7,9 +7,12 @@ records with enums and booleans, never MLflow's own entities or status strings. 
 
 from __future__ import annotations
 
+import csv
 import math
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
@@ -18,6 +21,7 @@ from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.names import (
+    ARTIFACT_TRIALS_CSV,
     KIND_STUDY,
     KIND_SWEEP,
     KIND_TRIAL,
@@ -248,6 +252,35 @@ def latest_finished_study(client: StoreClient, experiment_id: str, study_key: st
     done = [r for r in keyed_runs(client, experiment_id, KIND_STUDY, study_key)
             if r.state.is_finished and r.full_trials == full_trials]
     return done[-1] if done else None
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One trial of a finished study as its ``trials.csv`` lists it (trained there or reused)."""
+
+    trial_index: int
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+
+
+def study_trial_outcomes(client: StoreClient, run_id: str) -> list[TrialOutcome]:
+    """The trials of a finished study run, from its ``trials.csv`` artifact (empty when it has none)."""
+    with tempfile.TemporaryDirectory(prefix="edps-trials-") as scratch:
+        try:
+            path = client.download_artifacts(run_id, ARTIFACT_TRIALS_CSV, dst_path=scratch)
+            rows = list(csv.DictReader(Path(path).read_text().splitlines()))
+        except (MlflowException, OSError):
+            return []
+    outcomes = []
+    for row in rows:
+        try:
+            steps = row.get("steps_to_result") or ""
+            outcomes.append(TrialOutcome(int(row["trial_index"]), TrialStatus(row["status"]),
+                                         int(float(steps)) if steps else None, int(float(row["steps_trained"] or 0))))
+        except (KeyError, ValueError):
+            return []  # not a trials table of ours: the study gets no bootstrap
+    return outcomes
 
 
 def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[LeasedRun]:

@@ -182,14 +182,22 @@ class StudyTask:
 def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool) -> list[PlannedStudy]:
     """Each study of the grid: done (a finished study run in the same early-stopping mode), partly done
     (finished trials to reuse) or to do."""
-    stored = registry.study_runs(client, experiment_id, spec.workload)
-    finished = {s.study_key: s for s in stored if s.finished and s.full_trials == spec.protocol.full_trials(full_trials)}
-    trial_counts = registry.finished_trial_counts(client, experiment_id, spec.workload)
+    return plan_studies(client, experiment_id, spec.workload, spec.studies(), full_trials)
+
+
+def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
+                 full_trials: bool) -> list[PlannedStudy]:
+    """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`)."""
+    stored = registry.study_runs(client, experiment_id, workload)
+    finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
+    trial_counts = registry.finished_trial_counts(client, experiment_id, workload)
     plan = []
-    for study in spec.studies():
+    for study in studies:
         key = study.study_key
-        if key in finished:
-            plan.append(PlannedStudy(study, PlanState.DONE, study.trials, finished[key].steps_to_result))
+        # A study whose every trial probes trains whole runs whatever the sweep's mode (StudySpec.full_trials).
+        done = finished.get((key, study.full_trials(full_trials)))
+        if done is not None:
+            plan.append(PlannedStudy(study, PlanState.DONE, study.trials, done.steps_to_result))
         elif trial_counts.get(key):
             plan.append(PlannedStudy(study, PlanState.PARTIAL, trial_counts[key], None))
         else:
@@ -359,7 +367,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
         progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
                                  options.log_interval)
         if pending:
-            _dispatch(pending, spec, options, sweep, progress, out)
+            _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
         return _finish(spec, options, sweep, progress, out)
     except KeyboardInterrupt:
         sweep.tracker.abort(interrupted=True)
@@ -409,14 +417,17 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
     return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
-def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:
+def _open(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
+          name: str | None = None) -> _OpenSweep:
     """The sweep's run, live and ours: the earlier run of this sweep when its owner is gone (a resume),
-    else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited for."""
+    else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited for.
+    ``key`` and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
     client = open_store()
     tracking_uri = client.tracking_uri
     lease = lease_seconds()
-    label = f"sweep {spec.sweep_key[:12]} ({spec.workload})"
-    name = f"sweep {spec.workload} {len(spec.studies())} studies"
+    key = key or spec.sweep_key
+    label = f"sweep {key[:12]} ({spec.workload})"
+    name = name or f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
         launched = launcher_run(client)
         # Under `mlflow run` the sweep goes to the experiment of the run it made for us.
@@ -425,17 +436,17 @@ def _open(spec: SweepSpec, options: SweepOptions, out: TextIO) -> _OpenSweep:
         experiment_id = resolve_experiment(client, experiment_name)
         launcher = launched.run_id if launched else None
         while True:
-            runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, spec.sweep_key)
+            runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, key)
             live = live_runs(runs, lease)
             rival = live[0] if live else None
             tracker = None
             if rival is None and runs:
-                tracker = SweepTracker.take_over(client, experiment_id, runs[0].run_id, spec.sweep_key, spec.workload)
+                tracker = SweepTracker.take_over(client, experiment_id, runs[0].run_id, key, spec.workload)
                 if tracker is None:
                     continue  # taken over by another process this very moment: it is live now
             elif rival is None:
-                tracker = SweepTracker.create(client, experiment_id, name, spec.sweep_key, spec.workload, launcher)
-                rival = earlier_live_rival(client, experiment_id, KIND_SWEEP, spec.sweep_key, tracker.run_id, lease)
+                tracker = SweepTracker.create(client, experiment_id, name, key, spec.workload, launcher)
+                rival = earlier_live_rival(client, experiment_id, KIND_SWEEP, key, tracker.run_id, lease)
                 if rival is not None:
                     yield_run(client, tracker.run_id, rival.run_id, keep_kind=launcher is None)
                     launcher, tracker = None, None
@@ -492,14 +503,14 @@ def _trials_to_train(plan: list[PlannedStudy]) -> int:
     return sum(max(0, p.spec.trials - p.finished_trials) for p in plan if p.state is not PlanState.DONE)
 
 
-def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep,
+def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, sweep: _OpenSweep,
               progress: SweepProgress, out: TextIO) -> None:
-    """Run the pending studies on the chosen executor."""
+    """Run the pending studies on the chosen executor, as studies of the sweep ``sweep_key``."""
     # Large batches first: they dominate the cost, so starting them early shortens the tail.
     pending = sorted(pending, key=lambda s: -s.batch_size)
-    labels = {s.study_key: _label(s) for s in spec.studies()}
+    labels = {s.study_key: _label(s) for s in pending}
     if options.executor == "mlflow-project":
-        _run_projects(pending, spec, options, sweep, progress, labels, out)
+        _run_projects(pending, sweep_key, options, sweep, progress, labels, out)
         return
     if options.executor == "local":
         layout = sweep_layout(options.device, options.workers, len(pending))
@@ -511,7 +522,7 @@ def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, 
     progress.workers = workers
     tasks = [StudyTask(spec=s, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
                        experiment_name=sweep.experiment_name, sweep_run_id=sweep.tracker.run_id,
-                       sweep_key=spec.sweep_key, data_dir=options.data_dir, full_trials=options.full_trials,
+                       sweep_key=sweep_key, data_dir=options.data_dir, full_trials=options.full_trials,
                        device=options.device, threads=threads) for s in pending]
     if options.executor == "local":
         run_local(tasks, devices, progress, labels)
@@ -520,7 +531,7 @@ def _dispatch(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, 
         run_ray(tasks, options.ray_address, 1.0 if gpus else 0.0, 1.0, workers, progress, labels)
 
 
-def _run_projects(pending: list[StudySpec], spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep,
+def _run_projects(pending: list[StudySpec], sweep_key: str, options: SweepOptions, sweep: _OpenSweep,
                   progress: SweepProgress, labels: dict[str, str], out: TextIO) -> None:
     """Each pending study a run of the MLproject (project_executor.py); failures are reported as they
     happen, and the sweep ends with one line naming them once the others are done."""
@@ -531,7 +542,7 @@ def _run_projects(pending: list[StudySpec], spec: SweepSpec, options: SweepOptio
     study_workers = max(1, available_cores() // progress.workers) if launch.backend is Backend.LOCAL else None
     executor = ProjectExecutor(
         ProjectSweep(client=sweep.client, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
-                     workload=spec.workload, sweep_run_id=sweep.tracker.run_id, sweep_key=spec.sweep_key,
+                     workload=pending[0].workload, sweep_run_id=sweep.tracker.run_id, sweep_key=sweep_key,
                      data_dir=options.data_dir, full_trials=options.full_trials, device=options.device,
                      launch=launch, project=project_directory()),
         workers, study_workers, progress, labels, out)

@@ -972,6 +972,20 @@ class SweepTracker:
         _log_batch(self.client, self.run_id, params=new_params,
                    metrics={n.METRIC_PLAN_PREFIX + k: v for k, v in plan.items()})
 
+    def log_table(self, name: str, text: str, tags: dict[str, str] | None = None,
+                  metrics: dict[str, float] | None = None) -> None:
+        """A table artifact (e.g. the adaptive sweep's decisions) on the sweep run, with tags and metrics
+        that summarise it; written again (replaced) when a resumed sweep knows more."""
+        directory = Path(tempfile.mkdtemp(prefix="edps-sweep-"))
+        try:
+            (directory / name).write_text(text)
+            _log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
+            self.client.log_artifact(self.run_id, str(directory / name))
+        except MlflowException as error:
+            raise store_error(self.client, error) from None
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
     def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
         _log_batch(self.client, self.run_id, metrics={
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,

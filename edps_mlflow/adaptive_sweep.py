@@ -1,0 +1,385 @@
+"""An adaptive sweep: measure a coarse grid, then round by round the batch sizes that narrow what is
+still uncertain, until every curve's B_crit and regime boundaries are pinned (adaptive.py has the rule).
+
+    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.9
+    edps sweep --adaptive ... --target 1.5 --max-studies 24 --budget 2e6steps   (or --budget 30m)
+
+Every measured point is an ordinary study of the sweep's protocol with its ordinary key, dispatched by
+the sweep's own executors (local or Ray; one batch size per curve per round, run in parallel), so a
+grid sweep of the same protocol later reuses them, and they reuse a grid's. The adaptive sweep has
+its own sweep key (the grid's range and protocol, the target and the limits) and its own sweep run,
+the parent of the studies it trains. It keeps no state of its own: the rule is deterministic (a
+seeded bootstrap), so a rerun replays the decisions from the studies in the store, training only what
+is missing, and a finished adaptive sweep run again prints its answer and trains nothing.
+
+Each decision (round, curve, batch size, why, the uncertainty before) goes into the sweep run's
+``adaptive_decisions.csv`` and its description, with the reason it stopped and what is still uncertain.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, TextIO
+
+import pandas as pd
+
+from edps_mlflow import names as n
+from edps_mlflow import registry
+from edps_mlflow.adaptive import (
+    DECISION_COLUMNS,
+    AdaptiveSettings,
+    BudgetKind,
+    CurveState,
+    StopReason,
+    assess_curve,
+    coarse_grid,
+    coarse_rows,
+    curve_label,
+    decide,
+    decision_rows,
+    is_power_of_two,
+    powers_of_two,
+)
+from edps_mlflow.config import StudySpec, content_key
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.leases import clear_expired
+from edps_mlflow.names import KIND_SWEEP
+from edps_mlflow.progress import SweepProgress
+from edps_mlflow.resources import gpu_count
+from edps_mlflow.sweep import (
+    PlanState,
+    SweepOptions,
+    SweepSpec,
+    _dispatch,
+    _open,
+    _OpenSweep,
+    _trials_to_train,
+    plan_studies,
+)
+from edps_mlflow.tracking import experiment_name_for, lease_seconds, open_store, redact_uri, store_errors, ui_link
+from edps_mlflow.workloads import get_workload
+
+Curve = tuple[str, float]
+
+
+@dataclass(frozen=True)
+class AdaptiveSweepSpec:
+    """An adaptive sweep: ``grid`` gives the protocol, optimizers, sparsities and the batch-size range
+    (powers of two; the coarse grid spans it, and later rounds may extend it up to the largest batch
+    size that fits the training split); ``settings`` when it stops."""
+
+    grid: SweepSpec
+    settings: AdaptiveSettings
+
+    def __post_init__(self) -> None:
+        odd = [b for b in self.grid.batch_sizes if not is_power_of_two(b)]
+        if odd:
+            raise EdpsError(f"an adaptive sweep measures powers of two: batch size {odd[0]} is not one "
+                            f"(give the range, e.g. --batch-sizes 2..1024)")
+        coarse = len(self.coarse) * len(self.curves)
+        if self.settings.max_studies is not None and self.settings.max_studies < coarse:
+            raise EdpsError(f"--max-studies {self.settings.max_studies} is smaller than the coarse grid "
+                            f"({len(self.coarse)} batch sizes x {len(self.curves)} curves = {coarse} studies)")
+
+    @property
+    def workload(self) -> str:
+        return self.grid.workload
+
+    @property
+    def range(self) -> tuple[int, ...]:
+        """Every power of two between the smallest and the largest batch size given."""
+        return powers_of_two(min(self.grid.batch_sizes), max(self.grid.batch_sizes))
+
+    @property
+    def coarse(self) -> tuple[int, ...]:
+        return coarse_grid(self.range)
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        """The batch sizes a round may choose: the range, extended up to the training split."""
+        largest = max(get_workload(self.workload).largest_batch_size(), max(self.grid.batch_sizes))
+        return powers_of_two(min(self.grid.batch_sizes), largest)
+
+    @property
+    def curves(self) -> list[Curve]:
+        return [(o.value, s) for o in self.grid.optimizers for s in self.grid.sparsities]
+
+    def study(self, curve: Curve, batch_size: int) -> StudySpec:
+        optimizer = next(o for o in self.grid.optimizers if o.value == curve[0])
+        return replace(self.grid.protocol, optimizer=optimizer, sparsity=curve[1], batch_size=batch_size)
+
+    @property
+    def sweep_key(self) -> str:
+        range_spec = replace(self.grid, batch_sizes=self.range)
+        return content_key({"kind": "adaptive-sweep", "grid": range_spec.sweep_key, **self.settings.key_fields()})
+
+    def params(self) -> dict[str, Any]:
+        return {**replace(self.grid, batch_sizes=self.range).params(), "adaptive": True,
+                "target": self.settings.target, "max_studies": self.settings.max_studies or "",
+                "budget": self.settings.budget.text() if self.settings.budget else ""}
+
+
+@dataclass(frozen=True)
+class MeasuredStudy:
+    spec: StudySpec
+    run_id: str
+    steps_to_result: int | None
+    trials: tuple[registry.TrialOutcome, ...]
+
+    @property
+    def trial_steps(self) -> int:
+        return sum(t.steps_trained for t in self.trials)
+
+
+@dataclass(frozen=True)
+class AdaptiveResult:
+    stop: StopReason
+    states: tuple[CurveState, ...]
+    measured: tuple[MeasuredStudy, ...]
+    decisions: pd.DataFrame
+    rounds: int
+
+    @property
+    def trial_steps(self) -> int:
+        return sum(m.trial_steps for m in self.measured)
+
+    def uncertain(self) -> list[str]:
+        return [f"{curve_label(s.curve)}: {s.summary()}" for s in self.states if s.open]
+
+
+# measure(studies) -> the measured studies by key, or None when one of them is not done (a replay).
+Measure = Callable[[list[StudySpec]], "dict[str, MeasuredStudy] | None"]
+
+
+def curve_tables(spec: AdaptiveSweepSpec, curve: Curve,
+                 measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The analysis' study table and trial table of one curve's measured studies."""
+    mine = [m for m in measured.values() if (m.spec.optimizer.value, m.spec.sparsity) == curve]
+    points = pd.DataFrame([{"workload": spec.workload, "optimizer": curve[0], "sparsity": curve[1],
+                            "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
+                            "study_key": m.spec.study_key} for m in mine])
+    points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")
+    trials = pd.DataFrame([{"study_key": m.spec.study_key, "trial_index": t.trial_index, "status": t.status.value,
+                            "steps_to_result": t.steps_to_result, "steps_trained": t.steps_trained}
+                           for m in mine for t in m.trials],
+                          columns=["study_key", "trial_index", "status", "steps_to_result", "steps_trained"])
+    return points, trials
+
+
+def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
+          announce: Callable[[int, list[str]], None] = lambda round_index, lines: None) -> AdaptiveResult | None:
+    """The rounds: the coarse grid, then the decisions of adaptive.decide until it stops. None when
+    ``measure`` found a study not done (a read-only replay)."""
+    rows = coarse_rows(spec.curves, spec.coarse)
+    chosen = [spec.study(curve, b) for curve in spec.curves for b in spec.coarse]
+    announce(0, [f"coarse grid {', '.join(map(str, spec.coarse))} for {len(spec.curves)} curve(s)"])
+    measured: dict[str, MeasuredStudy] = {}
+    round_index = 0
+    while True:
+        found = measure([s for s in chosen if s.study_key not in measured])
+        if found is None:
+            return None
+        measured.update(found)
+        states = [assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings.target)
+                  for curve in spec.curves]
+        studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
+        round_index += 1
+        decision = decide(states, studies, steps, clock(), spec.settings)
+        rows.extend(decision_rows(round_index, decision, studies, steps))
+        if decision.stop is not None:
+            return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()),
+                                  _decision_table(rows), round_index)
+        announce(round_index, [f"{curve_label(p.curve)} measures bs {p.batch_size}: {p.reason.value} "
+                               f"({p.uncertainty})" for p in decision.picks])
+        chosen = [spec.study(p.curve, p.batch_size) for p in decision.picks]
+
+
+def _decision_table(rows: list[dict]) -> pd.DataFrame:
+    # Integer columns stay integers in the CSV although stop rows have no batch size.
+    return pd.DataFrame(rows, columns=list(DECISION_COLUMNS)).astype({"batch_size": "Int64"})
+
+
+def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
+          cache: dict[str, MeasuredStudy]) -> dict[str, MeasuredStudy] | None:
+    """The finished runs of ``studies`` with their trials (None when one is not done)."""
+    found = {}
+    for study in studies:
+        key = study.study_key
+        if key not in cache:
+            # A study whose every trial probes trains whole runs whatever the sweep's mode.
+            run = registry.latest_finished_study(client, experiment_id, key, study.full_trials(full_trials))
+            if run is None:
+                return None
+            cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result,
+                                       tuple(registry.study_trial_outcomes(client, run.run_id)))
+        found[key] = cache[key]
+    return found
+
+
+def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO | None = None) -> AdaptiveResult:
+    """Run (or resume, or replay) an adaptive sweep; print and record why it stopped."""
+    out = out or sys.stdout
+    started = time.monotonic()
+    workload = get_workload(spec.workload)
+    workload.require_data(options.data_dir)
+    if options.device == "cuda" and gpu_count() == 0:
+        raise EdpsError("device cuda requested but no CUDA device is available")
+    if spec.grid.protocol.data_fingerprint is None:
+        fingerprint = workload.data_fingerprint(options.data_dir)
+        protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
+        spec = replace(spec, grid=replace(spec.grid, protocol=protocol))
+    complete = _already_complete(spec, options, out)
+    if complete is not None:
+        return complete
+    sweep = _open(spec.grid, options, out, key=spec.sweep_key,
+                  name=f"adaptive sweep {spec.workload} {len(spec.curves)} curves")
+    try:
+        return _run(spec, options, sweep, started, out)
+    except KeyboardInterrupt:
+        sweep.tracker.abort(interrupted=True)
+        raise
+    except BaseException:
+        sweep.tracker.abort(interrupted=False)
+        raise
+
+
+def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO) -> AdaptiveResult | None:
+    """The answer of an adaptive sweep whose run finished, replayed from the store without training;
+    None when anything is to do (or `mlflow run` made a run for this command)."""
+    if os.environ.get("MLFLOW_RUN_ID"):
+        return None
+    client = open_store()
+    with store_errors(client):
+        experiment = client.get_experiment_by_name(experiment_name_for(spec.workload, options.experiment))
+        if experiment is None:
+            return None
+        runs = registry.keyed_runs(client, experiment.experiment_id, KIND_SWEEP, spec.sweep_key)
+        if not runs or not all(r.state.is_finished for r in runs):
+            return None
+        cache: dict[str, MeasuredStudy] = {}
+        result = adapt(spec, lambda studies: _read(client, experiment.experiment_id, studies, options.full_trials,
+                                                   cache), lambda: 0.0)
+    if result is None:
+        return None
+    print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(result.measured)} studies "
+          f"in sweep run {runs[-1].run_id}; nothing to train", file=out)
+    _report(result, out)
+    print(ui_link(str(client.tracking_uri), experiment.experiment_id, runs[-1].run_id), file=out, flush=True)
+    return result
+
+
+def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: _OpenSweep, started: float,
+         out: TextIO) -> AdaptiveResult:
+    stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
+    sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {})
+    print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}): {len(spec.curves)} curve(s), target B_crit "
+          f"within x{spec.settings.target:g}, run {sweep.tracker.run_id} in experiment {sweep.experiment_name!r} at "
+          f"{redact_uri(sweep.tracking_uri)}", file=out)
+    if stale:
+        print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
+    cache: dict[str, MeasuredStudy] = {}
+
+    def measure(studies: list[StudySpec]) -> dict[str, MeasuredStudy]:
+        plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials)
+        pending = [p.spec for p in plan if p.state is not PlanState.DONE]
+        if pending:
+            progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
+                                     options.log_interval)
+            _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
+            progress.close()
+        found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache)
+        if found is None:
+            raise RuntimeError("a study of the adaptive sweep did not finish")
+        return found
+
+    def announce(round_index: int, lines: list[str]) -> None:
+        print(f"round {round_index}: " + "; ".join(lines), file=out, flush=True)
+
+    result = adapt(spec, measure, lambda: time.monotonic() - started, announce)
+    assert result is not None  # measure never gives up
+    buffer = io.StringIO()
+    result.decisions.to_csv(buffer, index=False)
+    metrics = {n.METRIC_ADAPTIVE_ROUNDS: result.rounds, n.METRIC_ADAPTIVE_STUDIES: len(result.measured),
+               n.METRIC_ADAPTIVE_TRIAL_STEPS: result.trial_steps}
+    sweep.tracker.log_table(n.ARTIFACT_ADAPTIVE_DECISIONS, buffer.getvalue(),
+                            tags={n.TAG_ADAPTIVE_STOP: result.stop.value}, metrics=metrics)
+    with_result = sum(1 for m in result.measured if m.steps_to_result is not None)
+    sweep.tracker.finish(len(result.measured), with_result, time.monotonic() - started,
+                         adaptive_description(spec, result))
+    _report(result, out)
+    print(ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.tracker.run_id), file=out, flush=True)
+    return result
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}g}"
+
+
+def _interval(fit: dict, name: str) -> str:
+    low, high = fit.get(f"{name}_low"), fit.get(f"{name}_high")
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return _number(fit.get(name))
+    return f"{_number(fit.get(name))} ({_number(low)}..{_number(high)})"
+
+
+def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
+    """One row per curve: what was measured and the answer."""
+    rows = []
+    for state in result.states:
+        fit = state.fit
+        rows.append({"curve": curve_label(state.curve), "batch sizes": ",".join(map(str, state.measured)),
+                     "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
+                     "perfect scaling ends": f"{_number(fit.get('perfect_scaling_last'), 6)} -> "
+                                             f"{_number(fit.get('perfect_scaling_end'), 6)}",
+                     "maximal parallelism from": _number(fit.get("maximal_parallelism_start"), 6),
+                     "still uncertain": state.summary()})
+    return rows
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if r[h] is None or (isinstance(r[h], float) and pd.isna(r[h])) else str(r[h])
+                                for h in header) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str:
+    """The adaptive sweep run's description: why it stopped, the answer per curve, every decision."""
+    p = spec.grid.protocol
+    budget = spec.settings.budget
+    limits = ", ".join(part for part in (
+        f"at most {spec.settings.max_studies} studies" if spec.settings.max_studies else "",
+        (f"a budget of {budget.amount:g} trial-steps" if budget.kind is BudgetKind.TRIAL_STEPS
+         else f"a budget of {budget.amount:g} s of wall clock") if budget else "") if part)
+    parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, goal "
+             f"{p.goal_error:g}, a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
+             f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "
+             f"trial-steps. Target: B_crit's 95% interval within x{spec.settings.target:g} of its estimate and both "
+             f"regime boundaries between adjacent measured powers of two" + (f"; limits: {limits}" if limits else "")
+             + ".",
+             f"**Stopped: {result.stop.value}.** Still uncertain: " + ("; ".join(result.uncertain()) or "nothing")
+             + ".",
+             _markdown(result_rows(result)),
+             f"Decisions (also `{n.ARTIFACT_ADAPTIVE_DECISIONS}`):",
+             _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "batch_size", "reason",
+                                          "uncertainty_before")} for r in result.decisions.to_dict("records")])]
+    return "\n\n".join(parts)
+
+
+def _report(result: AdaptiveResult, out: TextIO) -> None:
+    print(f"stopped: {result.stop.value} after {result.rounds} round(s), {len(result.measured)} studies, "
+          f"{result.trial_steps} trial-steps", file=out)
+    for row in result_rows(result):
+        print(f"  {row['curve']}: batch sizes {row['batch sizes']}; S_min {row['S_min (95%)']}; B_crit "
+              f"{row['B_crit (95%)']}; perfect scaling ends {row['perfect scaling ends']}; maximal data parallelism "
+              f"from {row['maximal parallelism from']}", file=out)
+    for line in result.uncertain():
+        print(f"  still uncertain: {line}", file=out)
+    out.flush()

@@ -1,0 +1,314 @@
+"""The adaptive sweep: its decision rule on synthetic curves (no training), its limits and bad input,
+and one small real sweep on digits (decision table, replay without training, reuse by a grid sweep)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from edps_mlflow.adaptive import (
+    AdaptiveSettings,
+    Budget,
+    BudgetKind,
+    StopReason,
+    UncertaintyKind,
+    assess_curve,
+    coarse_grid,
+    decide,
+    decision_rows,
+    powers_of_two,
+)
+from edps_mlflow.cli import main
+from edps_mlflow.errors import EdpsError
+
+from conftest import run_edps
+
+RANGE = powers_of_two(2, 1024)
+
+
+def hyperbola(s_min: float, b_crit: float):
+    return lambda b: s_min * (1 + b_crit / b)
+
+
+def synthetic(curve_steps, batch_sizes, trials: int = 6, spread: float = 0.05, reach=lambda b: True,
+              sparsity: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A curve's study table and trial table: at each batch size ``trials`` reaching trials, the best at
+    ``curve_steps(b)``, the others ``spread`` slower each (a study where none reaches: no result)."""
+    points, rows = [], []
+    for b in batch_sizes:
+        key = f"k{sparsity}-{b}"
+        best = round(curve_steps(b))
+        reached = reach(b)
+        points.append({"workload": "digits-simple-cnn", "optimizer": "sgd", "sparsity": sparsity, "batch_size": b,
+                       "steps_to_result": float(best) if reached else math.nan, "study_key": key})
+        for i in range(trials):
+            steps = round(best * (1 + spread * i))
+            rows.append({"study_key": key, "trial_index": i, "status": "reached" if reached else "not_reached",
+                         "steps_to_result": steps if reached else None, "steps_trained": steps if reached else 5000})
+    return pd.DataFrame(points), pd.DataFrame(rows)
+
+
+def assess(curve_steps, batch_sizes, target: float = 2.0, **kwargs):
+    points, trials = synthetic(curve_steps, batch_sizes, **kwargs)
+    return assess_curve(("sgd", kwargs.get("sparsity", 0.0)), points, trials, RANGE, target)
+
+
+# ---- the budget and the settings ----------------------------------------------------------------
+@pytest.mark.parametrize("text,kind,amount", [
+    ("2e6steps", BudgetKind.TRIAL_STEPS, 2e6), ("150000steps", BudgetKind.TRIAL_STEPS, 150000),
+    ("30m", BudgetKind.SECONDS, 1800), ("90s", BudgetKind.SECONDS, 90), ("1.5h", BudgetKind.SECONDS, 5400),
+    (" 2h ", BudgetKind.SECONDS, 7200)])
+def test_budget_parses(text, kind, amount):
+    budget = Budget.parse(text)
+    assert budget.kind is kind and budget.amount == amount
+    assert Budget.parse(budget.text()) == budget
+
+
+@pytest.mark.parametrize("text", ["", "30", "steps", "0steps", "-5m", "2e6 step", "30min", "infh", "nans", "1e999steps",
+                                  "3d", "2e6steps30m"])
+def test_budget_refuses(text):
+    with pytest.raises(EdpsError, match="budget"):
+        Budget.parse(text)
+
+
+@pytest.mark.parametrize("arguments,message", [
+    ({"target": 1.0}, "target must be a factor greater than 1"),
+    ({"target": 0.5}, "target must be a factor greater than 1"),
+    ({"target": math.nan}, "target must be a factor greater than 1"),
+    ({"target": True}, "target must be a factor greater than 1"),
+    ({"max_studies": 0}, "max studies must be a positive integer"),
+    ({"max_studies": 2.5}, "max studies must be a positive integer"),
+])
+def test_settings_refuse(arguments, message):
+    with pytest.raises(EdpsError, match=message):
+        AdaptiveSettings(**arguments)
+
+
+def test_coarse_grid_spans_the_range_with_at_least_four_points():
+    assert coarse_grid(powers_of_two(2, 1024)) == (2, 16, 128, 1024)
+    assert coarse_grid(powers_of_two(2, 32768)) == (2, 32, 256, 2048, 32768)
+    assert coarse_grid(powers_of_two(16, 64)) == (16, 32, 64)
+    assert powers_of_two(3, 100) == (4, 8, 16, 32, 64)
+
+
+# ---- the decision rule on synthetic curves --------------------------------------------------------
+def test_coarse_grid_curve_measures_where_the_knee_is_uncertain():
+    state = assess(hyperbola(100, 32), (2, 16, 128, 1024))
+    choice = state.next_batch_size()
+    assert choice is not None and choice.batch_size in RANGE and choice.batch_size not in (2, 16, 128, 1024)
+    # Perfect scaling ends inside a gap of three doublings: that gap is bisected unless B_crit is worse.
+    kinds = {u.kind: u for u in state.open}
+    assert UncertaintyKind.PERFECT_SCALING_END in kinds
+    end = kinds[UncertaintyKind.PERFECT_SCALING_END]
+    # (S(2) = 1700, S(16) = 300 > 1.2 x 1700 x 2 / 16): it ends between 2 and 16, bisected at 4.
+    assert "between 2 and 16" in end.description and end.excess == pytest.approx(2.0) and end.batch_size == 4
+
+
+def test_a_boundary_is_bisected_between_its_bracket():
+    # B_crit 100: perfect scaling (within 20% of ideal from batch 2) holds up to 22; measured everywhere
+    # but 32 and 64, it ends between 16 and 128.
+    state = assess(hyperbola(100, 100), (2, 4, 8, 16, 128, 256, 512, 1024), spread=0.0)
+    end = next(u for u in state.uncertainties if u.kind is UncertaintyKind.PERFECT_SCALING_END)
+    assert "between 16 and 128" in end.description and end.batch_size == 32  # log-midpoint 45: the smaller
+    assert state.next_batch_size() == end
+
+
+def test_fully_measured_exact_curve_meets_the_target():
+    state = assess(hyperbola(100, 32), RANGE, spread=0.0)
+    assert not state.open, state.summary()
+    decision = decide([state], 10, 12345, 0.0, AdaptiveSettings())
+    assert decision.stop is StopReason.TARGET_MET and not decision.picks
+    rows = decision_rows(3, decision, 10, 12345)
+    assert rows[0]["decision"] == "stop: target met" and rows[0]["uncertainty_before"] == "resolved"
+
+
+def test_nothing_left_to_measure_is_exhausted_not_met():
+    # Every batch size measured, but each study's trials scatter widely: B_crit stays uncertain, and
+    # adaptivity never adds trials, so the sweep says it is exhausted and what is left.
+    noisy = lambda b: 100 * (1 + 32 / b) * (1.6 if int(math.log2(b)) % 2 else 1.0)  # noqa: E731
+    state = assess(noisy, RANGE, spread=0.8, trials=3)
+    assert state.open and state.next_batch_size() is None
+    decision = decide([state], 10, 1, 0.0, AdaptiveSettings(target=1.05))
+    assert decision.stop is StopReason.EXHAUSTED
+    assert decision.uncertain() and decision.uncertain()[0].startswith("sgd sparsity=0: ")
+
+
+def test_a_curve_without_plateau_measures_between_its_largest_points():
+    # Perfect scaling up to 1024 on the coarse grid: no plateau, and perfect scaling never ends.
+    state = assess(lambda b: 100_000 / b, (2, 16, 128, 1024), spread=0.0)
+    kinds = {u.kind: u for u in state.open}
+    assert kinds[UncertaintyKind.MAXIMAL_PARALLELISM_START].batch_size in (256, 512)
+    assert "no plateau yet" in kinds[UncertaintyKind.MAXIMAL_PARALLELISM_START].description
+
+
+def test_a_curve_without_a_fit_bisects_its_widest_gap():
+    # Only the two largest batch sizes reach the goal: no hyperbola yet.
+    state = assess(hyperbola(100, 32), (2, 16, 128, 1024), reach=lambda b: b >= 128)
+    (only,) = state.uncertainties
+    assert only.kind is UncertaintyKind.NO_FIT and "2 of 4 measured batch sizes have a result" in only.description
+    assert only.batch_size in (32, 64, 256, 512)
+
+
+def test_a_curve_the_hyperbola_does_not_describe_stays_uncertain():
+    # Steps that rise with batch size (a sparse curve with too few trials): however narrow B_crit's
+    # interval, the fit answers nothing; the sweep keeps measuring, and says why.
+    state = assess(lambda b: 600 * b ** 0.05, (2, 16, 128, 1024), spread=0.0)
+    doubtful = next(u for u in state.open if u.kind is UncertaintyKind.DOUBTFUL_FIT)
+    assert "steps rise with batch size" in doubtful.description and doubtful.batch_size in (4, 8, 32, 64, 256, 512)
+    full = assess(lambda b: 600 * b ** 0.05, RANGE, spread=0.0)
+    assert any(u.kind is UncertaintyKind.DOUBTFUL_FIT for u in full.open) and full.next_batch_size() is None
+    assert decide([full], 10, 0, 0.0, AdaptiveSettings()).stop is StopReason.EXHAUSTED
+
+
+def test_one_pick_per_curve_largest_excess_first_and_limits():
+    dense = assess(hyperbola(100, 32), (2, 16, 128, 1024))
+    sparse = assess(hyperbola(300, 8), (2, 16, 128, 1024), sparsity=0.9)
+    decision = decide([dense, sparse], 8, 50_000, 10.0, AdaptiveSettings())
+    assert decision.stop is None and len(decision.picks) == 2
+    assert {p.curve for p in decision.picks} == {("sgd", 0.0), ("sgd", 0.9)}
+    assert decision.picks[0].excess >= decision.picks[1].excess
+    rows = decision_rows(1, decision, 8, 50_000)
+    assert [r["batch_size"] for r in rows] == [p.batch_size for p in decision.picks]
+    assert all(r["decision"] == "measure" and r["reason"] and r["uncertainty_before"] for r in rows)
+    # --max-studies leaves room for one study: the largest excess gets it.
+    one = decide([dense, sparse], 8, 50_000, 10.0, AdaptiveSettings(max_studies=9))
+    assert [p.curve for p in one.picks] == [decision.picks[0].curve]
+    assert decide([dense, sparse], 9, 50_000, 10.0, AdaptiveSettings(max_studies=9)).stop is StopReason.MAX_STUDIES
+    steps = AdaptiveSettings(budget=Budget.parse("5e4steps"))
+    assert decide([dense, sparse], 8, 50_000, 10.0, steps).stop is StopReason.BUDGET_STEPS
+    assert decide([dense, sparse], 8, 49_999, 10.0, steps).stop is None
+    clock = AdaptiveSettings(budget=Budget.parse("10s"))
+    assert decide([dense, sparse], 8, 0, 10.0, clock).stop is StopReason.BUDGET_TIME
+    # A limit does not hide that the target is met.
+    done = assess(hyperbola(100, 32), RANGE, spread=0.0)
+    assert decide([done], 99, 10**9, 10**6, AdaptiveSettings(max_studies=1, budget=Budget.parse("1s"))).stop \
+        is StopReason.TARGET_MET
+
+
+def test_the_rule_is_deterministic():
+    first = assess(hyperbola(100, 32), (2, 16, 128, 1024))
+    second = assess(hyperbola(100, 32), (2, 16, 128, 1024))
+    assert first == second
+
+
+# ---- bad input on the command line --------------------------------------------------------------
+SWEEP = ["sweep", "--trials", "2", "--max-steps", "200"]
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["--target", "3"], "--target only apply to an adaptive sweep: add --adaptive"),
+    (["--budget", "30m", "--max-studies", "9"], "--max-studies, --budget only apply to an adaptive sweep"),
+    (["--adaptive", "--batch-sizes", "12,64"], "an adaptive sweep measures powers of two: batch size 12 is not one"),
+    (["--adaptive", "--max-studies", "3"], "--max-studies 3 is smaller than the coarse grid (4 batch sizes x 1 curves = 4"),
+    (["--adaptive", "--budget", "10x"], "budget '10x' is not <number>steps"),
+    (["--adaptive", "--budget", "0steps"], "a budget must be a positive finite amount"),
+    (["--adaptive", "--target", "1"], "target must be a factor greater than 1"),
+    (["--adaptive", "--target", "nan"], "target must be a factor greater than 1"),
+    (["--adaptive", "--max-studies", "0"], "max studies must be a positive integer"),
+])
+def test_adaptive_bad_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkeypatch, capsys):
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")  # no re-exec: we run in this process
+    with pytest.raises(SystemExit) as exit_info:
+        main([*SWEEP, *arguments])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edps: error: ") and message in lines[0], lines
+    assert not Path(sqlite_uri.removeprefix("sqlite:///")).exists()
+
+
+# ---- one small real adaptive sweep ------------------------------------------------------------------
+TINY = ["--batch-sizes", "8..256", "--sparsities", "0", "--trials", "2", "--goal-error", "0.06", "--max-steps", "600",
+        "--experiment", "adaptive-test", "--log-interval", "5"]
+
+
+def _runs(uri: str, kind: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("adaptive-test")
+    return [r for r in client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL, max_results=5000)
+            if r.data.tags.get("edps.kind") == kind]
+
+
+def _measured(uri: str) -> dict[int, float | None]:
+    """batch size -> steps_to_result of the finished study runs."""
+    return {int(r.data.tags["edps.batch_size"]): r.data.metrics.get("steps_to_result")
+            for r in _runs(uri, "study") if r.info.status == "FINISHED"}
+
+
+@pytest.fixture(scope="module")
+def adaptive_store(tmp_path_factory):
+    """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store."""
+    directory = tmp_path_factory.mktemp("adaptive-sweep")
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
+    assert first.returncode == 0, first.stderr[-3000:]
+    trained_first = len(_runs(uri, "trial"))
+    second = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return directory, uri, first.stdout, second.stdout, trained_first
+
+
+@pytest.mark.slow
+def test_adaptive_sweep_decides_replays_and_is_reused(adaptive_store):
+    tmp_path, uri, first, second, trained_first = adaptive_store
+    # The coarse grid only (4 studies): stopped by --max-studies, with what is left said.
+    assert "round 0: coarse grid 8, 32, 64, 256" in first
+    assert "stopped: max studies after 1 round(s), 4 studies" in first and "still uncertain: " in first
+    assert trained_first == 8
+
+    # A larger limit is another adaptive sweep (its own key): it replays the coarse grid from the
+    # store (nothing retrained) and measures the rounds that follow, one batch size per round here.
+    assert "round 1: sgd sparsity=0 measures bs " in second
+    sweeps = {r.data.tags["edps.sweep_key"]: r for r in _runs(uri, "sweep")}
+    assert len(sweeps) == 2 and all(r.info.status == "FINISHED" for r in sweeps.values())
+    run = max(sweeps.values(), key=lambda r: r.info.start_time)
+    stop = run.data.tags["edps.adaptive.stop"]
+    assert stop in ("max studies", "target met", "exhausted")
+    measured = int(run.data.metrics["adaptive/studies"])
+    assert 5 <= measured <= 6 and run.data.metrics["adaptive/trial_steps"] > 0
+    assert len(_measured(uri)) == measured, "one finished study run per measured batch size"
+    trials = [r.data.tags["edps.trial_key"] for r in _runs(uri, "trial") if r.info.status == "FINISHED"]
+    assert len(trials) == len(set(trials)) == 2 * measured, "no trial trained twice"
+
+    # The decision table: the coarse grid, then each choice with its reason and the uncertainty before.
+    client = MlflowClient(uri)
+    path = client.download_artifacts(run.info.run_id, "adaptive_decisions.csv", str(tmp_path))
+    table = list(csv.DictReader(io.StringIO(Path(path).read_text())))
+    measures = [r for r in table if r["decision"] == "measure"]
+    assert [int(r["batch_size"]) for r in measures[:4]] == [8, 32, 64, 256]
+    assert all(r["reason"] == "coarse grid" for r in measures[:4])
+    assert len(measures) == measured and all(r["reason"] and r["uncertainty_before"] for r in measures[4:])
+    assert table[-1]["decision"] == f"stop: {stop}"
+    note = run.data.tags["mlflow.note.content"]
+    assert f"**Stopped: {stop}.**" in note and "| round | decision |" in note
+
+    # Run again: the finished sweep is replayed from the store and nothing is trained.
+    again = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert len(_runs(uri, "trial")) == 2 * measured
+    assert client.get_run(run.info.run_id).info.end_time == run.info.end_time
+
+    # A grid sweep of the same protocol reuses every study the adaptive sweeps measured.
+    grid = run_edps(["sweep", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert grid.returncode == 0, grid.stderr[-3000:]
+    assert f"plan: {measured} done, 0 partly done (finished trials are reused), {6 - measured} to do" in grid.stdout
+
+
+@pytest.mark.slow
+def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_path):
+    pytest.importorskip("ray")
+    _, local_uri, _, local, _ = adaptive_store
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY, "--executor", "ray", "--workers", "2"],
+                      cwd=tmp_path, timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    rounds = [line for line in result.stdout.splitlines() if line.startswith(("round ", "stopped: "))]
+    assert rounds == [line for line in local.splitlines() if line.startswith(("round ", "stopped: "))]
+    # The local store also holds the coarse-only sweep's studies: the same keys, the same results.
+    assert _measured(uri) == _measured(local_uri)
