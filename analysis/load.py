@@ -193,7 +193,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
             "trials_superseded": metrics.get(n.trials_metric("superseded")),
             "best_learning_rate": _number(best_learning_rate), "best_momentum": _number(best_momentum),
             "seconds_per_step": metrics.get(n.METRIC_SECONDS_PER_STEP), "pack_size": metrics.get(n.METRIC_PACK_SIZE),
-            "device": params.get(n.PARAM_DEVICE), "model_parameters": metrics.get(n.METRIC_MODEL_PARAMETERS),
+            "device": params.get(n.PARAM_TIMING_DEVICE), "model_parameters": metrics.get(n.METRIC_MODEL_PARAMETERS),
             "model_parameter_bytes": metrics.get(n.METRIC_MODEL_PARAMETER_BYTES),
             "experiment": names[run.info.experiment_id], "study_run_id": run.info.run_id,
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),

@@ -94,7 +94,10 @@ PARAM_OPTIMIZER = "optimizer"
 PARAM_WORKLOAD = "workload"
 # The device a trial's training time was measured on ("cuda:0 (NVIDIA H200)", "cpu (<model>, 1 thread)"); on a
 # study run, the device of its best trial's measurement.
-PARAM_DEVICE = "device"
+PARAM_DEVICE = "device"  # of a trial run: where its time per step was measured
+# Of a study run: its best trial's device. Not "device": under `mlflow run` that is the MLproject's
+# parameter, which MLflow logs on the same run (a param cannot change).
+PARAM_TIMING_DEVICE = "timing.device"
 
 # ---- metrics --------------------------------------------------------------------------------
 METRIC_STEPS_TO_RESULT = "steps_to_result"

@@ -718,7 +718,7 @@ class StudyTracker:
                                   for k, v in (best.trial.metaparameters if best else {}).items()}
         metrics = study_metrics(outcome)
         if best is not None and best.seconds_per_step is not None and best.device is not None:
-            params[n.PARAM_DEVICE] = best.device
+            params[n.PARAM_TIMING_DEVICE] = best.device
         if model_size is not None:
             metrics.update({n.METRIC_MODEL_PARAMETERS: model_size[0], n.METRIC_MODEL_PARAMETER_BYTES: model_size[1]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}

@@ -156,7 +156,7 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(tmp_path):
     lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
     # Studies that outlive the resumed sweep's start on an idle machine: a goal no trial reaches, so each
     # trial trains to the cap (GRID's studies can end before the resumed sweep has planned).
-    grid = [*GRID[:GRID.index("--goal-error")], "--goal-error", "0.001", "--max-steps", "3000", "--log-interval",
+    grid = [*GRID[:GRID.index("--goal-error")], "--goal-error", "0.001", "--max-steps", "1500", "--log-interval",
             "5", "--workers", "2"]
     process = _sweep([*grid, *PROJECT, "--experiment", EXPERIMENT], tmp_path, **lease)
     adopted = _wait_for_adopted(client, process, {"16", "64"})

@@ -163,7 +163,7 @@ def test_time_on_a_real_sweep(tmp_path, capsys):
         # The study's time per step is its best trial's, reused or not.
         assert study.data.metrics["train/seconds_per_step"] == _metric(client, best["run_id"], "train/seconds_per_step")
         assert best["seconds_per_step"] == study.data.metrics["train/seconds_per_step"]
-        assert study.data.params["device"] == best["device"]
+        assert study.data.params["timing.device"] == best["device"]
         assert study.data.metrics["model/parameters"] == document["model"]["parameters"] == 6090
         assert study.data.metrics["model/parameter_bytes"] == 4 * 6090
         table = pd.read_csv(client.download_artifacts(study.info.run_id, "trials.csv", str(tmp_path)))
