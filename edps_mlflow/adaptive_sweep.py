@@ -19,7 +19,6 @@ Each decision (round, curve, batch size, why, the uncertainty before) goes into 
 from __future__ import annotations
 
 import io
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -47,7 +46,6 @@ from edps_mlflow.adaptive import (
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired
-from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import gpu_count
 from edps_mlflow.sweep import (
@@ -58,9 +56,10 @@ from edps_mlflow.sweep import (
     _open,
     _OpenSweep,
     _trials_to_train,
+    finished_sweep,
     plan_studies,
 )
-from edps_mlflow.tracking import experiment_name_for, lease_seconds, open_store, redact_uri, store_errors, ui_link
+from edps_mlflow.tracking import lease_seconds, redact_uri, store_errors, ui_link
 from edps_mlflow.workloads import get_workload
 
 Curve = tuple[str, float]
@@ -250,25 +249,20 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
 def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO) -> AdaptiveResult | None:
     """The answer of an adaptive sweep whose run finished, replayed from the store without training;
     None when anything is to do (or `mlflow run` made a run for this command)."""
-    if os.environ.get("MLFLOW_RUN_ID"):
+    done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
+    if done is None:
         return None
-    client = open_store()
+    client, runs = done.client, done.runs
     with store_errors(client):
-        experiment = client.get_experiment_by_name(experiment_name_for(spec.workload, options.experiment))
-        if experiment is None:
-            return None
-        runs = registry.keyed_runs(client, experiment.experiment_id, KIND_SWEEP, spec.sweep_key)
-        if not runs or not all(r.state.is_finished for r in runs):
-            return None
         cache: dict[str, MeasuredStudy] = {}
-        result = adapt(spec, lambda studies: _read(client, experiment.experiment_id, studies, options.full_trials,
+        result = adapt(spec, lambda studies: _read(client, done.experiment_id, studies, options.full_trials,
                                                    cache), lambda: 0.0)
     if result is None:
         return None
     print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(result.measured)} studies "
           f"in sweep run {runs[-1].run_id}; nothing to train", file=out)
     _report(result, out)
-    print(ui_link(str(client.tracking_uri), experiment.experiment_id, runs[-1].run_id), file=out, flush=True)
+    print(ui_link(str(client.tracking_uri), done.experiment_id, runs[-1].run_id), file=out, flush=True)
     return result
 
 

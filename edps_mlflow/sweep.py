@@ -394,26 +394,46 @@ def _check_project_launch(spec: SweepSpec, options: SweepOptions) -> None:
             shutil.rmtree(staged, ignore_errors=True)
 
 
-def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
-    """The results of a sweep whose run finished and whose every study is done: a rerun then trains
-    nothing and leaves the finished sweep run (its duration, summary and description) as it was.
-    None when there is anything to do, or when `mlflow run` made a run for this command."""
+@dataclass(frozen=True)
+class FinishedSweep:
+    """The finished run(s) of a sweep key, and the store and experiment they are in."""
+
+    client: Any
+    experiment_id: str
+    runs: list[registry.LeasedRun]
+
+
+def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
+    """The sweep runs of ``sweep_key`` when there are some and all have finished; None otherwise, and when
+    `mlflow run` made a run for this command (that run must become the sweep run)."""
     if os.environ.get("MLFLOW_RUN_ID"):
         return None
     client = open_store()
     with store_errors(client):
-        experiment = client.get_experiment_by_name(experiment_name_for(spec.workload, options.experiment))
-        if experiment is None:
+        found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
+        if found is None:
             return None
-        runs = registry.keyed_runs(client, experiment.experiment_id, KIND_SWEEP, spec.sweep_key)
-        if not runs or not all(r.state.is_finished for r in runs):
-            return None
-        plan = plan_sweep(client, experiment.experiment_id, spec, options.full_trials)
+        runs = registry.keyed_runs(client, found.experiment_id, KIND_SWEEP, sweep_key)
+    if not runs or not all(r.state.is_finished for r in runs):
+        return None
+    return FinishedSweep(client, found.experiment_id, runs)
+
+
+def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
+    """The results of a sweep whose run finished and whose every study is done: a rerun then trains
+    nothing and leaves the finished sweep run (its duration, summary and description) as it was.
+    None when there is anything to do, or when `mlflow run` made a run for this command."""
+    done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
+    if done is None:
+        return None
+    client, runs = done.client, done.runs
+    with store_errors(client):
+        plan = plan_sweep(client, done.experiment_id, spec, options.full_trials)
     if any(p.state is not PlanState.DONE for p in plan):
         return None
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(plan)} studies done in sweep run "
           f"{runs[-1].run_id}; nothing to train", file=out)
-    print(ui_link(str(client.tracking_uri), experiment.experiment_id, runs[-1].run_id), file=out, flush=True)
+    print(ui_link(str(client.tracking_uri), done.experiment_id, runs[-1].run_id), file=out, flush=True)
     return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
