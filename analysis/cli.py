@@ -70,8 +70,10 @@ def _load(tracking_uri: str | None, experiments: tuple[str, ...], csv_path: str 
     else:
         table = load_studies(experiments, tracking_uri)
         read = ", ".join(sorted(table["experiment"].dropna().unique()))
-        source = (f"experiment(s) {', '.join(experiments)}" if experiments
-                  else f"every experiment with study runs ({read})")
+        # A pattern (or no name) says which experiments it found.
+        source = (f"experiment(s) {', '.join(experiments)}" if experiments else "every experiment with study runs")
+        if read and read != ", ".join(experiments):
+            source += f" ({read})"
     # Numbers are filtered here, in pandas: MLflow compares params and tags only as strings.
     if workload:
         table = table[table["workload"] == workload]

@@ -120,7 +120,7 @@ def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row:
             axis.plot([end], [y], "|", color=colour, markersize=8)
     if left <= b_crit <= right:
         axis.plot([b_crit], [y], "D", color=colour, markersize=4)
-    for end, edge, side, name in ((low, left, -1, "low"), (high, right, 1, "high")):
+    for end, edge, side in ((low, left, -1), (high, right, 1)):
         if (end < edge) if side < 0 else (end > edge):
             _edge_arrow(axis, edge, y, side, f"{end:.3g}", colour)
     if not left <= b_crit <= right:

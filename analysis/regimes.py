@@ -7,13 +7,16 @@
   measured batch size whose steps exceed ideal linear scaling from the smallest batch size by more
   than ``tolerance`` (Zhang et al. 2024 use 20%), so perfect scaling holds below it and ends at the
   latest there; ``maximal_parallelism_start`` is the smallest batch size from which every larger one
-  stays within ``tolerance`` of the largest batch size's steps. In between: diminishing returns. The local slope of log S against log B is reported too (about -1, then 0).
+  stays within ``tolerance`` of the largest batch size's steps. In between: diminishing returns.
+  The local slope of log S against log B is reported too (about -1, then 0).
 - A bootstrap over trials: resample each study's trials with replacement, take the minimum over
   the reaching ones, refit. The minimum's bootstrap distribution lies entirely above the estimate,
   so S_min and B_crit get basic (reflected) intervals; boundaries, which are grid values, get
   percentile intervals. Superseded trials (exact early stopping) are known only to be slower than
   the best, so resamples without a reaching trial drop that point: use ``full_trials=true`` studies
-  for intervals that need every trial's outcome.
+  for intervals that need every trial's outcome. A basic interval can end short of its estimate
+  (nearly every resampled minimum on one side of it): it is kept as it is and the note says so; the
+  ``interval_*`` columns count what the resamples rest on (see :func:`interval_basis`).
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ def test_studies_in_the_default_experiment_are_found_and_analysis_runs_carry_con
     capsys.readouterr()
     main(["table", "--tracking-uri", uri, "--format", "json"])
     rows = json.loads(capsys.readouterr().out)
-    assert sorted(r["batch_size"] for r in rows) == [16, 64, 256, 1024] and {r["experiment"] for r in rows} == {"Default"}
+    assert sorted(r["batch_size"] for r in rows) == [16, 64, 256, 1024]
+    assert {r["experiment"] for r in rows} == {"Default"}
     # A name that matches nothing: one line listing what exists and where the studies are.
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--tracking-uri", uri, "--experiment", "edps/digits-simple-cnn"])
