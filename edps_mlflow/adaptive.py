@@ -266,7 +266,9 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
     choice = min(inside, key=lambda c: (-_distance(c, measured_all), abs(math.log2(c / b_crit)), c)) if inside else None
     items.append(Uncertainty(UncertaintyKind.B_CRIT, excess, words, choice))
 
-    end, last = _value(fit, "perfect_scaling_end"), _value(fit, "perfect_scaling_last")
+    end = _value(fit, "perfect_scaling_end")
+    # Perfect scaling ends after the largest batch size with a result below perfect_scaling_end.
+    last = max((b for b in with_result if b < end), default=None) if end is not None else None
     above = [c for c in unmeasured if c > with_result[-1]]
     if end is None:
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS,

@@ -327,8 +327,7 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
         fit = state.fit
         rows.append({"curve": curve_label(state.curve), "batch sizes": ",".join(map(str, state.measured)),
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
-                     "perfect scaling ends": f"{_number(fit.get('perfect_scaling_last'), 6)} -> "
-                                             f"{_number(fit.get('perfect_scaling_end'), 6)}",
+                     "perfect_scaling_end": _number(fit.get("perfect_scaling_end"), 6),
                      "maximal parallelism from": _number(fit.get("maximal_parallelism_start"), 6),
                      "still uncertain": state.summary()})
     return rows
@@ -372,7 +371,7 @@ def _report(result: AdaptiveResult, out: TextIO) -> None:
           f"{result.trial_steps} trial-steps", file=out)
     for row in result_rows(result):
         print(f"  {row['curve']}: batch sizes {row['batch sizes']}; S_min {row['S_min (95%)']}; B_crit "
-              f"{row['B_crit (95%)']}; perfect scaling ends {row['perfect scaling ends']}; maximal data parallelism "
+              f"{row['B_crit (95%)']}; perfect_scaling_end {row['perfect_scaling_end']}; maximal data parallelism "
               f"from {row['maximal parallelism from']}", file=out)
     for line in result.uncertain():
         print(f"  still uncertain: {line}", file=out)

@@ -207,6 +207,12 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
     sweep = client.search_runs([experiment_id], "tags.`edps.kind` = 'sweep'")[0]
     assert latest.data.tags["mlflow.parentRunId"] == sweep.info.run_id
     assert f"#/experiments/{experiment_id}/runs/{latest.info.run_id}" in capsys.readouterr().err
+    # Who ran what: the command as typed (the server's URI has no credentials to redact), the user, the code.
+    assert latest.data.tags["mlflow.source.name"].startswith(f"edps-analyze report --tracking-uri {mlflow_server} ")
+    assert latest.data.tags["mlflow.user"] and latest.data.tags["mlflow.source.git.commit"]
+    # No experiment named: every experiment with study runs, this one among them.
+    main(["table", "--tracking-uri", mlflow_server, "--format", "json"])
+    assert experiment in {r["experiment"] for r in json.loads(capsys.readouterr().out)}
 
 
 @pytest.mark.slow
