@@ -1,7 +1,8 @@
 """Frozen configuration of a study and its trials, validation, and content keys.
 
-A key is the sha256 of the canonical JSON of everything that changes a result, plus the package
-version, so that a measurement can always be found again and is never trained twice by accident.
+A key is the sha256 of the canonical JSON of everything that changes a result, plus the results
+version (:data:`RESULTS_VERSION`, not the package's), so that a measurement can always be found again
+and is never trained twice by accident.
 Fields that change only the cost (the early-stopping mode, the number of worker processes, the
 packing factor) are deliberately left out of the keys.
 """
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
 
 
@@ -162,7 +162,15 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
+        from edps_mlflow.workloads import get_workload
+
+        # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
+        # positive integer no larger than the workload's training split.
+        workload = get_workload(self.workload)
         _check_count("batch size", self.batch_size)
+        if self.batch_size > workload.train_size:
+            raise EdpsError(f"batch size {self.batch_size} exceeds the {workload.train_size} training examples of "
+                            f"{workload.name}")
         if not isinstance(self.sparsity, (int, float)) or isinstance(self.sparsity, bool) \
                 or not (0.0 <= self.sparsity < 1.0):
             raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
@@ -303,6 +311,16 @@ class TrialSpec:
         )
 
 
+# The version of what a key's result means, hashed into every key. It changes only when a spec that keeps
+# its key would get a different result: a change to the engine, the initialisation, SNIP, the batch order,
+# the goal test or the search points (tests/test_results_version.py fingerprints them and says when). A
+# package release leaves it alone, so the store keeps every measurement across releases. Bumping it re-keys
+# the whole store (every study is trained again): do it only when the old results are wrong for the new code.
+# It equals the package version keys hashed before it existed ("0.1.0"), so those keys stand.
+RESULTS_VERSION = "0.1.0"
+
+
 def content_key(fields: dict[str, Any]) -> str:
-    canonical = json.dumps({**fields, "version": __version__}, sort_keys=True, separators=(",", ":"))
+    # The JSON field is still called "version", as when it held the package version: the same keys.
+    canonical = json.dumps({**fields, "version": RESULTS_VERSION}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

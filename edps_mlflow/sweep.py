@@ -92,11 +92,8 @@ class SweepSpec:
         object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
         for optimizer in self.optimizers:
             workload.search_space(optimizer.value)
-        too_large = [b for b in self.batch_sizes if isinstance(b, int) and b > workload.train_size]
-        if too_large:
-            raise EdpsError(f"batch size {too_large[0]} exceeds the {workload.train_size} training examples of "
-                            f"{workload.name}")
-        # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
+        # Constructing the studies validates every value (each batch size against the training split too);
+        # their normalised sparsities (-0.0 is 0.0) are kept.
         studies = self.studies()
         object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
 
