@@ -138,3 +138,19 @@ def test_adaptive_sweep_keys_are_the_recorded_ones():
         == "8ba5b58ca790ede97d867c57184cdbdb823985def009bc29a3912744591fc6c0"
     limited = AdaptiveSweepSpec(grid, AdaptiveSettings(3.0, 16, Budget.parse("2e6steps")))
     assert limited.sweep_key == "d7b583237a8a9fba10e61ecbc23ffaf5632c9ceebe58945c18602b622c8cdd07"
+
+
+def test_key_fields_are_the_recorded_ones():
+    """key_fields is also what a study run logs (params ``spec.*``, study.json's ``spec``): same names,
+    values, types and order."""
+    studies = _studies()
+    common = [("workload", DIGITS), ("optimizer", "nesterov"), ("sparsity", 0.9), ("batch_size", 32), ("trials", 32),
+              ("goal_error", 0.03), ("max_steps", 5000), ("check_interval", 20), ("seed", 0)]
+    probed = list(studies["digits nesterov 0.9 probes best"].key_fields().items())
+    assert probed == common + [("probes", ["lipschitz", "noise_scale"]), ("probe_interval", 10),
+                               ("probe_trials", "best")]
+    assert [type(v) for _, v in probed] == [str, str, float, int, int, float, int, int, int, list, int, str]
+    dense = dict(common, optimizer="sgd", sparsity=0.0, batch_size=2)
+    assert list(studies["digits sgd fingerprint tf32"].key_fields().items()) == list(dense.items()) + [
+        ("allow_tf32", True), ("data_fingerprint", FINGERPRINT)]
+    assert list(studies["digits sgd dense"].key_fields().items()) == list(dict(dense, batch_size=64).items())
