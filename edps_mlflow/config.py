@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.fields import key_fields
 
 
 class Schedule(str, Enum):
@@ -222,22 +223,9 @@ class StudySpec:
                    allow_tf32=allow_tf32, probe_trials=probe_trials)
 
     def key_fields(self) -> dict[str, Any]:
-        fields = asdict(self)
-        fields["optimizer"] = self.optimizer.value
-        # A new field with a default must not change old keys: these enter only when set.
-        if not self.probes:
-            del fields["probes"], fields["probe_interval"], fields["probe_trials"]
-        else:
-            fields["probes"] = list(self.probes)
-            if self.probe_trials is ProbeTrials.ALL:
-                del fields["probe_trials"]
-            else:
-                fields["probe_trials"] = self.probe_trials.value
-        if not self.allow_tf32:
-            del fields["allow_tf32"]
-        if self.data_fingerprint is None:
-            del fields["data_fingerprint"]
-        return fields
+        """The fields hashed into the keys (fields.STUDY_FIELDS: those at their key default are left out,
+        so a field added with its default leaves every old key as it was)."""
+        return key_fields(self)
 
     @property
     def study_key(self) -> str:
