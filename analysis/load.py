@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pandas as pd
 
 from edps_mlflow import names as n
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialStatus
@@ -222,7 +223,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
-            sparsity, batch_size = float(tags[n.TAG_SPARSITY]), int(tags[n.TAG_BATCH_SIZE])
+            curve, batch_size = CurveId.from_tags(tags), int(tags[n.TAG_BATCH_SIZE])
         except (KeyError, ValueError):
             continue  # not a study run of ours, or one refused before it logged anything
         best_learning_rate = params.get(n.PARAM_BEST_PREFIX + "learning_rate")
@@ -232,8 +233,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
         result_key = tags.get(n.TAG_RESULT_KEY) or tags.get(n.TAG_STUDY_KEY) or run.info.run_id
         rows.pop(result_key, None)
         rows[result_key] = ({
-            "workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
-            "sparsity": sparsity, "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
+            **curve.as_dict(), "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
             "check_interval": _number(params.get(n.PARAM_SPEC_PREFIX + "check_interval")),
             "max_steps": _number(params.get(n.PARAM_SPEC_PREFIX + "max_steps")),
             "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT),

@@ -28,8 +28,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from edps_mlflow.curves import CURVE_AXES
+
 MIN_POINTS = 3
-CURVE_KEYS = ("workload", "optimizer", "sparsity")
+# What identifies a curve (edps_mlflow.curves.CurveId: workload, optimizer, sparsity): declared there once.
+CURVE_KEYS = CURVE_AXES
 # Studies measured under another protocol do not lie on one curve: a different goal, trial count,
 # check interval or step cap changes steps-to-result itself. When a table holds such columns, their
 # values are part of a curve's identity, and a (workload, optimizer, sparsity) measured under two
@@ -309,10 +312,11 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
     normalised by its own first (smallest batch size) point."""
     rows = []
-    # Compared only within one protocol (see PROTOCOL_KEYS); a batch size measured twice counts once.
+    # Compared only within one protocol (see PROTOCOL_KEYS) and one curve family (every curve axis but the
+    # sparsity); a batch size measured twice counts once.
     protocol = curve_columns(table)[len(CURVE_KEYS):]
-    for _, group in table.groupby(["workload", "optimizer", *protocol], sort=True, dropna=False):
-        workload, optimizer = group["workload"].iloc[0], group["optimizer"].iloc[0]
+    family = [axis for axis in CURVE_KEYS if axis != "sparsity"]
+    for _, group in table.groupby([*family, *protocol], sort=True, dropna=False):
         dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
         dense = dense_rows.set_index("batch_size")["steps_to_result"]
         for sparsity, curve in group.groupby("sparsity", sort=True):
@@ -321,7 +325,7 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
             first = float(valid.iloc[0]) if len(valid) else math.nan
             for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
                 reference = dense.get(batch_size, math.nan)
-                rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                rows.append({**{axis: group[axis].iloc[0] for axis in family}, "sparsity": sparsity,
                              **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,

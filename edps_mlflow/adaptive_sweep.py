@@ -44,6 +44,7 @@ from edps_mlflow.adaptive import (
     powers_of_two,
 )
 from edps_mlflow.config import StudySpec, content_key
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired
 from edps_mlflow.progress import SweepProgress
@@ -61,8 +62,6 @@ from edps_mlflow.sweep import (
 )
 from edps_mlflow.tracking import lease_seconds, redact_uri, store_errors, ui_link
 from edps_mlflow.workloads import get_workload
-
-Curve = tuple[str, float]
 
 
 @dataclass(frozen=True)
@@ -104,12 +103,11 @@ class AdaptiveSweepSpec:
         return powers_of_two(min(self.grid.batch_sizes), largest)
 
     @property
-    def curves(self) -> list[Curve]:
-        return [(o.value, s) for o in self.grid.optimizers for s in self.grid.sparsities]
+    def curves(self) -> list[CurveId]:
+        return [CurveId.of(study) for study in self.grid.studies() if study.batch_size == self.grid.batch_sizes[0]]
 
-    def study(self, curve: Curve, batch_size: int) -> StudySpec:
-        optimizer = next(o for o in self.grid.optimizers if o.value == curve[0])
-        return replace(self.grid.protocol, optimizer=optimizer, sparsity=curve[1], batch_size=batch_size)
+    def study(self, curve: CurveId, batch_size: int) -> StudySpec:
+        return replace(self.grid.protocol, **curve.as_dict(), batch_size=batch_size)
 
     @property
     def sweep_key(self) -> str:
@@ -154,11 +152,11 @@ class AdaptiveResult:
 Measure = Callable[[list[StudySpec]], "dict[str, MeasuredStudy] | None"]
 
 
-def curve_tables(spec: AdaptiveSweepSpec, curve: Curve,
+def curve_tables(spec: AdaptiveSweepSpec, curve: CurveId,
                  measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The analysis' study table and trial table of one curve's measured studies."""
-    mine = [m for m in measured.values() if (m.spec.optimizer.value, m.spec.sparsity) == curve]
-    points = pd.DataFrame([{"workload": spec.workload, "optimizer": curve[0], "sparsity": curve[1],
+    mine = [m for m in measured.values() if CurveId.of(m.spec) == curve]
+    points = pd.DataFrame([{**curve.as_dict(),
                             "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
                             "study_key": m.spec.study_key} for m in mine])
     points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")

@@ -17,6 +17,8 @@ from edps_mlflow.mlproject import ProjectLaunch
 from edps_mlflow.workloads import get_workload
 
 EXECUTORS = ("local", "ray", "mlflow-project")
+# The StudySpec fields a grid spans (the sweep key lists their values instead of the protocol's).
+GRID_AXES = ("optimizer", "sparsity", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,8 @@ class SweepSpec:
         object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
         for optimizer in self.optimizers:
             workload.search_space(optimizer.value)
-        too_large = [b for b in self.batch_sizes if isinstance(b, int) and b > workload.train_size]
-        if too_large:
-            raise EdpsError(f"batch size {too_large[0]} exceeds the {workload.train_size} training examples of "
-                            f"{workload.name}")
-        # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
+        # Constructing the studies validates every value (each batch size against the training split too);
+        # their normalised sparsities (-0.0 is 0.0) are kept.
         studies = self.studies()
         object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
 
@@ -82,14 +81,12 @@ class SweepSpec:
 
     @property
     def sweep_key(self) -> str:
-        p = self.protocol
+        # The protocol's key fields (with their omissions: fields.STUDY_FIELDS) but for the axes the grid
+        # spans, which the protocol holds only as placeholders.
+        protocol = {k: v for k, v in self.protocol.key_fields().items() if k not in GRID_AXES}
         return content_key({
-            "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
-            "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
-            **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {}),
-            **({"probe_trials": p.probe_trials.value} if p.probes_best_only else {}),
-            **({"allow_tf32": True} if p.allow_tf32 else {}),
-            **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})})
+            "kind": "sweep", "optimizers": [o.value for o in self.optimizers], "batch_sizes": list(self.batch_sizes),
+            "sparsities": list(self.sparsities), **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
