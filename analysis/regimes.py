@@ -324,10 +324,12 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
             valid = curve["steps_to_result"].dropna()
             first = float(valid.iloc[0]) if len(valid) else math.nan
             for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
+                # A study that reached nothing has no steps (None in an object column): NaN, not a TypeError.
+                steps = math.nan if steps is None or pd.isna(steps) else float(steps)
                 reference = dense.get(batch_size, math.nan)
                 rows.append({**{axis: group[axis].iloc[0] for axis in family}, "sparsity": sparsity,
                              **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
-                             "normalised_by_first": steps / first if first else math.nan})
+                             "normalised_by_first": steps / first if first and not math.isnan(first) else math.nan})
     return pd.DataFrame(rows)
