@@ -29,7 +29,6 @@ from edps_mlflow.resources import (
     WorkerLayout,
     breadth_first_fits,
     describe_device,
-    device_type,
     held_bytes_per_trial,
     resolve_device,
     study_layout,
@@ -194,7 +193,7 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
     to_train = order_trials([t for t in trials if t.index not in reused], workload,
                             neighbour[1] if neighbour else None)
     trial_order = f"nearest to the best trial at batch size {neighbour[0]}" if neighbour else "sobol"
-    layout = study_layout(device_type(device), spec.batch_size, len(to_train), options.workers, options.threads,
+    layout = study_layout(device.split(":")[0], spec.batch_size, len(to_train), options.workers, options.threads,
                           options.pack_size)
     schedule, held, warning = choose_schedule(spec, workload, len(to_train), options.schedule, device, train_size)
     run_settings = {"full_trials": options.full_trials, "device": device, "workers": layout.workers,
@@ -433,7 +432,7 @@ def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload,
     print(f"probes: training the best trial (trial {trial.index}) again with {', '.join(probe_spec.probes)} "
           f"every {probe_spec.probe_interval} steps, to its goal", file=out, flush=True)
     settings = engine_settings(probe_spec, workload, data.validation_size, options)
-    layout = study_layout(device_type(device), spec.batch_size, 1, 1, options.threads, 1)
+    layout = study_layout(device.split(":")[0], spec.batch_size, 1, 1, options.threads, 1)
     progress = StudyProgress(1, 1, stream=out, log_interval=options.log_interval)
     recorder = _Recorder(tracker, {trial.index: trial}, progress, device_description)
     space = workload.search_space(spec.optimizer.value)

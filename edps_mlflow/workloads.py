@@ -71,6 +71,9 @@ def argmax_errors(logits: "Tensor", labels: "Tensor") -> "Tensor":
 
 @dataclass(frozen=True)
 class Workload:
+    """One workload: what the engine, SNIP and the probes ask about the problem they train
+    (docs/architecture.md, "Adding a workload")."""
+
     name: str
     description: str
     load_data: Callable[[str | Path | None], "DataSplits"]
