@@ -48,7 +48,7 @@ from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.resources import gpu_count
+from edps_mlflow.resources import cuda_devices
 from edps_mlflow.sweep import (
     PlanState,
     SweepOptions,
@@ -223,8 +223,7 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
     started = time.monotonic()
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    if options.device == "cuda" and gpu_count() == 0:
-        raise EdpsError("device cuda requested but no CUDA device is available")
+    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
     if spec.grid.protocol.data_fingerprint is None:
         fingerprint = workload.data_fingerprint(options.data_dir)
         protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)

@@ -43,7 +43,7 @@ from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
 from edps_mlflow.project_executor import ProjectExecutor, ProjectSweep
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, gpu_count, sweep_layout
+from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices, sweep_layout
 from edps_mlflow.results import StudyReport
 from edps_mlflow.study import ExecutionOptions, run_study
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
@@ -242,8 +242,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     out = out or sys.stdout
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    if options.device == "cuda" and gpu_count() == 0:
-        raise EdpsError("device cuda requested but no CUDA device is available")
+    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
@@ -428,7 +427,7 @@ def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, s
         layout = sweep_layout(options.device, options.workers, len(pending))
         devices, workers, threads = list(layout.devices), len(layout.devices), layout.threads
     else:
-        gpus = gpu_count() if options.device in (None, "cuda") else 0
+        gpus = cuda_devices(options.device, indexed=False)
         devices, workers = [], (gpus or options.workers or available_cores())
         threads = 1 if gpus else max(1, available_cores() // workers)
     progress.workers = workers
@@ -439,7 +438,7 @@ def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, s
     if options.executor == "local":
         run_local(tasks, devices, progress, labels)
     else:
-        gpus = gpu_count() if options.device in (None, "cuda") else 0
+        gpus = cuda_devices(options.device, indexed=False)
         run_ray(tasks, options.ray_address, 1.0 if gpus else 0.0, 1.0, workers, progress, labels)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
 
 EXECUTORS = ("local", "ray", "mlflow-project")
@@ -118,5 +119,4 @@ class SweepOptions:
             raise EdpsError("--backend, --backend-config and --env-manager are options of --executor mlflow-project")
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
             raise EdpsError(f"workers must be a positive integer, got {self.workers}")
-        if self.device not in (None, "cpu", "cuda"):
-            raise EdpsError(f"sweep device must be cpu or cuda, got {self.device!r}")
+        check_device_name(self.device, indexed=False)
