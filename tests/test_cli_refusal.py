@@ -21,7 +21,7 @@ REFUSED = [
     (["study", "--batch_size", "64"], "did you mean --bs?"),
     (["sweep", "--sparsities", "2"], "sparsity must be in [0, 1), got 2"),
     (["sweep", "--batch-sizes", "16,16"], "batch sizes repeat a value"),
-    (["sweep", "--device", "gpu"], "sweep device must be cpu or cuda"),
+    (["sweep", "--device", "gpu"], "unknown device 'gpu'; use cpu or cuda"),
     (["sweep", "--executor", "local", "--env-manager", "uv"], "are options of --executor mlflow-project"),
 ]
 

@@ -69,7 +69,7 @@ def fingerprint() -> dict:
     observer = _Checks()
     # Full trials, one at a time (the single-trial fast path): every check of each trial is seen.
     results = [result for setup in setups for result in train_trials(
-        workload.build_model, data, [setup], engine_settings(spec, workload, data.validation_size, ExecutionOptions()),
+        workload, data, [setup], engine_settings(spec, workload, data.validation_size, ExecutionOptions()),
         LocalStepBound(spec.max_steps, spec.check_interval, exact_early_stopping=False), observer)]
     return {"results_version": RESULTS_VERSION, "trials": [
         {"point": {k: float(f"{v:.10g}") for k, v in point.items()},
