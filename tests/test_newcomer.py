@@ -8,10 +8,11 @@ What differs from a user's run, and why:
 - `mlflow run` gets `--env-manager local`: building MLflow's own virtualenv takes minutes and the network
   (tests/test_mlflow_run.py and the launcher's tests cover the entry points in a bare interpreter).
 - Smaller parameters, for CI time (see OVERRIDES and ADDED): 8 trials in the first study instead of 32, and
-  a sweep of three dense batch sizes with 4 trials instead of the README's 7 x 2 grid with 16. Three points
-  are what a fit with intervals needs; at 64..256 the goal is reached within about a hundred steps. The
-  first study trains in one process instead of one per core: most of this test's CPU time is the start-up
-  of processes (imports of torch and MLflow) and the store, not training (8 trials train 500 steps).
+  a sweep of three dense batch sizes with 8 trials instead of the README's 7 x 2 grid with 16. Three points
+  are what a fit with intervals needs. Fewer trials would cost more: the first 4 Sobol points hold no good
+  learning rate, so at 64..256 they need 900 to 1,140 steps (about 4,000 trial-steps a study), where the
+  first 8 need about a hundred (500 trial-steps at 256). The first study trains in one process instead of
+  one per core: it trains little, and a worker process costs its imports.
 - Rerunning a sweep after a kill (the README's "trains only what is missing") is tested in test_sweep.py.
 """
 
@@ -36,7 +37,7 @@ MARKER = "<!-- newcomer"
 
 # Option -> the value the test uses instead of the README's, for CI time (the option must be in the README).
 OVERRIDES = {
-    "edps sweep": {"--batch-sizes": "64..256", "--sparsities": "0", "--trials": "4"},
+    "edps sweep": {"--batch-sizes": "64..256", "--sparsities": "0", "--trials": "8"},
 }
 # Options the test adds, for CI time.
 ADDED = {
