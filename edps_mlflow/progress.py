@@ -244,8 +244,8 @@ class SweepProgress:
             eta = f"~{to_go / rate / 60:.1f} min left" if rate > 0 else "time left: after the first steps"
         running = ", ".join(f"{label} at step {furthest}"
                             for label, (_, furthest) in sorted(self.steps.items(), key=lambda item: item[0])[:3])
-        return (head + (f" ({running})" if running else "") + f" | trial-steps {done:,}{estimate} | "
-                f"{rate:,.0f} trial-steps/s | {eta}" + tail)
+        return (head + (f" ({running})" if running else "") + f" | trials {self.trials_done}/{self.trials_to_train}"
+                f" | trial-steps {done:,}{estimate} | {rate:,.0f} trial-steps/s | {eta}" + tail)
 
     def _trials_part(self, elapsed: float) -> str:
         """Executors that report finished trials only: their count and rate."""
