@@ -56,9 +56,9 @@ from edps_mlflow.sweep import (
     _dispatch,
     _open,
     _OpenSweep,
-    _trials_to_train,
     finished_sweep,
     plan_studies,
+    sweep_progress,
 )
 from edps_mlflow.tracking import lease_seconds, redact_uri, store_errors, ui_link
 from edps_mlflow.workloads import get_workload
@@ -278,8 +278,7 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: _OpenSweep, star
         plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         if pending:
-            progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
-                                     options.log_interval)
+            progress = sweep_progress(plan, out, options.log_interval)
             _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
             progress.close()
         found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache)

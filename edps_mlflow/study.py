@@ -226,10 +226,12 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
 
 
 def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = None,
-              on_trial: Callable[[str, int | None], None] | None = None) -> StudyOutcome:
+              on_trial: Callable[[str, int | None], None] | None = None,
+              on_steps: Callable[[int, int], None] | None = None) -> StudyOutcome:
     """Plan, train and record one study. Bad input fails before the tracking store is touched.
 
-    ``on_trial(status, steps_to_result)`` hears of every trial that ends (a sweep's progress line).
+    ``on_trial(status, steps_to_result)`` hears of every trial that ends and ``on_steps(trial_steps,
+    furthest_step)`` of the steps trained, about every second (a sweep's progress line).
     """
     out = out or sys.stdout
     started = time.perf_counter()
@@ -274,7 +276,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
             "training": (data.train_images.numpy(), data.train_labels.numpy()),
             "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
         _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
-        records = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial)
+        records = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial, on_steps)
         outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
                                             time.perf_counter() - started)
         probed = None
@@ -377,15 +379,17 @@ class _Recorder:
             run_id=run_id, reused=False, seconds=result.seconds, probe_seconds=result.probe_seconds,
             seconds_per_step=result.seconds_per_step, pack_size=result.pack_size if timed else None,
             device=self.device if timed else None)
-        self.progress.trial_finished(result.index, result.status.value, result.steps_to_result)
+        self.progress.trial_finished(result.index, result.status.value, result.steps_to_result,
+                                     result.steps_trained)
 
 
 def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings, device: str,
            options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
-           on_trial: Callable[[str, int | None], None] | None = None) -> dict[int, TrialRecord]:
+           on_trial: Callable[[str, int | None], None] | None = None,
+           on_steps: Callable[[int, int], None] | None = None) -> dict[int, TrialRecord]:
     """Train the plan's chunks here or in worker processes; every trial's record, reused ones included."""
     progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
-                             on_trial=on_trial)
+                             on_trial=on_trial, on_steps=on_steps)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
     job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,

@@ -42,7 +42,7 @@ from edps_mlflow.mlproject import (
 from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
 from edps_mlflow.project_executor import ProjectExecutor, ProjectSweep
-from edps_mlflow.progress import SweepProgress
+from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices, sweep_layout
 from edps_mlflow.results import StudyReport
 from edps_mlflow.study import ExecutionOptions, run_study
@@ -121,9 +121,11 @@ def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[S
     return plan
 
 
-def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None) -> StudyReport:
+def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None,
+                   on_steps: Callable[[int, int], None] | None = None) -> StudyReport:
     """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice.
-    ``on_trial(status, steps_to_result)`` hears of each trial that ends (the local executor's progress)."""
+    ``on_trial(status, steps_to_result)`` hears of each trial that ends, ``on_steps(trial_steps,
+    furthest_step)`` of the steps trained (the local executor's progress)."""
     started = time.perf_counter()
     client = connect(task.tracking_uri)
     done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key,
@@ -136,7 +138,7 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
         data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
         parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True,
         adopt_launcher_run=False)
-    outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial)
+    outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial, on_steps=on_steps)
     return StudyReport(task.spec.study_key, outcome.steps_to_result, len(outcome.records) or task.spec.trials,
                        outcome.trained, time.perf_counter() - started, skipped=not outcome.records)
 
@@ -150,7 +152,9 @@ def _sweep_worker(worker: Worker, device: str | None) -> None:
             # Between studies there is nothing to mark KILLED: a plain SIGTERM ends the worker.
             key = task.spec.study_key
             with sigterm_interrupts():
-                report = run_study_task(task, lambda status, steps: worker.send(("trial", key, status, steps)))
+                report = run_study_task(
+                    task, lambda status, steps: worker.send(("trial", key, status, steps)),
+                    lambda trial_steps, furthest: worker.send(("steps", key, trial_steps, furthest)))
         except EdpsError as error:
             worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
             return
@@ -173,6 +177,8 @@ def run_local(tasks: list[StudyTask], devices: list[str | None], progress: Sweep
             progress.started_study()
         elif event[0] == "trial":
             progress.trial_finished(labels[event[1]], event[3])
+        elif event[0] == "steps":
+            progress.study_steps(labels[event[1]], event[2], event[3])
         elif event[0] == "finished":
             progress.finished_study(event[1], labels[event[1].study_key])
         elif event[0] == "error":
@@ -255,8 +261,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     try:
         plan = _plan(spec, options, sweep, out)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
-        progress = SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out,
-                                 options.log_interval)
+        progress = sweep_progress(plan, out, options.log_interval)
         if pending:
             _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
         return _finish(spec, options, sweep, progress, out)
@@ -412,6 +417,15 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
 def _trials_to_train(plan: list[PlannedStudy]) -> int:
     """Trials the sweep still has to train (finished ones of partly done studies are reused)."""
     return sum(max(0, p.spec.trials - p.finished_trials) for p in plan if p.state is not PlanState.DONE)
+
+
+def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
+    """The progress line of the plan's studies still to train, with the results of those already done."""
+    pending = [p for p in plan if p.state is not PlanState.DONE]
+    studies = [SweepStudy(_label(p.spec), f"{p.spec.workload} {p.spec.optimizer.value} {p.spec.sparsity:g}",
+                          p.spec.batch_size, 0 if p.state is PlanState.DONE else p.spec.trials - p.finished_trials,
+                          p.spec.max_steps, p.steps_to_result) for p in plan]
+    return SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out, interval, studies)
 
 
 def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, sweep: _OpenSweep,

@@ -488,11 +488,13 @@ def study_run_name(spec: StudySpec) -> str:
 
 
 def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
-    """``lr=0.1 t001 bs=16 sp=0.9``, with the outcome (``reached@400``, ``superseded``) once it ended."""
+    """``t001 reached@400 lr=0.1 bs=16 sp=0.9``: the UI's run-name column shows about 20 characters, so
+    the name leads with what tells a study's trials apart (the index) and how it ended (the reached trial
+    stays findable by ``reached``), then its metaparameters, then the study (the same for every sibling)."""
     values = " ".join(f"{_SHORT.get(k, k)}={v:.3g}" for k, v in trial.metaparameters.items())
     study = f"bs={trial.study.batch_size} sp={trial.study.sparsity:g}"
     probed = "probed" if trial.study.probes else None
-    return " ".join(part for part in (values, f"t{trial.index:03d}", outcome, probed, study) if part)
+    return " ".join(part for part in (f"t{trial.index:03d}", outcome, probed, values, study) if part)
 
 
 def trial_outcome(result: TrialResult) -> str:

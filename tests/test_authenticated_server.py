@@ -1,4 +1,4 @@
-"""The set-up the README describes for several machines: MLflow's basic-auth app, clients with
+"""The set-up docs/executors.md describes for several machines: MLflow's basic-auth app, clients with
 MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD. A sweep with credentials works; a client without
 them (or with a wrong password) is refused in one line."""
 
