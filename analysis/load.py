@@ -120,7 +120,7 @@ def _client(tracking_uri: str | None):
 def _store_error(uri: str, error: BaseException) -> EdpsError:
     lines = str(error).strip().splitlines() or [type(error).__name__]
     # Redacted before it is cut: a cut through a password would leave its start unrecognised.
-    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(lines[0], uri)[:400]}")
+    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(redact_uri(lines[0], uri)[:400])}")
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -61,8 +61,9 @@ def redact_uri(text: str, *uris: str) -> str:
     is removed wherever it appears, whatever its characters; other URIs in the text by their syntax.
     """
     text = str(text)
-    # A text that is itself a URI is one of the known ones.
-    known = [text, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
+    # A text that is itself a URI (one scheme in it, at its start) is one of the known ones.
+    itself = [text] if _SCHEME.match(text.strip()) and text.count("://") == 1 else []
+    known = [*itself, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
     secrets = {spelling for uri in known if (info := userinfo(str(uri))) for spelling in _spellings(info)}
     # The longest first, so that a spelling that contains another is replaced whole.
     for secret in sorted(secrets, key=len, reverse=True):
