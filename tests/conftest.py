@@ -103,29 +103,42 @@ def sqlite_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return uri
 
 
-@pytest.fixture(scope="session")
-def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty sqlite store with MLflow's full schema, built once per session: MLflow migrates a new
-    store step by step (seconds of CPU per store), which tests that only need a store to work in
-    should not pay each time. Copy it with ``copy_store``."""
-    database = tmp_path_factory.mktemp("store-template") / "mlflow.db"
-    from mlflow.tracking import MlflowClient
+class _StoreTemplate:
+    """An empty sqlite store with MLflow's full schema, built once per session on first use: MLflow
+    migrates a new store step by step (seconds of CPU each time), which tests that only need a store
+    to work in should not pay per test. ``fresh_store`` copies it."""
 
-    client = MlflowClient(f"sqlite:///{database}")
-    client.search_experiments(max_results=1)  # creates and migrates the schema
-    store = getattr(getattr(client, "_tracking_client", None), "store", None)
-    if getattr(store, "engine", None) is not None:
-        store.engine.dispose()  # no connection of this process stays open on the template
-    return database
+    factory: pytest.TempPathFactory | None = None
+    path: Path | None = None
+
+    @classmethod
+    def get(cls) -> Path:
+        if cls.path is None:
+            from mlflow.tracking import MlflowClient
+
+            database = cls.factory.mktemp("store-template") / "mlflow.db"
+            client = MlflowClient(f"sqlite:///{database}")
+            client.search_experiments(max_results=1)  # creates and migrates the schema
+            store = getattr(getattr(client, "_tracking_client", None), "store", None)
+            if getattr(store, "engine", None) is not None:
+                store.engine.dispose()  # no connection of this process stays open on the template
+            cls.path = database
+        return cls.path
 
 
-def copy_store(template: Path, database: Path) -> str:
-    """A copy of the migrated ``template`` at ``database`` (which must not exist); its URI. The Default
-    experiment's artifacts go next to the copy, as MLflow would have put them creating it there."""
+@pytest.fixture(scope="session", autouse=True)
+def _store_template_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _StoreTemplate.factory = tmp_path_factory
+
+
+def fresh_store(database: Path) -> str:
+    """A new, fully migrated, empty sqlite store at ``database`` (which must not exist); its URI. For
+    tests that need a store to work in, not of how a store is created (those start from no file). The
+    Default experiment's artifacts go next to the copy, as MLflow would put them creating it there."""
     if database.exists():
         raise FileExistsError(database)
     database.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(template, database)
+    shutil.copyfile(_StoreTemplate.get(), database)
     connection = sqlite3.connect(database)
     try:
         with connection:
@@ -137,9 +150,9 @@ def copy_store(template: Path, database: Path) -> str:
 
 
 @pytest.fixture
-def sqlite_store(sqlite_uri: str, store_template: Path) -> str:
-    """``sqlite_uri`` with the store already there (a copy of the session's migrated template)."""
-    return copy_store(store_template, Path(sqlite_uri.removeprefix("sqlite:///")))
+def sqlite_store(sqlite_uri: str) -> str:
+    """``sqlite_uri`` with the store already there (``fresh_store``)."""
+    return fresh_store(Path(sqlite_uri.removeprefix("sqlite:///")))
 
 
 def _free_port() -> int:

@@ -11,16 +11,16 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment
+from conftest import REPO, clean_environment, fresh_store
 
 LONG_STUDY = ["study", "--bs", "16", "--trials", "8", "--goal-error", "0.001", "--max-steps", "20000",
               "--log-interval", "1", "--experiment", "interrupt-test", "--workers", "2"]
 
 
 def _start(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # A client creates the store's tables when it is made; made while the process under test
-    # creates them too, one of the two crashes (a loaded machine makes that likely).
+    # The store exists before the process under test starts: a client made while that process creates
+    # the store's tables would create them too, and one of the two would crash.
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *LONG_STUDY], cwd=tmp_path,
