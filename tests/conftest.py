@@ -57,6 +57,11 @@ def _restore_torch_settings(settings: dict[str, object]) -> None:
     torch.use_deterministic_algorithms(settings["deterministic_algorithms"])
 
 
+def _own_environment() -> dict[str, str]:
+    # PYTEST_CURRENT_TEST is pytest's own, set anew at each phase of each test.
+    return {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(TEST_THREADS)
 
@@ -67,18 +72,18 @@ def _leaves_the_process_as_it_found_it():
     that a command in this process applies; the working directory; torch's threads, denormal flushing and
     precision flags, which training in this process sets) is put back before the next test starts, so no
     test's outcome depends on the tests that ran before it."""
-    environment = dict(os.environ)
+    environment = _own_environment()
     cwd = os.getcwd()
     settings = _torch_settings()
     yield
-    for name in [name for name in os.environ if name not in environment]:
+    if _torch_settings() != settings:
+        _restore_torch_settings(settings)  # first: torch may set variables of its own while it does
+    for name in [name for name in _own_environment() if name not in environment]:
         del os.environ[name]
     for name, value in environment.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
     os.chdir(cwd)
-    if _torch_settings() != settings:
-        _restore_torch_settings(settings)
 
 _TRACKING_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")
 
