@@ -1,5 +1,6 @@
 """``edps-analyze``: tables, fits, figures and reports from the tracking store or a CSV. It never trains.
 
+    edps-analyze table                      (every experiment with study runs)
     edps-analyze table  --experiment edps/digits-simple-cnn
     edps-analyze fit    --experiment edps/digits-simple-cnn --format json
     edps-analyze plot   --experiment 'edps/*' --out-dir figures
@@ -46,7 +47,8 @@ BOOTSTRAP = click.IntRange(0, 100_000)
 
 def _source_options(command: Callable) -> Callable:
     @click.option("--tracking-uri", default=None, help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db).")
-    @click.option("--experiment", "experiments", multiple=True, help="Experiment name or glob pattern (repeatable).")
+    @click.option("--experiment", "experiments", multiple=True,
+                  help="Experiment name or glob pattern (repeatable; default: every experiment with study runs).")
     @click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead.")
     @click.option("--workload", default=None, help="Only this workload.")
     @click.option("--optimizer", default=None, help="Only this optimizer.")
@@ -67,7 +69,11 @@ def _load(tracking_uri: str | None, experiments: tuple[str, ...], csv_path: str 
         table, source = read_csv(csv_path), f"CSV {csv_path}"
     else:
         table = load_studies(experiments, tracking_uri)
-        source = f"experiment(s) {', '.join(experiments)}"
+        read = ", ".join(sorted(table["experiment"].dropna().unique()))
+        # A pattern (or no name) says which experiments it found.
+        source = (f"experiment(s) {', '.join(experiments)}" if experiments else "every experiment with study runs")
+        if read and read != ", ".join(experiments):
+            source += f" ({read})"
     # Numbers are filtered here, in pandas: MLflow compares params and tags only as strings.
     if workload:
         table = table[table["workload"] == workload]
@@ -204,7 +210,8 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
 @click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
 @click.option("--log-to-mlflow", is_flag=True, help="Record the figures on an analysis run.")
 def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, out_dir, tolerance, log_to_mlflow) -> None:
-    """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity."""
+    """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity. The fits drawn are
+    those of the fit table (`edps-analyze fit`, without intervals: `report` draws them with theirs)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     figures = _figures(studies, Path(out_dir), tolerance)
     for path in (p for paths in figures.values() for p in paths):
@@ -338,7 +345,8 @@ def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
 
 @cli.command()
 @click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
-@click.option("--experiment", "experiments", multiple=True, required=True, help="Experiment name or pattern.")
+@click.option("--experiment", "experiments", multiple=True,
+              help="Experiment name or pattern (repeatable; default: every experiment with study runs).")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
 @click.option("--out-dir", default=None, type=click.Path(), help="Also draw the constant against sparsity here.")
 def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
@@ -362,7 +370,8 @@ def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
 
 @cli.command("noise-scale")
 @click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
-@click.option("--experiment", "experiments", multiple=True, required=True, help="Experiment name or pattern.")
+@click.option("--experiment", "experiments", multiple=True,
+              help="Experiment name or pattern (repeatable; default: every experiment with study runs).")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
 def noise_scale(tracking_uri, experiments, output_format) -> None:
     """The measured noise scale B_simple beside the fitted critical batch size B_crit, per sparsity."""
@@ -418,19 +427,28 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
     used = [e for e in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
     experiment = used[0] if len(used) == 1 else next(
         (e for e in experiments if not any(c in e for c in "*?[")), "edps/analysis")
-    settings = {**(settings or {}), "experiments": ",".join(experiments)}
+    # The names asked for; with none, the experiments the studies were read from.
+    settings = {**(settings or {}), "experiments": ",".join(experiments) or ",".join(sorted(map(str, used)))}
     # MLflow prints links when a run ends; keep standard output clean for csv/json consumers.
     with contextlib.redirect_stdout(sys.stderr):
-        run_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings)
+        run_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings, _command_argv())
     client = connect(tracking_uri)
     experiment_id = client.get_run(run_id).info.experiment_id
     click.echo(f"analysis logged to MLflow run {run_id} in experiment {experiment!r}", err=True)
     click.echo(ui_link(str(client.tracking_uri), experiment_id, run_id), err=True)
 
 
+def _command_argv() -> list[str] | None:
+    """The arguments the command was given (after the program name), for the analysis run's Source."""
+    context = click.get_current_context(silent=True)
+    root = context.find_root() if context is not None else None
+    return (root.obj or {}).get("argv") if root is not None and isinstance(root.obj, dict) else None
+
+
 def main(argv: list[str] | None = None) -> None:
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="edps-analyze", standalone_mode=False)
+        cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
     except click.exceptions.Abort:
         click.echo("edps-analyze: interrupted", err=True)
         sys.exit(130)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pandas as pd
 
 from edps_mlflow import names as n
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialStatus
@@ -118,28 +119,79 @@ def _client(tracking_uri: str | None):
 
 def _store_error(uri: str, error: BaseException) -> EdpsError:
     lines = str(error).strip().splitlines() or [type(error).__name__]
-    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(lines[0][:400])}")
+    # Redacted before it is cut: a cut through a password would leave its start unrecognised.
+    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {explain_store_error(lines[0], uri)[:400]}")
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(id, name) for each name, else glob pattern; an unknown name is an error.
+    """(id, name) for each name, else glob pattern; an unknown name is an error that lists the experiments
+    that exist. No names: every active experiment that holds a study run, wherever it is (a study run by
+    ``mlflow run .`` sits in MLflow's ``Default`` experiment), as ``edps status`` finds them.
 
     A name is matched exactly first, so an experiment whose name holds ``*``, ``?`` or ``[`` is found
     by its own name; only a name that no experiment has is read as a pattern.
     """
-    try:
-        everything = client.search_experiments(max_results=50_000)
-    except Exception as error:  # MLflow's errors, and connection errors surfacing as requests exceptions
-        raise _store_error(str(client.tracking_uri), error) from None
+    everything = _all_experiments(client)
+    if not names:
+        found = [(e.experiment_id, e.name) for e in _with_studies(client, everything)]
+        if not found:
+            raise EdpsError(f"no experiment in {redact_uri(str(client.tracking_uri))} holds a study run"
+                            f"{_existing(everything)}; run a study first (edps study, or mlflow run .)")
+        return found
     found: list[tuple[str, str]] = []
     for name in names:
         matches = [(e.experiment_id, e.name) for e in everything if e.name == name]
         if not matches and any(c in name for c in "*?["):
             matches = [(e.experiment_id, e.name) for e in everything if fnmatch.fnmatchcase(e.name, name)]
         if not matches:
-            raise EdpsError(f"no experiment matches {name!r} in {redact_uri(str(client.tracking_uri))}")
+            raise EdpsError(f"no experiment matches {name!r} in {redact_uri(str(client.tracking_uri))}"
+                            f"{_existing(everything, _with_studies(client, everything))}")
         found.extend(m for m in matches if m not in found)
     return found
+
+
+def _all_experiments(client) -> list:
+    try:
+        return client.search_experiments(max_results=50_000)
+    except Exception as error:  # MLflow's errors, and connection errors surfacing as requests exceptions
+        raise _store_error(str(client.tracking_uri), error) from None
+
+
+def _with_studies(client, experiments: list) -> list:
+    """The experiments among ``experiments`` that hold at least one study run (one small search each)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return [e for e in experiments
+                if client.search_runs([e.experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}),
+                                      max_results=1)]
+    except MlflowException as error:
+        raise _store_error(str(client.tracking_uri), error) from None
+
+
+# An error lists at most this many experiment names (a store may hold thousands).
+_LISTED = 12
+
+
+def _names(experiments: list) -> str:
+    names = sorted(e.name for e in experiments)
+    more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+    return ", ".join(repr(name) for name in names[:_LISTED]) + more
+
+
+def _existing(everything: list, with_studies: list | None = None) -> str:
+    """``; experiments: 'Default', 'edps/x' (with study runs: 'Default')``, for an error that matched nothing."""
+    if not everything:
+        return "; the store has no experiments"
+    text = f"; experiments: {_names(everything)}"
+    if with_studies is not None:
+        text += f" (with study runs: {_names(with_studies) if with_studies else 'none'})"
+    return text
+
+
+def describe_experiments(experiments: tuple[str, ...]) -> str:
+    """What the analysis read, in words: the names given, or every experiment with study runs."""
+    return ", ".join(experiments) if experiments else "every experiment with study runs"
 
 
 def _paged(client, experiment_ids: list[str], conditions: str) -> list:
@@ -160,9 +212,8 @@ def _paged(client, experiment_ids: list[str], conditions: str) -> list:
 
 @_with_http_limits
 def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) -> pd.DataFrame:
-    """The study table of the named experiments (FINISHED study runs only; the latest per key)."""
-    if not experiments:
-        raise EdpsError("name at least one experiment (--experiment), or read a CSV (--csv)")
+    """The study table of the named experiments, or of every experiment with study runs when none is named
+    (FINISHED study runs only; the latest per key)."""
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
     names = dict(found)
@@ -172,7 +223,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
-            sparsity, batch_size = float(tags[n.TAG_SPARSITY]), int(tags[n.TAG_BATCH_SIZE])
+            curve, batch_size = CurveId.from_tags(tags), int(tags[n.TAG_BATCH_SIZE])
         except (KeyError, ValueError):
             continue  # not a study run of ours, or one refused before it logged anything
         best_learning_rate = params.get(n.PARAM_BEST_PREFIX + "learning_rate")
@@ -182,8 +233,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
         result_key = tags.get(n.TAG_RESULT_KEY) or tags.get(n.TAG_STUDY_KEY) or run.info.run_id
         rows.pop(result_key, None)
         rows[result_key] = ({
-            "workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
-            "sparsity": sparsity, "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
+            **curve.as_dict(), "batch_size": batch_size, "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
             "check_interval": _number(params.get(n.PARAM_SPEC_PREFIX + "check_interval")),
             "max_steps": _number(params.get(n.PARAM_SPEC_PREFIX + "max_steps")),
             "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT),
@@ -199,7 +249,9 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
         })
     if not rows:
-        raise EdpsError(f"experiment(s) {', '.join(experiments)} hold no finished study runs")
+        raise EdpsError(f"experiment(s) {', '.join(names.values())} hold no finished study runs"
+                        + (f"; experiments with study runs: {_names(_with_studies(client, _all_experiments(client)))}"
+                           if experiments else ""))
     return pd.DataFrame(list(rows.values()), columns=list(STUDY_COLUMNS))
 
 
@@ -380,7 +432,7 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
         else:
             rows.append({**base, "step": None, "value": run.data.metrics[metric]})
     if not rows:
-        raise EdpsError(f"no trial in {', '.join(experiments)} logged {metric}; run studies with --probes")
+        raise EdpsError(f"no trial in {describe_experiments(experiments)} logged {metric}; run studies with --probes")
     return pd.DataFrame(rows)
 
 
@@ -433,6 +485,6 @@ def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_u
                              "source": "all probed trials, cut by early stopping (studies probed before "
                                        "--probe-trials)"})
     if not rows:
-        raise EdpsError(f"no study in {', '.join(experiments)} has {metric} along its best trial's run; run "
+        raise EdpsError(f"no study in {describe_experiments(experiments)} has {metric} along its best trial's run; run "
                         f"studies with --probes (a study whose trials all missed the goal has no best trial)")
     return pd.DataFrame(rows)

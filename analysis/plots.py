@@ -13,12 +13,11 @@ import pandas as pd  # noqa: E402
 
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
-    InsufficientData,
     curve_columns,
     curves,
-    fit_hyperbola,
+    fit_table,
     is_degenerate,
-    regime_boundaries,
+    unbounded,
 )
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
@@ -58,36 +57,117 @@ def _fit_row(fits: pd.DataFrame | None, columns: list[str], key: tuple) -> pd.Se
     return fits[match].iloc[0] if match.any() else None
 
 
+# How far the axes reach beyond the smallest and largest measured batch sizes (a factor on the log2 axis).
+AXIS_MARGIN = 2 ** 0.4
+
+
+def _x_limits(batch_sizes: np.ndarray) -> tuple[float, float]:
+    """The batch-size axis follows the measured batch sizes (an interval beyond them is an arrow)."""
+    return float(batch_sizes.min()) / AXIS_MARGIN, float(batch_sizes.max()) * AXIS_MARGIN
+
+
+def _value(row: pd.Series | None, name: str) -> float | None:
+    value = None if row is None else row.get(name)
+    return float(value) if value is not None and pd.notna(value) else None
+
+
+def _interval_words(value: float, low: float, high: float) -> str:
+    """``95%: 1.8e-08 .. unbounded``: the interval as the legend says it, 'unbounded' for an end that is."""
+    low_open, high_open = unbounded(value, low, high)
+    words = (f"95%: {'unbounded' if low_open else f'{low:.3g}'} .. {'unbounded' if high_open else f'{high:.3g}'}")
+    return words + ("; excludes the estimate" if not low <= value <= high else "")
+
+
+def _edge_arrow(axis: plt.Axes, edge: float, y: float, side: int, text: str, colour: object) -> None:
+    """An arrow at the axis edge (``side`` -1: left, +1: right) pointing out, with the value it stands for."""
+    axis.annotate(text, xy=(edge, y), xytext=(-side * 30, 0), textcoords="offset points", fontsize=7,
+                  ha="right" if side > 0 else "left", va="center", annotation_clip=False,
+                  bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": colour, "alpha": 0.9},
+                  arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 1.2})
+
+
 def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
-              label_interval: bool) -> None:
-    """The fitted hyperbola, labelled with its values, and B_crit's interval as a horizontal bar at
-    S(B_crit) = 2 S_min; a fit that does not describe its curve is drawn grey and says so."""
-    try:
-        fit = fit_hyperbola(b, s)
-    except InsufficientData:
-        return
-    valid = np.isfinite(s)
+              label_interval: bool, limits: tuple[float, float]) -> list[float]:
+    """The curve's fit from the fit table (``row``): the hyperbola, labelled with its values, and B_crit's
+    interval as a horizontal bar at S(B_crit) = 2 S_min. A fit that does not describe its curve is drawn
+    grey and says so, without its values. Within the axes the bar is drawn as it is, even when it does not
+    contain the estimate (the legend says so); an end beyond the axes is an arrow at the edge with its
+    value. Returns the y values drawn, for the axis limits."""
+    s_min, b_crit = _value(row, "s_min"), _value(row, "b_crit")
+    valid = np.isfinite(s) & (s > 0)
+    if s_min is None or b_crit is None or not valid.any():
+        return []
     grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
-    degenerate = row is not None and is_degenerate(row)
-    label = (f"fit: S_min {fit.s_min:.3g}, B_crit {fit.b_crit:.3g}" if not degenerate
-             else "fit does not apply (see the fit's note)")
-    axis.plot(grid, fit.steps(grid), "--", color="0.6" if degenerate else colour, linewidth=1.0, alpha=0.8,
-              label=label)
-    if row is None or degenerate:
-        return
-    low, high = row.get("b_crit_low"), row.get("b_crit_high")
-    if low is not None and high is not None and pd.notna(low) and pd.notna(high):
-        axis.errorbar([fit.b_crit], [2 * fit.s_min], xerr=[[fit.b_crit - low], [high - fit.b_crit]], fmt="D",
-                      color=colour, markersize=4, capsize=3, linewidth=1.0,
-                      label="B_crit with its 95% interval" if label_interval else None)
+    fitted = s_min * (1.0 + b_crit / grid)
+    low, high = _value(row, "b_crit_low"), _value(row, "b_crit_high")
+    degenerate = is_degenerate(row)
+    if degenerate:
+        label = "fit does not apply (see the fit's note)"
+    else:
+        label = f"fit: S_min {s_min:.3g}, B_crit {b_crit:.3g}"
+        if low is not None and high is not None:
+            label += f" ({_interval_words(b_crit, low, high)})"
+    axis.plot(grid, fitted, "--", color="0.6" if degenerate else colour, linewidth=1.0, alpha=0.8, label=label)
+    if degenerate or low is None or high is None:
+        return list(fitted)
+    y, (left, right) = 2 * s_min, limits
+    inside = max(low, left), min(high, right)
+    if inside[0] < inside[1]:
+        axis.plot(list(inside), [y, y], "-", color=colour, linewidth=1.0,
+                  label="B_crit's 95% interval (arrow: beyond the axis)" if label_interval else None)
+    for end in (low, high):
+        if left <= end <= right:
+            axis.plot([end], [y], "|", color=colour, markersize=8)
+    if left <= b_crit <= right:
+        axis.plot([b_crit], [y], "D", color=colour, markersize=4)
+    for end, edge, side in ((low, left, -1), (high, right, 1)):
+        if (end < edge) if side < 0 else (end > edge):
+            _edge_arrow(axis, edge, y, side, f"{end:.3g}", colour)
+    if not left <= b_crit <= right:
+        side = -1 if b_crit < left else 1
+        _edge_arrow(axis, left if side < 0 else right, y * 1.25, side, f"B_crit {b_crit:.3g}", colour)
+    return list(fitted) + [y]
+
+
+def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[float, float]) -> None:
+    """The regimes of a curve from its fit-table boundaries; a band changes halfway (on the log axis)
+    between the last measured batch size of one regime and the first of the next, so each measured point
+    lies in the band of its own regime."""
+    left, right = limits
+    end, start = _value(row, "perfect_scaling_end"), _value(row, "maximal_parallelism_start")
+
+    def halfway_below(boundary: float) -> float:
+        below = b[b < boundary]
+        return float(np.sqrt(below.max() * boundary)) if len(below) else boundary
+
+    perfect = halfway_below(end) if end is not None else right
+    maximal = halfway_below(start) if start is not None else right
+    perfect = min(perfect, maximal)
+    axis.axvspan(left, perfect, color=REGIME_COLOURS["perfect scaling"], zorder=0, label="perfect scaling")
+    if maximal > perfect:
+        axis.axvspan(perfect, maximal, color=REGIME_COLOURS["diminishing returns"], zorder=0,
+                     label="diminishing returns")
+    if start is not None:
+        axis.axvspan(maximal, right, color=REGIME_COLOURS["maximal data parallelism"], zorder=0,
+                     label="maximal data parallelism")
 
 
 def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2,
                  fits: pd.DataFrame | None = None) -> list[Path]:
+    """The figure of :func:`draw_steps`, as PNG and SVG in ``directory``."""
+    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory, f"steps_{workload}_{optimizer}")
+
+
+def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: float = 0.2,
+               fits: pd.DataFrame | None = None) -> plt.Figure:
     """log2-log2 steps-to-result against batch size, one line per sparsity, fitted hyperbolas dashed and
     labelled with their values (grey when a fit does not apply), B_crit's interval, regimes of the densest
-    curve shaded; the legend sits beside the axes, off the data."""
+    curve shaded; the legend sits beside the axes, off the data. Fits, intervals and boundaries come from
+    ``fits`` (the fit table), else from the fit table without intervals, so that every figure of a curve
+    draws the fit that its table reports."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
+    if fits is None:
+        fits = fit_table(group, None, tolerance, repeats=0)
     figure, axis = plt.subplots(figsize=(8.4, 4.6))
     # One line per curve as the fits see it: studies of another protocol (goal, trials, check
     # interval, step cap) are another line, never joined to these.
@@ -95,35 +175,29 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
     columns = curve_columns(group)
     varying = [i for i in range(len(CURVE_KEYS), len(columns)) if len({str(k[i]) for k in lines}) > 1]
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
+    limits = _x_limits(group["batch_size"].to_numpy(dtype=float))
+    heights: list[float] = []
     shaded = False
     for colour, (key, curve) in zip(colours, lines.items()):
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
-        valid = np.isfinite(s)
+        valid = np.isfinite(s) & (s > 0)
         label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {key[i]}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
-        _draw_fit(axis, b, s, colour, _fit_row(fits, columns, key), label_interval=not shaded)
-        if not shaded:
-            try:
-                bounds = regime_boundaries(b, s, tolerance)
-            except InsufficientData:
-                continue
-            low, high = b[valid].min(), b[valid].max()
-            end = bounds.perfect_scaling_end or high
-            start = bounds.maximal_parallelism_start or high
-            axis.axvspan(low, end, color=REGIME_COLOURS["perfect scaling"], zorder=0, label="perfect scaling")
-            if start > end:
-                axis.axvspan(end, start, color=REGIME_COLOURS["diminishing returns"], zorder=0,
-                             label="diminishing returns")
-            if bounds.maximal_parallelism_start is not None:
-                axis.axvspan(start, high, color=REGIME_COLOURS["maximal data parallelism"], zorder=0,
-                             label="maximal data parallelism")
+        heights += list(s[valid])
+        row = _fit_row(fits, columns, key)
+        heights += _draw_fit(axis, b, s, colour, row, not shaded, limits)
+        if not shaded and row is not None and valid.sum() >= 2:
+            _shade_regimes(axis, b[valid], row, limits)
             shaded = True
     _log2_axes(axis, "steps to result")
+    axis.set_xlim(*limits)
+    if heights:
+        axis.set_ylim(min(heights) / AXIS_MARGIN, max(heights) * AXIS_MARGIN)
     axis.set_title(f"{workload}, {optimizer}: steps to reach the goal\n(dashed: fitted S_min (1 + B_crit / B); "
                    f"shading: regimes of the densest curve)", fontsize=9)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-    return _save(figure, directory, f"steps_{workload}_{optimizer}")
+    return figure
 
 
 def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, directory: Path) -> list[Path]:
@@ -200,10 +274,10 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
 
 
 def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, cost: str) -> list[Path]:
-    """Hours to result against batch size, log-log, one line per device count and one figure per curve; each
-    line's fastest batch size starred. ``table`` and ``fastest`` come from analysis.timing; ``cost`` describes
-    the cost model for the title."""
-    from analysis.timing import TIME_COLUMNS
+    """Time to result against batch size, log-log, one line per device count and one figure per curve, in the
+    unit (s, min, h, days) its times read best in; each line's fastest batch size starred. ``table`` and
+    ``fastest`` come from analysis.timing; ``cost`` describes the cost model for the title."""
+    from analysis.timing import TIME_COLUMNS, duration_unit
 
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
     paths: list[Path] = []
@@ -212,22 +286,24 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
         head = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         figure, axis = plt.subplots(figsize=(8.4, 4.6))
         counts = sorted(curve["devices"].unique())
+        hours = pd.to_numeric(curve["hours"], errors="coerce").dropna()
+        unit, per_unit = duration_unit(float(hours.median())) if len(hours) else ("h", 1.0)
         colours = plt.cm.plasma(np.linspace(0.0, 0.8, max(1, len(counts))))
         for colour, count in zip(colours, counts):
             line = curve[(curve["devices"] == count)].dropna(subset=["hours"]).sort_values("batch_size")
             if line.empty:
                 continue
-            axis.plot(line["batch_size"], line["hours"], "o-", color=colour, linewidth=1.6,
+            axis.plot(line["batch_size"], line["hours"] / per_unit, "o-", color=colour, linewidth=1.6,
                       label=f"{count} device{'s' if count != 1 else ''}" + (" (measured)" if count == 1 else ""))
             best = fastest[(fastest["devices"] == count) & np.logical_and.reduce(
                 [fastest[k].astype(str) == str(v) for k, v in head.items()])]
             if len(best) and pd.notna(best["hours"].iloc[0]):
-                axis.plot([best["batch_size"].iloc[0]], [best["hours"].iloc[0]], "*", color=colour, markersize=14,
-                          markeredgecolor="black", markeredgewidth=0.6)
+                axis.plot([best["batch_size"].iloc[0]], [best["hours"].iloc[0] / per_unit], "*", color=colour,
+                          markersize=14, markeredgecolor="black", markeredgewidth=0.6)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("batch size (examples per step, all devices together)")
-        axis.set_ylabel("hours to result")
+        axis.set_ylabel(f"time to result ({unit})")
         axis.grid(True, which="major", alpha=0.3)
         devices = curve["device"].dropna()
         measured = devices.iloc[0] if len(devices) else "an unrecorded device"

@@ -8,8 +8,13 @@ The run (``edps.kind=analysis``) is named after what it analysed and carries:
 - tags with the study runs it used (``edps.analysis.study_runs``, full list in ``used_study_runs.txt``)
   and the sweep runs they belong to; when they all belong to one sweep of the same experiment, the
   analysis run is nested under it, so it appears beside the studies it analysed;
-- the tables as CSV artifacts, the figures under ``figures/``, and the report.
-Under ``mlflow run -e analyze`` the run that MLflow created is the analysis run.
+- the tables as CSV artifacts, the figures under ``figures/``, and the report;
+- MLflow's context tags, as a study run has them: the user (``mlflow.user``), the command as typed
+  (``mlflow.source.name``, credentials in URIs redacted) and the git commit of the code
+  (``mlflow.source.git.commit``), with the project's code version (``edps.code_version``,
+  ``edps.git_dirty``).
+Under ``mlflow run -e analyze`` the run that MLflow created is the analysis run; MLflow set its context
+tags, and only the code version is added.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -65,22 +71,39 @@ def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
             f"under `figures/`, the whole report in the report artifact.\n\n{markdown_table(summary)}\n")
 
 
+def context_tags(argv: list[str] | None, launched_by_mlflow: bool) -> dict[str, str]:
+    """Who ran which code: the code version always; user, command and commit unless ``mlflow run`` made the
+    run (it sets its own). ``argv``: the arguments after the program name (None: unknown)."""
+    from edps_mlflow import provenance
+
+    code = provenance.code_version()
+    tags = {n.TAG_CODE_VERSION: code.label, n.TAG_GIT_DIRTY: str(code.dirty).lower()}
+    if launched_by_mlflow:
+        return tags
+    command = " ".join(["edps-analyze", *(shlex.quote(redact_uri(a)) for a in (argv or []))])
+    tags.update({n.MLFLOW_USER: provenance.user(), n.MLFLOW_SOURCE_NAME: command[:500],
+                 n.MLFLOW_SOURCE_TYPE: "LOCAL"})
+    if code.commit:
+        tags[n.MLFLOW_GIT_COMMIT] = code.commit
+    return tags
+
+
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                 files: list[Path], settings: dict[str, Any] | None = None) -> str:
+                 files: list[Path], settings: dict[str, Any] | None = None, argv: list[str] | None = None) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import get_tracking_uri
 
     uri = tracking_uri or get_tracking_uri()
     quiet_links_with_credentials(uri)
     try:
-        return _log_analysis(uri, experiment, studies, tables, files, settings or {})
+        return _log_analysis(uri, experiment, studies, tables, files, settings or {}, argv)
     except (MlflowException, ImportError, OSError) as error:
         lines = str(error).strip().splitlines() or [type(error).__name__]
         raise EdpsError(f"cannot log the analysis to {redact_uri(uri)}: {redact_uri(lines[0])[:300]}") from None
 
 
 def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  files: list[Path], settings: dict[str, Any]) -> str:
+                  files: list[Path], settings: dict[str, Any], argv: list[str] | None = None) -> str:
     from mlflow.entities import Metric, Param, RunStatus, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -94,7 +117,7 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     sweeps = sorted(set(studies.get("sweep_run_id", pd.Series(dtype=str)).dropna().astype(str)))
     tags = {n.TAG_KIND: n.KIND_ANALYSIS, n.TAG_ANALYSIS_STUDY_RUNS: ",".join(used)[:4900],
             n.TAG_ANALYSIS_STUDY_COUNT: str(len(used)), n.TAG_ANALYSIS_SWEEP_RUNS: ",".join(sweeps)[:4900],
-            n.MLFLOW_RUN_NAME: run_name(studies)}
+            n.MLFLOW_RUN_NAME: run_name(studies), **context_tags(argv, bool(os.environ.get("MLFLOW_RUN_ID")))}
     if "fit" in tables:
         tags[n.MLFLOW_NOTE] = _description(fit_summary(tables["fit"]), settings)[:20_000]
     if len(sweeps) == 1 and _run_experiment(client, sweeps[0]) == experiment_id:

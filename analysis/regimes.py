@@ -2,17 +2,21 @@
 
 - Hyperbola S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018; the form of the paper's bound
   K(B) ~ a/B + b with S_min = b, B_crit = a/b), fitted by least squares in log space.
-- Boundaries, model-free on the measured points: perfect scaling ends at the first batch size
-  whose steps exceed ideal linear scaling from the smallest batch size by more than ``tolerance``
-  (Zhang et al. 2024 use 20%); maximal data parallelism starts at the smallest batch size from
-  which every larger one stays within ``tolerance`` of the largest batch size's steps. In between:
-  diminishing returns. The local slope of log S against log B is reported too (about -1, then 0).
+- Boundaries, model-free on the measured points (docs/fit.md defines them; one name each, in the
+  fit table, the report and the analysis run's metrics): ``perfect_scaling_end`` is the first
+  measured batch size whose steps exceed ideal linear scaling from the smallest batch size by more
+  than ``tolerance`` (Zhang et al. 2024 use 20%), so perfect scaling holds below it and ends at the
+  latest there; ``maximal_parallelism_start`` is the smallest batch size from which every larger one
+  stays within ``tolerance`` of the largest batch size's steps. In between: diminishing returns.
+  The local slope of log S against log B is reported too (about -1, then 0).
 - A bootstrap over trials: resample each study's trials with replacement, take the minimum over
   the reaching ones, refit. The minimum's bootstrap distribution lies entirely above the estimate,
   so S_min and B_crit get basic (reflected) intervals; boundaries, which are grid values, get
   percentile intervals. Superseded trials (exact early stopping) are known only to be slower than
   the best, so resamples without a reaching trial drop that point: use ``full_trials=true`` studies
-  for intervals that need every trial's outcome.
+  for intervals that need every trial's outcome. A basic interval can end short of its estimate
+  (nearly every resampled minimum on one side of it): it is kept as it is and the note says so; the
+  ``interval_*`` columns count what the resamples rest on (see :func:`interval_basis`).
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from edps_mlflow.curves import CURVE_AXES
+
 MIN_POINTS = 3
-CURVE_KEYS = ("workload", "optimizer", "sparsity")
+# What identifies a curve (edps_mlflow.curves.CurveId: workload, optimizer, sparsity): declared there once.
+CURVE_KEYS = CURVE_AXES
 # Studies measured under another protocol do not lie on one curve: a different goal, trial count,
 # check interval or step cap changes steps-to-result itself. When a table holds such columns, their
 # values are part of a curve's identity, and a (workload, optimizer, sparsity) measured under two
@@ -50,7 +57,7 @@ class HyperbolaFit:
 
 @dataclass(frozen=True)
 class Boundaries:
-    perfect_scaling_end: int | None  # first batch size beyond perfect scaling (None: never left)
+    perfect_scaling_end: int | None  # first measured batch size beyond perfect scaling (None: never left)
     maximal_parallelism_start: int | None  # None: no plateau within the measured range
 
 
@@ -210,21 +217,41 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
             if len(by_size) >= MIN_POINTS:
                 for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
                     row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+                row.update(interval_basis(by_size))
             else:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"
-        row["perfect_scaling_last"] = last_perfect_scaling(b, s, row.get("perfect_scaling_end"))
         row["note"] = "; ".join([part for part in (row["note"],) if part] + fit_warnings(row, b, s))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def last_perfect_scaling(batch_sizes: np.ndarray, steps: np.ndarray, first_beyond: float | None) -> int | None:
-    """The last measured batch size that still scales perfectly (the one before ``first_beyond``)."""
-    b, _ = _points(batch_sizes, steps)
-    if len(b) < 2:
+# What the bootstrap of a curve resampled (fit-table columns): the studies, those with a single reaching
+# trial, and the trials superseded by exact early stopping (known only to be slower than the best).
+BASIS_COLUMNS = ("interval_studies", "interval_studies_one_reaching", "interval_trials_superseded")
+
+
+def interval_basis(curve_trials: dict[int, pd.DataFrame]) -> dict[str, int]:
+    """The counts of BASIS_COLUMNS for one curve's trials (one table per study, as :func:`bootstrap` takes)."""
+    reached = [int(t["status"].eq("reached").sum()) for t in curve_trials.values()]
+    superseded = sum(int(t["status"].eq("superseded").sum()) for t in curve_trials.values())
+    return dict(zip(BASIS_COLUMNS, (len(reached), sum(1 for r in reached if r == 1), superseded)))
+
+
+def interval_basis_warning(row: dict | pd.Series) -> str | None:
+    """Why a curve's intervals say little, in words with the counts, and what would help; None when they
+    rest on more than one reaching trial in most studies."""
+    studies, single = row.get("interval_studies"), row.get("interval_studies_one_reaching")
+    if studies is None or single is None or pd.isna(studies) or pd.isna(single) or not studies:
         return None
-    inside = b[b < first_beyond] if first_beyond is not None and not pd.isna(first_beyond) else b
-    return int(inside[-1]) if len(inside) else None
+    studies, single = int(studies), int(single)
+    if 2 * single < studies:
+        return None
+    superseded = row.get("interval_trials_superseded")
+    superseded = int(superseded) if superseded is not None and pd.notna(superseded) else 0
+    return (f"the intervals say little: {single} of {studies} studies had one reaching trial"
+            + (f" ({superseded} trials superseded by exact early stopping)" if superseded else "")
+            + ", so a resample either keeps that trial or loses the point; studies with full_trials=true or "
+              "more trials would give intervals that mean something")
 
 
 def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[str]:
@@ -244,13 +271,35 @@ def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[
         low, high, value = row.get(f"{name}_low"), row.get(f"{name}_high"), row.get(name)
         if value is None or pd.isna(value) or low is None or high is None or pd.isna(low) or pd.isna(high):
             continue
-        if high > value * 100 or low < value / 100:
+        if any(unbounded(value, low, high)):
             warnings.append(f"the {name} interval is practically unbounded ({low:.3g} .. {high:.3g})")
+        if not low <= value <= high:
+            # A basic interval reflects the resamples about the estimate: when nearly every resample's
+            # minimum lies on one side of it, the interval ends on the other side, short of the estimate.
+            warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
+                            f"{value:.3g}: the resampled minima lie almost all on one side of it (too few "
+                            f"reaching trials)")
+    basis = interval_basis_warning(row)
+    if basis:
+        warnings.append(basis)
+    if row.get("perfect_scaling_end") is None or pd.isna(row.get("perfect_scaling_end")):
+        if len(b) >= 2:
+            warnings.append(f"perfect scaling through the largest batch size with a result ({int(b[-1])}): "
+                            f"perfect_scaling_end lies beyond the measurements")
     end, start = row.get("perfect_scaling_end"), row.get("maximal_parallelism_start")
     if end is not None and start is not None and not pd.isna(end) and not pd.isna(start) and start < end:
         warnings.append(f"maximal data parallelism seems to start ({int(start)}) before perfect scaling ends "
                         f"({int(end)}): the curve is too flat or noisy to separate the regimes")
     return warnings
+
+
+# An interval end more than this factor from its estimate says nothing about where the value is.
+UNBOUNDED_FACTOR = 100.0
+
+
+def unbounded(value: float, low: float, high: float) -> tuple[bool, bool]:
+    """Whether each end of an interval is practically unbounded (more than UNBOUNDED_FACTOR from the value)."""
+    return bool(low < value / UNBOUNDED_FACTOR), bool(high > value * UNBOUNDED_FACTOR)
 
 
 def is_degenerate(row: pd.Series | dict) -> bool:
@@ -263,10 +312,11 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
     normalised by its own first (smallest batch size) point."""
     rows = []
-    # Compared only within one protocol (see PROTOCOL_KEYS); a batch size measured twice counts once.
+    # Compared only within one protocol (see PROTOCOL_KEYS) and one curve family (every curve axis but the
+    # sparsity); a batch size measured twice counts once.
     protocol = curve_columns(table)[len(CURVE_KEYS):]
-    for _, group in table.groupby(["workload", "optimizer", *protocol], sort=True, dropna=False):
-        workload, optimizer = group["workload"].iloc[0], group["optimizer"].iloc[0]
+    family = [axis for axis in CURVE_KEYS if axis != "sparsity"]
+    for _, group in table.groupby([*family, *protocol], sort=True, dropna=False):
         dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
         dense = dense_rows.set_index("batch_size")["steps_to_result"]
         for sparsity, curve in group.groupby("sparsity", sort=True):
@@ -274,10 +324,12 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
             valid = curve["steps_to_result"].dropna()
             first = float(valid.iloc[0]) if len(valid) else math.nan
             for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
+                # A study that reached nothing has no steps (None in an object column): NaN, not a TypeError.
+                steps = math.nan if steps is None or pd.isna(steps) else float(steps)
                 reference = dense.get(batch_size, math.nan)
-                rows.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
+                rows.append({**{axis: group[axis].iloc[0] for axis in family}, "sparsity": sparsity,
                              **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
-                             "normalised_by_first": steps / first if first else math.nan})
+                             "normalised_by_first": steps / first if first and not math.isnan(first) else math.nan})
     return pd.DataFrame(rows)

@@ -48,8 +48,8 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
-            "last batch size with perfect scaling": _number(row.get("perfect_scaling_last")),
-            "first batch size of maximal data parallelism": _with_interval(row, "maximal_parallelism_start"),
+            "perfect_scaling_end": _with_interval(row, "perfect_scaling_end"),
+            "maximal_parallelism_start": _with_interval(row, "maximal_parallelism_start"),
             "note": row.get("note", "") or "",
         })
     return pd.DataFrame(rows)
@@ -57,8 +57,9 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
 
 def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The time-to-result tables (analysis.timing) for people: the fastest batch size per curve and device
-    count, and every row, numbers rounded, hours and seconds per step side by side."""
-    from analysis.timing import TIME_COLUMNS
+    count, and every row, numbers rounded, the time to result in the unit its size reads best in (s, min,
+    h, days) beside the seconds per step."""
+    from analysis.timing import TIME_COLUMNS, duration_words
 
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
     head = [c for c in keys if c in ("workload", "optimizer", "sparsity")] + \
@@ -69,15 +70,38 @@ def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFra
 
     summary = pd.DataFrame({
         **curve(fastest), "devices": fastest["devices"], "fastest batch size": fastest["batch_size"].map(_number),
-        "per-device batch": fastest["per_device_batch"].map(_number), "hours": fastest["hours"].map(_number),
+        "per-device batch": fastest["per_device_batch"].map(_number),
+        "time to result": fastest["hours"].map(duration_words),
         "speed-up over 1 device": fastest["speedup_over_one_device"].map(_number), "note": fastest["note"]})
     rows = pd.DataFrame({
         **curve(table), "batch size": table["batch_size"], "devices": table["devices"],
         "per-device batch": table["per_device_batch"], "steps": table["steps_to_result"].map(_number),
         "compute s/step": table["compute_seconds_per_step"].map(_number),
         "all-reduce s/step": table["allreduce_seconds_per_step"].map(_number),
-        "hours": table["hours"].map(_number), "note": table["note"]})
+        "time to result": table["hours"].map(duration_words), "note": table["note"]})
     return summary, rows
+
+
+def interval_basis_text(fits: pd.DataFrame) -> str | None:
+    """What the bootstrap intervals of the report rest on, over every curve, with the counts: how many of the
+    studies resampled had a single reaching trial, how many trials were superseded (exact early stopping),
+    and what would help; None when no interval was computed."""
+    from analysis.regimes import BASIS_COLUMNS
+
+    if not set(BASIS_COLUMNS) <= set(fits.columns):
+        return None
+    counts = [int(pd.to_numeric(fits[c], errors="coerce").fillna(0).sum()) for c in BASIS_COLUMNS]
+    studies, single, superseded = counts
+    if not studies:
+        return None
+    text = (f"the bootstrap resampled the trials of {studies} studies; {single} of them had a single reaching "
+            f"trial, and {superseded} trials were superseded by exact early stopping (known only to be slower "
+            f"than the best, never resampled as results).")
+    if 2 * single >= studies:
+        text += (" A resample of such a study either keeps its one reaching trial or loses the point, so these "
+                 "intervals say little about the spread of steps-to-result. Studies run with full_trials=true "
+                 "(every trial trained to its end) or with more trials would give intervals that mean something.")
+    return text[0].upper() + text[1:]
 
 
 def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
@@ -114,14 +138,19 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
                          summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)],
                          _embedded(files) if embed else _relative(path, files)))
     intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
-             f"space; boundaries with a {tolerance:.0%} tolerance (perfect scaling ends where steps exceed ideal "
-             f"linear scaling from the smallest batch size; maximal data parallelism starts where steps stay within "
-             f"the tolerance of the largest batch size). Brackets: 95% bootstrap intervals over trials.")
+             f"space; boundaries with a {tolerance:.0%} tolerance: perfect_scaling_end is the first measured batch "
+             f"size whose steps exceed ideal linear scaling from the smallest batch size by more than the "
+             f"tolerance (perfect scaling holds below it); maximal_parallelism_start is the first batch size from "
+             f"which steps stay within the tolerance of the largest batch size's. Brackets: 95% bootstrap "
+             f"intervals over trials.")
+    basis = interval_basis_text(fits)
     if path.suffix.lower() in (".html", ".htm"):
         parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
                  "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
                  "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
+        if basis:
+            parts.append(f"<p><strong>What the intervals rest on.</strong> {html.escape(basis)}</p>")
         for title, grid, fit, pngs in sections:
             parts.append(f"<h2>{html.escape(title)}</h2>")
             parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:100%'>" for uri in pngs)
@@ -135,6 +164,8 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
         path.write_text("\n".join(parts))
     else:
         parts = ["# Steps-to-result report", "", intro, ""]
+        if basis:
+            parts += [f"**What the intervals rest on.** {basis}", ""]
         for title, grid, fit, pngs in sections:
             parts += [f"## {title}", ""]
             parts += [f"![{title}]({p})" for p in pngs]

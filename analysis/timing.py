@@ -77,6 +77,27 @@ class CostModel:
                 f"{self.latency / MICROSECOND:g} us per message, per-device batch ceil(B/N), no overlap")
 
 
+# Units of a time for people, by magnitude: (name, hours per unit, shown below this many hours).
+_DURATION_UNITS = (("s", 1 / 3600, 1 / 60), ("min", 1 / 60, 1.0), ("h", 1.0, 48.0), ("days", 24.0, math.inf))
+
+
+def duration_unit(hours: float) -> tuple[str, float]:
+    """The unit (name, hours per unit) in which ``hours`` reads best: s, min, h or days."""
+    for name, per_unit, below in _DURATION_UNITS:
+        if abs(hours) < below:
+            return name, per_unit
+    return _DURATION_UNITS[-1][:2]
+
+
+def duration_words(hours: float | None) -> str:
+    """A time in hours as people read it, its unit chosen by magnitude: ``0.585 s``, ``12.3 min``, ``5.2 h``,
+    ``3.1 days`` ("-" when there is none). Tables for programs (CSV, JSON) keep the raw ``hours``."""
+    if hours is None or pd.isna(hours) or not math.isfinite(float(hours)):
+        return "-"
+    name, per_unit = duration_unit(float(hours))
+    return f"{float(hours) / per_unit:.3g} {name}"
+
+
 def parse_devices(text: str) -> tuple[int, ...]:
     """``"1,2,4,8"`` -> (1, 2, 4, 8); anything else is one EdpsError line."""
     parts = [part.strip() for part in text.split(",")]

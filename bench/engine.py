@@ -42,6 +42,10 @@ from edps_mlflow.resources import uses_channels_last  # noqa: E402
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
 from edps_mlflow.pruning import Mask  # noqa: E402
 from edps_mlflow.trials import TrialSetup  # noqa: E402
+from edps_mlflow.workloads import get_workload  # noqa: E402
+
+# Its network is SimpleCNN() (MNIST-shaped); the engine asks the workload for its loss and input layout.
+MNIST = get_workload("mnist-simple-cnn")
 
 
 def _setup(index: int, sparsity: float = 0.9) -> TrialSetup:
@@ -102,14 +106,15 @@ def step_rates(device: torch.device, batch_sizes: list[int], budget: float, pack
                 torch._foreach_mul_(params, masks)
 
         plain = _rate(plain_step, batches, budget, device)
-        engine = SingleTrainer(SimpleCNN(), _setup(0), device, channels_last=uses_channels_last(batch_size))
+        engine = SingleTrainer(MNIST, _setup(0), device,
+                               channels_last=uses_channels_last(MNIST.input_layout, batch_size))
         single = _rate(lambda x, y: engine.step(x, y, None), batches, budget, device)
         cells = []
         for k in pack_sizes:
             if k * batch_size > pack_limit:
                 cells.append(f"{'skipped':>17}")
                 continue
-            packed = PackedTrainer(SimpleCNN(), [_setup(i) for i in range(k)], device)
+            packed = PackedTrainer(MNIST, [_setup(i) for i in range(k)], device)
             rate = _rate(lambda x, y: packed.step(x, y, None), batches, budget, device)
             cells.append(f"{rate * k / single:>16.2f}x")
         print(f"{batch_size:>6} {plain:>14.1f} {single:>15.1f} {single / plain:>12.2f}x   " + "  ".join(cells),

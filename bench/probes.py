@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
 from edps_mlflow.probes import LipschitzProbe, NoiseScaleProbe, ProbeContext  # noqa: E402
+from edps_mlflow.workloads import cross_entropy  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     model.to(device)
     params = {n: p.detach().unsqueeze(0).repeat(args.trials, *([1] * p.dim())) for n, p in model.named_parameters()}
     current = dict(params)
-    context = ProbeContext(model, lambda: current, None, images, labels, step=1000, seed=0)
+    context = ProbeContext(model, lambda: current, None, images, labels, step=1000, seed=0, loss=cross_entropy)
     for probe in (NoiseScaleProbe(), LipschitzProbe()):
         started = time.perf_counter()
         probe.before_step(context)

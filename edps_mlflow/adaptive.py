@@ -4,7 +4,7 @@
 
 Adaptivity chooses only *where* to measure. Every point is an ordinary exact study with its ordinary
 key (the same trials, goal, cap and check interval as any sweep's), so the registry reuses it like any
-other. The rule, per curve (optimizer x sparsity), on the fit of the points measured so far
+other. The rule, per curve (curves.CurveId: optimizer x sparsity), on the fit of the points measured so far
 (``analysis.regimes.fit_table``: hyperbola, bootstrap intervals, model-free regime boundaries):
 
 - B_crit: its 95% interval must lie within a factor ``target`` of the estimate. Its excess is
@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.regimes import fit_table, is_degenerate
+from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 
 # At least this many points per curve in the coarse grid (the hyperbola has two parameters).
@@ -174,7 +175,7 @@ class Uncertainty:
 class CurveState:
     """A curve's fit and its uncertainties after the points measured so far."""
 
-    curve: tuple[str, float]  # (optimizer, sparsity)
+    curve: CurveId
     measured: tuple[int, ...]
     fit: dict
     uncertainties: tuple[Uncertainty, ...]
@@ -226,7 +227,7 @@ def _gap_text(low: int, high: int) -> str:
     return f"between {low} and {high} ({math.log2(high / low):.0f} doublings apart)"
 
 
-def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.DataFrame | None,
+def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
                  candidates: tuple[int, ...], target: float) -> CurveState:
     """The fit of one curve's measured points and what is still uncertain about it.
 
@@ -266,7 +267,9 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
     choice = min(inside, key=lambda c: (-_distance(c, measured_all), abs(math.log2(c / b_crit)), c)) if inside else None
     items.append(Uncertainty(UncertaintyKind.B_CRIT, excess, words, choice))
 
-    end, last = _value(fit, "perfect_scaling_end"), _value(fit, "perfect_scaling_last")
+    end = _value(fit, "perfect_scaling_end")
+    # Perfect scaling ends after the largest batch size with a result below perfect_scaling_end.
+    last = max((b for b in with_result if b < end), default=None) if end is not None else None
     above = [c for c in unmeasured if c > with_result[-1]]
     if end is None:
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS,
@@ -301,7 +304,7 @@ def assess_curve(curve: tuple[str, float], points: pd.DataFrame, trials: pd.Data
 class Pick:
     """One batch size chosen for one curve, why, and the uncertainty before it was measured."""
 
-    curve: tuple[str, float]
+    curve: CurveId
     batch_size: int
     reason: UncertaintyKind
     excess: float
@@ -321,8 +324,8 @@ class Decision:
         return [f"{curve_label(s.curve)}: {s.summary()}" for s in self.states if s.open]
 
 
-def curve_label(curve: tuple[str, float]) -> str:
-    return f"{curve[0]} sparsity={curve[1]:g}"
+def curve_label(curve: CurveId) -> str:
+    return curve.label()
 
 
 def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: float,
@@ -350,24 +353,25 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     return Decision(picks, None, tuple(states))
 
 
-DECISION_COLUMNS = ("round", "decision", "optimizer", "sparsity", "batch_size", "reason", "excess_doublings",
-                    "uncertainty_before", "studies_before", "trial_steps_before")
+# The curve's columns are its axes within the sweep's workload (optimizer, sparsity).
+DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "workload"), "batch_size", "reason",
+                    "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 
 
 def decision_rows(round_index: int, decision: Decision, studies: int, trial_steps: int) -> list[dict]:
     """The decision table's rows of one round: one per pick, or one 'stop' row per curve."""
     if decision.stop is None:
-        return [{"round": round_index, "decision": "measure", "optimizer": p.curve[0], "sparsity": p.curve[1],
-                 "batch_size": p.batch_size, "reason": p.reason.value, "excess_doublings": round(p.excess, 3),
+        return [{"round": round_index, "decision": "measure", **p.curve.within_workload(), "batch_size": p.batch_size,
+                 "reason": p.reason.value, "excess_doublings": round(p.excess, 3),
                  "uncertainty_before": p.uncertainty, "studies_before": studies, "trial_steps_before": trial_steps}
                 for p in decision.picks]
-    return [{"round": round_index, "decision": f"stop: {decision.stop.value}", "optimizer": s.curve[0],
-             "sparsity": s.curve[1], "batch_size": None, "reason": "", "excess_doublings": None,
+    return [{"round": round_index, "decision": f"stop: {decision.stop.value}", **s.curve.within_workload(),
+             "batch_size": None, "reason": "", "excess_doublings": None,
              "uncertainty_before": s.summary(), "studies_before": studies, "trial_steps_before": trial_steps}
             for s in decision.states]
 
 
-def coarse_rows(curves: list[tuple[str, float]], grid: tuple[int, ...]) -> list[dict]:
-    return [{"round": 0, "decision": "measure", "optimizer": c[0], "sparsity": c[1], "batch_size": b,
+def coarse_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:
+    return [{"round": 0, "decision": "measure", **c.within_workload(), "batch_size": b,
              "reason": "coarse grid", "excess_doublings": None, "uncertainty_before": "nothing measured yet",
              "studies_before": 0, "trial_steps_before": 0} for c in curves for b in grid]

@@ -44,10 +44,11 @@ from edps_mlflow.adaptive import (
     powers_of_two,
 )
 from edps_mlflow.config import StudySpec, content_key
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.resources import gpu_count
+from edps_mlflow.resources import cuda_devices
 from edps_mlflow.sweep import (
     PlanState,
     SweepOptions,
@@ -61,8 +62,6 @@ from edps_mlflow.sweep import (
 )
 from edps_mlflow.tracking import lease_seconds, redact_uri, store_errors, ui_link
 from edps_mlflow.workloads import get_workload
-
-Curve = tuple[str, float]
 
 
 @dataclass(frozen=True)
@@ -104,12 +103,11 @@ class AdaptiveSweepSpec:
         return powers_of_two(min(self.grid.batch_sizes), largest)
 
     @property
-    def curves(self) -> list[Curve]:
-        return [(o.value, s) for o in self.grid.optimizers for s in self.grid.sparsities]
+    def curves(self) -> list[CurveId]:
+        return [CurveId.of(study) for study in self.grid.studies() if study.batch_size == self.grid.batch_sizes[0]]
 
-    def study(self, curve: Curve, batch_size: int) -> StudySpec:
-        optimizer = next(o for o in self.grid.optimizers if o.value == curve[0])
-        return replace(self.grid.protocol, optimizer=optimizer, sparsity=curve[1], batch_size=batch_size)
+    def study(self, curve: CurveId, batch_size: int) -> StudySpec:
+        return replace(self.grid.protocol, **curve.as_dict(), batch_size=batch_size)
 
     @property
     def sweep_key(self) -> str:
@@ -154,11 +152,11 @@ class AdaptiveResult:
 Measure = Callable[[list[StudySpec]], "dict[str, MeasuredStudy] | None"]
 
 
-def curve_tables(spec: AdaptiveSweepSpec, curve: Curve,
+def curve_tables(spec: AdaptiveSweepSpec, curve: CurveId,
                  measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The analysis' study table and trial table of one curve's measured studies."""
-    mine = [m for m in measured.values() if (m.spec.optimizer.value, m.spec.sparsity) == curve]
-    points = pd.DataFrame([{"workload": spec.workload, "optimizer": curve[0], "sparsity": curve[1],
+    mine = [m for m in measured.values() if CurveId.of(m.spec) == curve]
+    points = pd.DataFrame([{**curve.as_dict(),
                             "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
                             "study_key": m.spec.study_key} for m in mine])
     points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")
@@ -225,8 +223,7 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
     started = time.monotonic()
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    if options.device == "cuda" and gpu_count() == 0:
-        raise EdpsError("device cuda requested but no CUDA device is available")
+    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
     if spec.grid.protocol.data_fingerprint is None:
         fingerprint = workload.data_fingerprint(options.data_dir)
         protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
@@ -327,8 +324,7 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
         fit = state.fit
         rows.append({"curve": curve_label(state.curve), "batch sizes": ",".join(map(str, state.measured)),
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
-                     "perfect scaling ends": f"{_number(fit.get('perfect_scaling_last'), 6)} -> "
-                                             f"{_number(fit.get('perfect_scaling_end'), 6)}",
+                     "perfect_scaling_end": _number(fit.get("perfect_scaling_end"), 6),
                      "maximal parallelism from": _number(fit.get("maximal_parallelism_start"), 6),
                      "still uncertain": state.summary()})
     return rows
@@ -372,7 +368,7 @@ def _report(result: AdaptiveResult, out: TextIO) -> None:
           f"{result.trial_steps} trial-steps", file=out)
     for row in result_rows(result):
         print(f"  {row['curve']}: batch sizes {row['batch sizes']}; S_min {row['S_min (95%)']}; B_crit "
-              f"{row['B_crit (95%)']}; perfect scaling ends {row['perfect scaling ends']}; maximal data parallelism "
+              f"{row['B_crit (95%)']}; perfect_scaling_end {row['perfect_scaling_end']}; maximal data parallelism "
               f"from {row['maximal parallelism from']}", file=out)
     for line in result.uncertain():
         print(f"  still uncertain: {line}", file=out)

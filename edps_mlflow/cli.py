@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -214,12 +215,14 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
           sweep_run: str, sweep_key: str) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
     from edps_mlflow.config import StudySpec, parse_probes
-    from edps_mlflow.study import ExecutionOptions, run_study
 
     if bool(sweep_run.strip()) != bool(sweep_key.strip()):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
     spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
                            seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
+    # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
+    from edps_mlflow.study import ExecutionOptions, run_study
+
     options = ExecutionOptions(
         full_trials=full_trials, device=device or None, workers=workers, pack_size=pack_size,
         early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
@@ -276,7 +279,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
     With --adaptive, measure only the batch sizes that pin B_crit and the regime boundaries."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.mlproject import ProjectLaunch
-    from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
+    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
     from edps_mlflow.workloads import get_workload
 
     if not adaptive:
@@ -295,14 +298,18 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device or None,
         data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait,
         project=ProjectLaunch(backend, env_manager, backend_config))
+    # Only valid values load torch and MLflow (seconds): a bad one is refused before.
     if adaptive:
         from edps_mlflow.adaptive import AdaptiveSettings, Budget
-        from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
 
         settings = AdaptiveSettings(target=2.0 if target is None else target, max_studies=max_studies,
                                     budget=Budget.parse(budget) if budget is not None else None)
+        from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
+
         run_adaptive_sweep(AdaptiveSweepSpec(spec, settings), options)
         return
+    from edps_mlflow.sweep import run_sweep
+
     run_sweep(spec, options)
 
 
@@ -423,6 +430,21 @@ _LAUNCHER = ("import sys; getattr(sys.flags, 'safe_path', False) or sys.path.pop
              "from edps_mlflow.cli import main; main()")
 
 
+def _own_source_path(python_path: str) -> str:
+    """PYTHONPATH of the re-executed process (and of the workers it spawns, which inherit it): the
+    directory that holds this package, by its own path, goes first unless the import path already
+    finds it past its first entry. That first entry (the working directory under ``python -m``, as
+    ``mlflow run`` starts us from the project directory in an environment without the project
+    installed) is the one PYTHONSAFEPATH leaves out, so without this the re-executed process would
+    not find the package; with it, it finds this package and nothing else of the working directory."""
+    import edps_mlflow
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(edps_mlflow.__file__)))
+    if any(os.path.realpath(entry or os.curdir) == root for entry in sys.path[1:]):
+        return python_path
+    return os.pathsep.join((root, python_path)) if python_path else root
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, and the allocator settings of the training processes."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -432,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
         # PYTHONSAFEPATH (Python >= 3.11): no process of ours puts the working directory on the import
         # path, including the worker processes that multiprocessing starts with ``python -c``, which
         # import part of the standard library before they take over our sys.path.
-        environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1"}
+        environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1",
+                       "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
     signal.signal(signal.SIGTERM, raise_interrupt)
@@ -446,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
                    "finished trials and studies are reused, nothing is trained twice", err=True)
         sys.exit(130)
     except click.UsageError as error:
-        message = error.format_message().replace("\n", " ")
+        message = _usage_line(error)
         click.echo(f"edps: error: {message}", err=True)
         _mark_launcher_run(message)
         sys.exit(2)
@@ -460,6 +483,23 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"edps: error: {line}", err=True)
         sys.exit(2)
+
+
+def _usage_line(error: click.UsageError) -> str:
+    """click's message on one line; for an unknown option, the option a user meant (``--batch_size``,
+    as `mlflow run -P batch_size=64` passes it, is ``--bs``), where click would guess by spelling."""
+    if isinstance(error, click.NoSuchOption) and error.ctx is not None and error.ctx.command.name:
+        from edps_mlflow.option_hints import OptionHint
+
+        options = frozenset(name.lstrip("-") for param in error.ctx.command.params if isinstance(param, click.Option)
+                            for name in (*param.opts, *param.secondary_opts))
+        project = Path(__file__).resolve().parents[1] / "MLproject"
+        under_mlflow_run = bool(os.environ.get("MLFLOW_RUN_ID")) and project.is_file()
+        hint = OptionHint(error.ctx.command.name, options, project if under_mlflow_run else None)
+        line = hint.line(error.option_name)
+        if line is not None:
+            return line
+    return error.format_message().replace("\n", " ")
 
 
 def _store_error_line(error: Exception) -> str | None:

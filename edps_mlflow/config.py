@@ -1,7 +1,8 @@
 """Frozen configuration of a study and its trials, validation, and content keys.
 
-A key is the sha256 of the canonical JSON of everything that changes a result, plus the package
-version, so that a measurement can always be found again and is never trained twice by accident.
+A key is the sha256 of the canonical JSON of everything that changes a result, plus the results
+version (:data:`RESULTS_VERSION`, not the package's), so that a measurement can always be found again
+and is never trained twice by accident.
 Fields that change only the cost (the early-stopping mode, the number of worker processes, the
 packing factor) are deliberately left out of the keys.
 """
@@ -11,14 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
-from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.fields import key_fields
 
 
 class Schedule(str, Enum):
@@ -162,7 +163,15 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
+        from edps_mlflow.workloads import get_workload
+
+        # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
+        # positive integer no larger than the workload's training split.
+        workload = get_workload(self.workload)
         _check_count("batch size", self.batch_size)
+        if self.batch_size > workload.train_size:
+            raise EdpsError(f"batch size {self.batch_size} exceeds the {workload.train_size} training examples of "
+                            f"{workload.name}")
         if not isinstance(self.sparsity, (int, float)) or isinstance(self.sparsity, bool) \
                 or not (0.0 <= self.sparsity < 1.0):
             raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
@@ -214,22 +223,9 @@ class StudySpec:
                    allow_tf32=allow_tf32, probe_trials=probe_trials)
 
     def key_fields(self) -> dict[str, Any]:
-        fields = asdict(self)
-        fields["optimizer"] = self.optimizer.value
-        # A new field with a default must not change old keys: these enter only when set.
-        if not self.probes:
-            del fields["probes"], fields["probe_interval"], fields["probe_trials"]
-        else:
-            fields["probes"] = list(self.probes)
-            if self.probe_trials is ProbeTrials.ALL:
-                del fields["probe_trials"]
-            else:
-                fields["probe_trials"] = self.probe_trials.value
-        if not self.allow_tf32:
-            del fields["allow_tf32"]
-        if self.data_fingerprint is None:
-            del fields["data_fingerprint"]
-        return fields
+        """The fields hashed into the keys (fields.STUDY_FIELDS: those at their key default are left out,
+        so a field added with its default leaves every old key as it was)."""
+        return key_fields(self)
 
     @property
     def study_key(self) -> str:
@@ -303,6 +299,16 @@ class TrialSpec:
         )
 
 
+# The version of what a key's result means, hashed into every key. It changes only when a spec that keeps
+# its key would get a different result: a change to the engine, the initialisation, SNIP, the batch order,
+# the goal test or the search points (tests/test_results_version.py fingerprints them and says when). A
+# package release leaves it alone, so the store keeps every measurement across releases. Bumping it re-keys
+# the whole store (every study is trained again): do it only when the old results are wrong for the new code.
+# It equals the package version keys hashed before it existed ("0.1.0"), so those keys stand.
+RESULTS_VERSION = "0.1.0"
+
+
 def content_key(fields: dict[str, Any]) -> str:
-    canonical = json.dumps({**fields, "version": __version__}, sort_keys=True, separators=(",", ":"))
+    # The JSON field is still called "version", as when it held the package version: the same keys.
+    canonical = json.dumps({**fields, "version": RESULTS_VERSION}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -3,9 +3,11 @@
 It knows nothing about MLflow: it reports checks and finished trials to an ``Observer`` and reads
 the best step found so far from a ``StepBound``.
 
-- A single trial takes the plain fast path: an ``nn.Module`` in channels-last, ``torch.optim.SGD``
-  (foreach), the mask applied to the gradients before the update, so pruned weights *and* their
-  momentum buffers stay exactly zero.
+- The workload owns the objective: the engine trains its network on its ``loss``, counts its
+  ``errors`` at checks, and lays out its inputs channels-last only when they are images.
+- A single trial takes the plain fast path: an ``nn.Module`` (channels-last for images),
+  ``torch.optim.SGD`` (foreach), the mask applied to the gradients before the update, so pruned
+  weights *and* their momentum buffers stay exactly zero.
 - K trials can be packed in lockstep: parameters stacked along a leading trial axis, a ``vmap``-ed
   functional model, per-trial learning rate, momentum and schedule, all trials on the same batch.
 - Data live on the device as tensors; batches are drawn by index, reshuffled every epoch.
@@ -26,13 +28,13 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
-from torch.nn import functional as F
 
 from edps_mlflow.config import OptimizerKind
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.probes import ProbeHook
 from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
 from edps_mlflow.trials import TrialSetup
+from edps_mlflow.workloads import InputLayout, Workload
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class EngineSettings:
     # trial has a validation-error curve (0: only when early abort is off).
     curve_interval: int = 0
     evaluation_batch_size: int = 1000
+    # The fast path's memory format (resources.uses_channels_last); it applies to image inputs only.
     channels_last: bool = True
     probes: tuple[str, ...] = ()  # names from probes.PROBES; none: the loop is untouched
     probe_interval: int = 1000
@@ -130,9 +133,13 @@ class BatchStream:
 class SingleTrainer:
     """The plain fast path for one trial."""
 
-    def __init__(self, model: nn.Module, setup: TrialSetup, device: torch.device, channels_last: bool) -> None:
+    def __init__(self, workload: Workload, setup: TrialSetup, device: torch.device, channels_last: bool) -> None:
+        model = workload.build_model()
         model.load_state_dict(setup.initial_parameters)
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.loss, self.errors = workload.loss, workload.errors
+        # Channels-last is a memory format of 4-D tensors: tokens or features stay as they are.
+        images = workload.input_layout is InputLayout.IMAGES
+        self.memory_format = torch.channels_last if channels_last and images else torch.contiguous_format
         self.model = model.to(device=device, memory_format=self.memory_format)
         self.parameters = list(self.model.parameters())
         names = [name for name, _ in self.model.named_parameters()]
@@ -147,7 +154,7 @@ class SingleTrainer:
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         if learning_rates is not None:
             self.optimizer.param_groups[0]["lr"] = learning_rates[0]
-        loss = F.cross_entropy(self.model(images.contiguous(memory_format=self.memory_format)), labels)
+        loss = self.loss(self.model(images.contiguous(memory_format=self.memory_format)), labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.masks is not None:
@@ -164,7 +171,7 @@ class SingleTrainer:
         errors = 0
         for start in range(0, labels.shape[0], batch_size):
             chunk = images[start:start + batch_size].contiguous(memory_format=self.memory_format)
-            errors += int((self.model(chunk).argmax(1) != labels[start:start + batch_size]).sum().item())
+            errors += int(self.errors(self.model(chunk), labels[start:start + batch_size]))
             if allowed is not None and errors > allowed:
                 return [errors], [False]
         return [errors], [True]
@@ -183,8 +190,8 @@ class SingleTrainer:
 class PackedTrainer:
     """K trials in lockstep: stacked parameters and a vmap-ed functional model on shared batches."""
 
-    def __init__(self, template: nn.Module, setups: Sequence[TrialSetup], device: torch.device) -> None:
-        self.template = template.to(device)
+    def __init__(self, workload: Workload, setups: Sequence[TrialSetup], device: torch.device) -> None:
+        self.template = workload.build_model().to(device)
         self.names = [name for name, _ in self.template.named_parameters()]
         self.params = {n: torch.stack([s.initial_parameters[n] for s in setups]).to(device) for n in self.names}
         dense = all(s.mask.is_dense for s in setups)
@@ -200,14 +207,16 @@ class PackedTrainer:
         self.buffers = ({n: torch.zeros_like(p) for n, p in self.params.items()}
                         if self.kind is not OptimizerKind.SGD else None)
 
-        def loss_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
-            return F.cross_entropy(functional_call(self.template, params, (images,)), labels)
+        loss, errors = workload.loss, workload.errors
 
-        def logits_of(params: dict[str, Tensor], images: Tensor) -> Tensor:
-            return functional_call(self.template, params, (images,))
+        def loss_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
+            return loss(functional_call(self.template, params, (images,)), labels)
+
+        def errors_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
+            return errors(functional_call(self.template, params, (images,)), labels)
 
         self._gradients = vmap(grad_and_value(loss_of), in_dims=(0, None, None))
-        self._logits = vmap(logits_of, in_dims=(0, None))
+        self._errors = vmap(errors_of, in_dims=(0, None, None))
 
     def _per_trial(self, values: Tensor, like: Tensor) -> Tensor:
         return values.reshape((-1,) + (1,) * (like.dim() - 1))
@@ -239,8 +248,7 @@ class PackedTrainer:
         chunk_size = max(50, batch_size // count)
         skipped = torch.tensor(list(skip), device=self.device)
         for start in range(0, labels.shape[0], chunk_size):
-            logits = self._logits(self.params, images[start:start + chunk_size])
-            errors += (logits.argmax(-1) != labels[start:start + chunk_size]).sum(1)
+            errors += self._errors(self.params, images[start:start + chunk_size], labels[start:start + chunk_size])
             if allowed is not None and bool(((errors > allowed) | skipped).all()):
                 values = errors.tolist()
                 return values, [False] * count
@@ -261,11 +269,11 @@ class PackedTrainer:
         return self.template, lambda: self.params, self.masks
 
 
-def make_trainer(model_factory: Callable[[], nn.Module], setups: Sequence[TrialSetup], device: torch.device,
+def make_trainer(workload: Workload, setups: Sequence[TrialSetup], device: torch.device,
                  channels_last: bool) -> SingleTrainer | PackedTrainer:
     if len(setups) == 1:
-        return SingleTrainer(model_factory(), setups[0], device, channels_last)
-    return PackedTrainer(model_factory(), setups, device)
+        return SingleTrainer(workload, setups[0], device, channels_last)
+    return PackedTrainer(workload, setups, device)
 
 
 @dataclass
@@ -295,7 +303,7 @@ class ChunkRun:
     same batches and updates whatever the interleaving; only when it stops depends on the shared bound.
     ``data`` must be on the device."""
 
-    def __init__(self, model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],
+    def __init__(self, workload: Workload, data: DataSplits, setups: Sequence[TrialSetup],
                  settings: EngineSettings, observer: Observer | None = None) -> None:
         self.data, self.settings, self.observer = data, settings, observer or NullObserver()
         self.active = [_TrialState(setup) for setup in setups]
@@ -306,10 +314,10 @@ class ChunkRun:
         # The mean training loss of each active trial at its last check (a hint for the scheduler only).
         self.last_losses: list[float] = []
         device = data.train_images.device
-        self.trainer = make_trainer(model_factory, setups, device, settings.channels_last)
+        self.trainer = make_trainer(workload, setups, device, settings.channels_last)
         self.stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
         self.hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
-                              settings.data_seed)
+                              settings.data_seed, workload.loss)
         self.scheduled = any(s.optimizer.decay_steps is not None for s in setups)
         self.loss_sums = torch.zeros(len(self.active), device=device)
 
@@ -448,7 +456,7 @@ def interleave(runs: Sequence[Advancing], bound: StepBound, pace: Pace | None = 
         pace.publish(None)
 
 
-def train_trials(model_factory: Callable[[], nn.Module], data: DataSplits, setups: Sequence[TrialSetup],
+def train_trials(workload: Workload, data: DataSplits, setups: Sequence[TrialSetup],
                  settings: EngineSettings, bound: StepBound, observer: Observer | None = None) -> list[TrialResult]:
     """Train ``setups`` in lockstep to their ends (one setup: the plain fast path). ``data`` must be on the
     device."""
@@ -458,7 +466,7 @@ def train_trials(model_factory: Callable[[], nn.Module], data: DataSplits, setup
         for result in results:
             (observer or NullObserver()).on_finish(result)
         return results
-    run = ChunkRun(model_factory, data, setups, settings, observer)
+    run = ChunkRun(workload, data, setups, settings, observer)
     while not run.done:
         run.advance(bound)
     return [run.results[s.index] for s in setups]

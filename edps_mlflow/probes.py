@@ -2,10 +2,10 @@
 noise scale of McCandlish et al. (2018).
 
 A probe runs every ``probe_interval`` steps on all trials of a chunk at once (vectorised over the
-trial axis like the packed engine). ``before_step`` sees the weights before that step's update,
-``after_step`` the weights after it and returns one value per trial for each metric. Probes copy
-what they need and never touch the training state or its random stream, so a run with probes
-follows exactly the trajectory of a run without them.
+trial axis like the packed engine), on gradients of the workload's own training loss. ``before_step``
+sees the weights before that step's update, ``after_step`` the weights after it and returns one value
+per trial for each metric. Probes copy what they need and never touch the training state or its
+random stream, so a run with probes follows exactly the trajectory of a run without them.
 
 - ``lipschitz`` (the paper's measurement, docs/protocol.md): full-training-split gradients g(w0)
   before the update and, after it (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
@@ -30,7 +30,6 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from torch.nn import functional as F
 
 from edps_mlflow.config import PROBE_NAMES
 from edps_mlflow.errors import EdpsError
@@ -40,9 +39,9 @@ from edps_mlflow.names import (
     METRIC_PROBE_NOISE_SCALE,
     METRIC_PROBE_TRACE_SIGMA,
 )
+from edps_mlflow.workloads import Loss
 
 GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
-Loss = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -56,7 +55,7 @@ class ProbeContext:
     labels: Tensor
     step: int  # the step whose update happens between before_step and after_step
     seed: int
-    loss: Loss = F.cross_entropy
+    loss: Loss  # the workload's training loss
     chunk_size: int = 1000
 
 
@@ -208,9 +207,10 @@ class ProbeHook:
     With no probe named, :meth:`around_step` only runs the step: the training loop is untouched.
     """
 
-    def __init__(self, names: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int) -> None:
+    def __init__(self, names: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int,
+                 loss: Loss) -> None:
         self.probes = [PROBES[name]() for name in names]
-        self.interval, self.images, self.labels, self.seed = interval, images, labels, seed
+        self.interval, self.images, self.labels, self.seed, self.loss = interval, images, labels, seed, loss
 
     @property
     def active(self) -> bool:
@@ -228,7 +228,7 @@ class ProbeHook:
             return train_step(), {}, 0.0
         started = time.perf_counter()
         template, parameters, masks = view()
-        context = ProbeContext(template, parameters, masks, self.images, self.labels, step, self.seed)
+        context = ProbeContext(template, parameters, masks, self.images, self.labels, step, self.seed, self.loss)
         for probe in self.probes:
             probe.before_step(context)
         seconds = time.perf_counter() - started

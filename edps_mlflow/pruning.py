@@ -2,7 +2,8 @@
 
 1. A multiplicative mask c = 1 on every weight *and bias* tensor.
 2. One pass over the training split in batches of 100, summing the signed dL/dc of the batch-mean
-   loss. Since the loss sees w * c, dL/dc at c = 1 is w * dL/dw, so the sum is w * (sum of grads).
+   loss (the workload's training loss). Since the loss sees w * c, dL/dc at c = 1 is w * dL/dw, so
+   the sum is w * (sum of grads).
 3. Sensitivity |sum|, normalised to sum 1 (which does not change the ranking).
 4. Keep the global top-k, k = round(N (1 - sparsity)).
 
@@ -19,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
+
+from edps_mlflow.workloads import Loss
 
 SNIP_BATCH_SIZE = 100
 
@@ -68,14 +70,14 @@ def dense_mask(model: nn.Module) -> Mask:
     return Mask({name: torch.ones_like(p, device="cpu") for name, p in model.named_parameters()})
 
 
-def snip_scores(model: nn.Module, images: Tensor, labels: Tensor, batch_size: int = SNIP_BATCH_SIZE) -> dict[str, Tensor]:
-    """|sum over batches of dL/dc| for every parameter (un-normalised)."""
+def snip_scores(model: nn.Module, images: Tensor, labels: Tensor, loss: Loss,
+                batch_size: int = SNIP_BATCH_SIZE) -> dict[str, Tensor]:
+    """|sum over batches of dL/dc| for every parameter (un-normalised), L the mean ``loss`` of a batch."""
     params = dict(model.named_parameters())
     gradient_sums = {name: torch.zeros_like(p) for name, p in params.items()}
     for start in range(0, labels.shape[0], batch_size):
         model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(images[start:start + batch_size]), labels[start:start + batch_size])
-        loss.backward()
+        loss(model(images[start:start + batch_size]), labels[start:start + batch_size]).backward()
         for name, p in params.items():
             gradient_sums[name] += p.grad
     model.zero_grad(set_to_none=True)
@@ -83,11 +85,11 @@ def snip_scores(model: nn.Module, images: Tensor, labels: Tensor, batch_size: in
         return {name: (params[name] * gradient_sums[name]).abs() for name in params}
 
 
-def snip_mask(model: nn.Module, images: Tensor, labels: Tensor, sparsity: float) -> Mask:
-    """Global top-k of the normalised SNIP sensitivities; exactly k = round(N (1 - sparsity)) kept."""
+def snip_mask(model: nn.Module, images: Tensor, labels: Tensor, sparsity: float, loss: Loss) -> Mask:
+    """Global top-k of the normalised SNIP sensitivities of ``loss``; exactly k = round(N (1 - sparsity)) kept."""
     if sparsity == 0.0:
         return dense_mask(model)
-    scores = snip_scores(model, images, labels)
+    scores = snip_scores(model, images, labels, loss)
     names = list(scores)
     flat = torch.cat([scores[name].flatten() for name in names])
     total = flat.sum()

@@ -18,6 +18,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
 from edps_mlflow.config import StudySpec
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.names import (
@@ -39,8 +40,6 @@ from edps_mlflow.names import (
     TAG_HEARTBEAT,
     TAG_KIND,
     TAG_LEASE_OWNER,
-    TAG_OPTIMIZER,
-    TAG_SPARSITY,
     TAG_STATUS,
     TAG_STOPPING,
     TAG_STUDY_FAMILY,
@@ -58,7 +57,6 @@ from edps_mlflow.tracking import (
     open_store,
     redact_uri,
     resolve_tracking_uri,
-    sparsity_tag,
     store_error,
     study_family,
 )
@@ -121,14 +119,15 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
 
 def neighbour_best_point(client: StoreClient, experiment_id: str,
                          spec: StudySpec) -> tuple[int, dict[str, float]] | None:
-    """(batch size, best metaparameters) of the finished study at the nearest batch size, if any.
+    """(batch size, best metaparameters) of the finished study on the same curve (curves.CurveId) at the
+    nearest batch size, if any.
 
     Used only to order trials (promising ones first); it changes the cost, never the result.
     """
+    curve = CurveId.of(spec)
     runs = _search_all(
         client, experiment_id,
-        filter_string(tags={TAG_KIND: KIND_STUDY, TAG_WORKLOAD: spec.workload, TAG_OPTIMIZER: spec.optimizer.value,
-                            TAG_SPARSITY: sparsity_tag(spec.sparsity)}, status=RunState.FINISHED.value),
+        filter_string(tags={TAG_KIND: KIND_STUDY, **curve.search_tags()}, status=RunState.FINISHED.value),
     )
     candidates = []
     for run in runs:
@@ -136,6 +135,8 @@ def neighbour_best_point(client: StoreClient, experiment_id: str,
             continue
         try:
             batch_size = int(run.data.tags[TAG_BATCH_SIZE])
+            if CurveId.from_tags(run.data.tags) != curve:
+                continue
         except (KeyError, ValueError):
             continue
         point = {k[len(PARAM_BEST_PREFIX):]: float(v) for k, v in run.data.params.items()
@@ -303,9 +304,7 @@ def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[
 class StudyRow:
     """One study run as ``edps status`` shows it."""
 
-    workload: str
-    optimizer: str
-    sparsity: float
+    curve: CurveId  # the curve it is a point of (read from its tags)
     batch_size: int
     study_key: str
     state: RunState
@@ -353,8 +352,8 @@ def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRo
             steps = metrics.get(METRIC_STEPS_TO_RESULT)
             key = tags.get(TAG_STUDY_KEY, "")
             rows.append(StudyRow(
-                workload=tags[TAG_WORKLOAD], optimizer=tags[TAG_OPTIMIZER], sparsity=float(tags[TAG_SPARSITY]),
-                batch_size=int(tags[TAG_BATCH_SIZE]), study_key=key, state=RunState(run.info.status),
+                curve=CurveId.from_tags(tags), batch_size=int(tags[TAG_BATCH_SIZE]), study_key=key,
+                state=RunState(run.info.status),
                 steps_to_result=int(steps) if steps is not None else None,
                 trials=int(params.get(PARAM_SPEC_TRIALS, 0)), finished_trials=counts.get(key, 0),
                 start_time=run.info.start_time or 0, live=_leased(run).live(lease)))

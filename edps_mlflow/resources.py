@@ -9,10 +9,12 @@ torch may be imported at all.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.workloads import InputLayout
 
 if TYPE_CHECKING:
     import torch
@@ -47,21 +49,55 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def check_device_name(requested: str | None, indexed: bool = True) -> None:
+    """Refuse a device that is not ``cpu``, ``cuda`` or (``indexed``: a study's device) ``cuda:N``; ``None``
+    means "cuda when available". Checks the name only (no torch): specs call it when they are built.
+
+    A sweep's device is not indexed: the sweep spreads its studies over every GPU itself.
+    """
+    if requested is None:
+        return
+    match = _DEVICE.fullmatch(requested)
+    if match is None or (match[2] is not None and (not indexed or match[1] != "cuda")):
+        raise EdpsError(f"unknown device {requested!r}; use {'cpu, cuda or cuda:N' if indexed else 'cpu or cuda'}")
+
+
+def device_type(device: str) -> str:
+    """``cpu`` or ``cuda``: the kind of a resolved device (``cuda:1`` -> ``cuda``)."""
+    return device.split(":")[0]
+
+
+def cuda_devices(requested: str | None, indexed: bool = True) -> int:
+    """The one CUDA check: how many CUDA devices a run asked to train on ``requested`` may use. ``cpu``: 0;
+    ``None``: however many there are (0: it trains on the CPU); ``cuda`` or ``cuda:N``: however many
+    there are, and an EdpsError when there is none or no device N."""
+    check_device_name(requested, indexed)
+    if requested is not None and device_type(requested) == "cpu":
+        return 0
+    count = gpu_count()
+    if requested is None:
+        return count
+    if count == 0:
+        raise EdpsError(f"device {requested} requested but no CUDA device is available")
+    match = _DEVICE.fullmatch(requested)
+    assert match is not None
+    if match[2] is not None and int(match[2]) >= count:
+        raise EdpsError(f"device {requested} requested but there {'is' if count == 1 else 'are'} only {count} "
+                        f"CUDA device{'s' if count != 1 else ''}")
+    return count
+
+
 def resolve_device(requested: str | None) -> "torch.device":
     """``None``: cuda when available, else cpu. Anything else must name a usable device."""
     import torch
 
+    gpus = cuda_devices(requested)
     if requested is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(requested)
-    except RuntimeError:
-        raise EdpsError(f"unknown device {requested!r}; use cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise EdpsError(f"unsupported device {requested!r}; use cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EdpsError(f"device {requested} requested but no CUDA device is available")
-    return device
+        return torch.device("cuda" if gpus else "cpu")
+    return torch.device(requested)
 
 
 def describe_device(device: str, threads: int) -> str:
@@ -121,8 +157,10 @@ def choose_pack_size(device_type: str, batch_size: int, trials: int) -> int:
     return max(1, min(wanted, trials))
 
 
-def uses_channels_last(batch_size: int) -> bool:
-    return batch_size >= CHANNELS_LAST_FROM_BATCH
+def uses_channels_last(input_layout: InputLayout, batch_size: int) -> bool:
+    """Channels-last on the single-trial fast path: for images (a memory format of 4-D tensors), from
+    batch 32 on."""
+    return input_layout is InputLayout.IMAGES and batch_size >= CHANNELS_LAST_FROM_BATCH
 
 
 # Breadth-first scheduling keeps every trial of a study alive between its turns; what they hold may
@@ -191,11 +229,7 @@ class SweepLayout:
 
 
 def sweep_layout(device: str | None, workers: int | None, pending: int) -> SweepLayout:
-    if device not in (None, "cpu", "cuda"):
-        raise EdpsError(f"sweep device must be cpu or cuda, got {device!r}")
-    gpus = gpu_count() if device in (None, "cuda") else 0
-    if device == "cuda" and gpus == 0:
-        raise EdpsError("device cuda requested but no CUDA device is available")
+    gpus = cuda_devices(device, indexed=False)
     if gpus:
         return SweepLayout(tuple(f"cuda:{i}" for i in range(gpus)), 1)
     cores = available_cores()

@@ -1,8 +1,9 @@
 """``edps status``: the grid of an experiment from the tracking store alone.
 
-One table per (workload, optimizer): batch sizes down, sparsities across; a cell is the study's
-steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials (running)`` while a live
-process trains it, or ``k/N trials (stopped, rerun to resume)`` when none does.
+One table per (workload, optimizer) (a curve's axes, curves.CurveId, but the sparsity): batch sizes down,
+sparsities across; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
+``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)`` when
+none does.
 It reads the store through the registry and imports neither torch nor the engine.
 """
 
@@ -13,7 +14,11 @@ import os
 import pandas as pd
 
 from edps_mlflow import registry
+from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
+
+# A table's identity: the curve's axes but the sparsity, which runs across it.
+TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
 
 
 def default_experiment(tracking_uri: str | None = None) -> str:
@@ -30,15 +35,22 @@ def default_experiment(tracking_uri: str | None = None) -> str:
                     + ", ".join(repr(name) for name in sorted(names)[:20]))
 
 
-def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple[str, str], pd.DataFrame]:
+def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
+    """One table per curve family (the curve's axes but the sparsity: workload, optimizer), keyed by their
+    values; batch sizes down, sparsities across. Studies on different curves never share a cell."""
     rows = registry.study_rows(experiment, tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
+    return tables_of(rows)
+
+
+def tables_of(rows: list[registry.StudyRow]) -> dict[tuple, pd.DataFrame]:
+    """The status tables of some study rows (see :func:`status_tables`)."""
     cells = []
-    by_study: dict[tuple[str, str, float, int], list[registry.StudyRow]] = {}
+    by_study: dict[tuple[CurveId, int], list[registry.StudyRow]] = {}
     for row in rows:
-        by_study.setdefault((row.workload, row.optimizer, row.sparsity, row.batch_size), []).append(row)
-    for (workload, optimizer, sparsity, batch_size), group in by_study.items():
+        by_study.setdefault((row.curve, row.batch_size), []).append(row)
+    for (curve, batch_size), group in by_study.items():
         finished = sorted((r for r in group if r.state.is_finished), key=lambda r: r.start_time)
         if finished:
             steps = finished[-1].steps_to_result
@@ -49,20 +61,19 @@ def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tupl
             # running the same command again resumes it.
             state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
             cell = f"{latest.finished_trials}/{latest.trials} trials ({state})"
-        cells.append({"workload": workload, "optimizer": optimizer, "sparsity": sparsity,
-                      "batch_size": batch_size, "cell": cell})
+        cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": cell})
     table = pd.DataFrame(cells)
     tables = {}
-    for (workload, optimizer), group in table.groupby(["workload", "optimizer"]):
+    for family, group in table.groupby(TABLE_AXES):
         grid = group.pivot(index="batch_size", columns="sparsity", values="cell").fillna("")
         grid.columns = [f"sparsity {c:g}" for c in grid.columns]
         grid.index.name = "batch size"
-        tables[(workload, optimizer)] = grid
+        tables[family] = grid
     return tables
 
 
-def format_status(tables: dict[tuple[str, str], pd.DataFrame]) -> str:
+def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
     parts = []
-    for (workload, optimizer), grid in sorted(tables.items()):
-        parts.append(f"{workload} / {optimizer}: steps-to-result (or trials finished)\n{grid.to_string()}")
+    for family, grid in sorted(tables.items()):
+        parts.append(f"{' / '.join(map(str, family))}: steps-to-result (or trials finished)\n{grid.to_string()}")
     return "\n\n".join(parts)

@@ -177,7 +177,8 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
         allowed_errors=workload.allowed_errors(spec.goal_error, validation_size), data_seed=spec.seed,
         early_abort_evaluation=options.early_abort_evaluation,
         curve_interval=curve_interval_for(spec, validation_size, options.curve_interval),
-        channels_last=uses_channels_last(spec.batch_size), probes=spec.probes, probe_interval=spec.probe_interval)
+        channels_last=uses_channels_last(workload.input_layout, spec.batch_size), probes=spec.probes,
+        probe_interval=spec.probe_interval)
 
 
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,

@@ -24,17 +24,16 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Callable, TextIO
 
 from edps_mlflow import registry
-from edps_mlflow.config import OptimizerKind, StudySpec, content_key
+from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
 from edps_mlflow.mlproject import (
     Backend,
-    ProjectLaunch,
     preview_kubernetes_job,
     project_directory,
     stage_docker_project,
@@ -44,9 +43,11 @@ from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
 from edps_mlflow.project_executor import ProjectExecutor, ProjectSweep
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, gpu_count, sweep_layout
+from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices, sweep_layout
 from edps_mlflow.results import StudyReport
 from edps_mlflow.study import ExecutionOptions, run_study
+# The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.tracking import (
     SweepTracker,
     connect,
@@ -63,91 +64,6 @@ from edps_mlflow.tracking import (
     yield_run,
 )
 from edps_mlflow.workloads import get_workload
-
-EXECUTORS = ("local", "ray", "mlflow-project")
-
-
-@dataclass(frozen=True)
-class SweepSpec:
-    """The grid of one sweep: optimizers x sparsities x batch sizes of one study protocol.
-
-    ``protocol`` is a study of the sweep's workload with its trials, goal, cap, check interval, seed and
-    probes; every study of the grid is that study at one grid point. Validated on construction, with
-    every study it holds.
-    """
-
-    protocol: StudySpec
-    optimizers: tuple[OptimizerKind, ...]
-    batch_sizes: tuple[int, ...]
-    sparsities: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        workload = get_workload(self.workload)
-        for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
-                             ("sparsities", self.sparsities)):
-            if not values:
-                raise EdpsError(f"a sweep needs at least one value of {name}")
-            if len(set(values)) != len(values):
-                raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
-        object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
-        for optimizer in self.optimizers:
-            workload.search_space(optimizer.value)
-        too_large = [b for b in self.batch_sizes if isinstance(b, int) and b > workload.train_size]
-        if too_large:
-            raise EdpsError(f"batch size {too_large[0]} exceeds the {workload.train_size} training examples of "
-                            f"{workload.name}")
-        # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
-        studies = self.studies()
-        object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
-
-    @classmethod
-    def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
-              sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
-              max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
-              probes: tuple[str, ...] = (), probe_interval: int | None = None, allow_tf32: bool = False,
-              probe_trials: str = "best") -> "SweepSpec":
-        """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
-        powers of two from 2 to the largest that fits the training split."""
-        if batch_sizes is None:
-            batch_sizes = get_workload(workload).batch_size_range()
-        first = optimizers[0] if optimizers else "sgd"
-        protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
-                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32, probe_trials)
-        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
-
-    @property
-    def workload(self) -> str:
-        return self.protocol.workload
-
-    def studies(self) -> list[StudySpec]:
-        return [replace(self.protocol, optimizer=optimizer, sparsity=sparsity, batch_size=batch_size)
-                for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
-
-    def _protocol_fields(self) -> dict[str, Any]:
-        p = self.protocol
-        return {"trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
-                "check_interval": p.check_interval, "seed": p.seed}
-
-    @property
-    def sweep_key(self) -> str:
-        p = self.protocol
-        return content_key({
-            "kind": "sweep", "workload": self.workload, "optimizers": [o.value for o in self.optimizers],
-            "batch_sizes": list(self.batch_sizes), "sparsities": list(self.sparsities), **self._protocol_fields(),
-            **({"probes": list(p.probes), "probe_interval": p.probe_interval} if p.probes else {}),
-            **({"probe_trials": p.probe_trials.value} if p.probes_best_only else {}),
-            **({"allow_tf32": True} if p.allow_tf32 else {}),
-            **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})})
-
-    def params(self) -> dict[str, Any]:
-        """The sweep run's params."""
-        p = self.protocol
-        return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
-                "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
-                **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
-                "probe_trials": p.probe_trials.value if p.probes else "",
-                "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
-
 
 class PlanState(str, Enum):
     DONE = "done"
@@ -306,30 +222,6 @@ def run_ray(tasks: list[StudyTask], address: str | None, gpus_per_study: float, 
         ray.shutdown()
 
 
-@dataclass(frozen=True)
-class SweepOptions:
-    experiment: str | None = None
-    executor: str = "local"
-    workers: int | None = None
-    ray_address: str | None = None
-    device: str | None = None
-    data_dir: str | None = None
-    full_trials: bool = False
-    log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
-    wait: bool = False  # a live run of this sweep elsewhere: wait for it instead of stopping
-    project: ProjectLaunch = field(default_factory=ProjectLaunch)  # where --executor mlflow-project submits
-
-    def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise EdpsError(f"unknown executor {self.executor!r}; known executors: {', '.join(EXECUTORS)}")
-        if self.executor != "mlflow-project" and self.project != ProjectLaunch():
-            raise EdpsError("--backend, --backend-config and --env-manager are options of --executor mlflow-project")
-        if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
-            raise EdpsError(f"workers must be a positive integer, got {self.workers}")
-        if self.device not in (None, "cpu", "cuda"):
-            raise EdpsError(f"sweep device must be cpu or cuda, got {self.device!r}")
-
-
 def _label(study: StudySpec) -> str:
     return f"{study.optimizer.value} sparsity={study.sparsity:g} bs={study.batch_size}"
 
@@ -350,8 +242,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     out = out or sys.stdout
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    if options.device == "cuda" and gpu_count() == 0:
-        raise EdpsError("device cuda requested but no CUDA device is available")
+    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
@@ -536,7 +427,7 @@ def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, s
         layout = sweep_layout(options.device, options.workers, len(pending))
         devices, workers, threads = list(layout.devices), len(layout.devices), layout.threads
     else:
-        gpus = gpu_count() if options.device in (None, "cuda") else 0
+        gpus = cuda_devices(options.device, indexed=False)
         devices, workers = [], (gpus or options.workers or available_cores())
         threads = 1 if gpus else max(1, available_cores() // workers)
     progress.workers = workers
@@ -547,7 +438,7 @@ def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, s
     if options.executor == "local":
         run_local(tasks, devices, progress, labels)
     else:
-        gpus = gpu_count() if options.device in (None, "cuda") else 0
+        gpus = cuda_devices(options.device, indexed=False)
         run_ray(tasks, options.ray_address, 1.0 if gpus else 0.0, 1.0, workers, progress, labels)
 
 

@@ -188,9 +188,11 @@ def describe_store_error(uri: str, error: BaseException) -> str:
     """The one line a user sees for a store error: the store (without secrets) and the first line."""
     message = getattr(error, "message", None) or str(error) or type(error).__name__
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    # Redacted before it is cut: a cut through a password would leave its start unrecognised.
+    first = explain_store_error(first, str(uri))
     if len(first) > 300:
         first = first[:300] + "..."
-    return f"tracking store {redact_uri(str(uri))}: {explain_store_error(first)}"
+    return f"tracking store {redact_uri(str(uri))}: {first}"
 
 
 _STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "psycopg2", "psycopg")

@@ -25,7 +25,7 @@ from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, Pace, StepBound, interleave
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int, shared_ints
-from edps_mlflow.resources import configure_training_process
+from edps_mlflow.resources import configure_training_process, device_type
 from edps_mlflow.results import Check, TrialResult
 from edps_mlflow.pruning import Mask
 from edps_mlflow.trials import prepare_trial
@@ -118,7 +118,7 @@ class _Chunk:
                       for index in self.indices]
             for setup in setups:
                 self.sink.trial_started(setup.index, setup.mask)
-            self.run = ChunkRun(workload.build_model, self.data, setups, self.job.settings, self.sink)
+            self.run = ChunkRun(workload, self.data, setups, self.job.settings, self.sink)
         self.run.advance(bound)
 
 
@@ -158,7 +158,7 @@ class SharedPace:
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
                  sink: TrainingSink) -> None:
-    configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
+    configure_training_process(device_type(job.device), job.threads, job.spec.allow_tf32)
     for share in shares(chunks, 1, job.schedule):
         train_share(job, share, data, bound, sink)
 
@@ -184,7 +184,7 @@ class _QueueSink:
 
 
 def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any, share_steps: Any) -> None:
-    configure_training_process(job.device.split(":")[0], job.threads, job.spec.allow_tf32)
+    configure_training_process(device_type(job.device), job.threads, job.spec.allow_tf32)
     workload = get_workload(job.spec.workload)
     data = workload.load_data(job.data_dir).to(torch.device(job.device))
     bound = SharedStepBound(best_value, job.settings.max_steps, job.settings.check_interval,

@@ -32,7 +32,7 @@ def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec) -> Tri
     model = workload.build_model()
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(trial.init_seed))
     model.to(data.train_images.device)
-    mask = snip_mask(model, data.train_images, data.train_labels, trial.study.sparsity)
+    mask = snip_mask(model, data.train_images, data.train_labels, trial.study.sparsity, workload.loss)
     with torch.no_grad():
         initial = {name: (p.detach() * mask.tensors[name].to(p.device)).cpu()
                    for name, p in model.named_parameters()}

@@ -12,21 +12,67 @@ from pathlib import Path
 
 from edps_mlflow.errors import EdpsError
 
-# ``scheme://userinfo@host``: the user information is the part of the authority (which ends at the
-# first ``/``, ``?`` or ``#``) before its last ``@``, so an unencoded ``@`` in a password is covered.
+# ``scheme://userinfo@host`` in free text: the user information is the part of the authority (which
+# ends at the first ``/``, ``?`` or ``#``) before its last ``@``, so an unencoded ``@`` in a password is
+# covered. Text cannot say where a password with a quote, a space or a ``#`` ends, so the URIs we know
+# (the configured ones below, and any passed in) are parsed first and their user information removed
+# whatever its characters.
 _USERINFO = re.compile(r"(?<=://)[^\s/?#'\"<>]*@")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+# What follows the ``@`` of the user information: a host (a name or a bracketed IP literal), an optional
+# port, then the end of the authority.
+_HOST_THEN_END = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%\-]*)(?::[0-9]*)?(?:[/?#]|$)")
+# Where this process's URIs come from; each may carry a user and password.
+_CONFIGURED = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "EDPS_DATA_MIRROR", "RAY_ADDRESS")
 
 
-def redact_uri(text: str) -> str:
+def userinfo(uri: str) -> str | None:
+    """The user information of ``uri`` (``user:password``), whatever characters the password holds.
+
+    It ends at the last ``@`` that a host and the end of the authority follow: ``u:p@ss@db/x`` gives
+    ``u:p@ss``, ``u:it's a#b@host`` gives ``u:it's a#b``. None when the URI carries none. A user name
+    holds none of ``/?#`` or spaces; a password anything.
+    """
+    scheme = _SCHEME.match(uri.strip())
+    if scheme is None:
+        return None
+    rest = uri.strip()[scheme.end():]
+    # The last such '@' (a password may hold '@', '/' and a host-like text before it; cutting too much
+    # only hides more), whose user name (before the first ':') holds no '/', '?', '#' or space, so an
+    # '@' in a path or a query (``sqlite:////tmp/a@b``, ``http://host/p?x=a@b``) is not taken for it.
+    for at in reversed([i for i, c in enumerate(rest) if c == "@" and i > 0]):
+        if _HOST_THEN_END.match(rest, at + 1) and not re.search(r"[/?#\s]", rest[:at].split(":", 1)[0]):
+            return rest[:at]
+    return None
+
+
+def _spellings(info: str) -> set[str]:
+    """The user information as it was typed, percent-decoded and percent-encoded (clients print either)."""
+    from urllib.parse import quote, unquote
+
+    return {info, unquote(info), quote(info, safe=":"), quote(unquote(info), safe=":")} - {""}
+
+
+def redact_uri(text: str, *uris: str) -> str:
     """Every ``scheme://user:password@host`` in ``text`` -> ``scheme://***:***@host``.
 
-    Works on any text (an error message that quotes a URL too), so that a secret is never printed.
+    Works on any text (an error message that quotes a URL too), so that a secret is never printed. The
+    user information of ``uris`` and of the configured URIs (MLFLOW_TRACKING_URI, EDPS_DATA_MIRROR, ...)
+    is removed wherever it appears, whatever its characters; other URIs in the text by their syntax.
     """
-    def replace(match: re.Match[str]) -> str:
-        userinfo = match.group(0)[:-1]
-        return ("***:***" if ":" in userinfo else "***") + "@"
+    text = str(text)
+    # A text that is itself a URI is one of the known ones.
+    known = [text, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
+    secrets = {spelling for uri in known if (info := userinfo(str(uri))) for spelling in _spellings(info)}
+    # The longest first, so that a spelling that contains another is replaced whole.
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret + "@", ("***:***" if ":" in secret else "***") + "@")
 
-    return _USERINFO.sub(replace, str(text))
+    def replace(match: re.Match[str]) -> str:
+        found = match.group(0)[:-1]
+        return ("***:***" if ":" in found else "***") + "@"
+
+    return _USERINFO.sub(replace, text)
 
 
 # MLflow prints "View run ... at: <host>/#/..." when a run ends, with the host taken from the tracking
@@ -43,9 +89,10 @@ def quiet_links_with_credentials(uri: str) -> None:
         os.environ.setdefault(_SUPPRESS_RUN_LINKS, "true")
 
 
-def explain_store_error(first_line: str) -> str:
-    """An MLflow error line about the store, redacted, with what to do when the server refused us."""
-    text = redact_uri(first_line)
+def explain_store_error(first_line: str, *uris: str) -> str:
+    """An MLflow error line about the store (``uris``: the store's), redacted, with what to do when the
+    server refused us."""
+    text = redact_uri(first_line, *uris)
     if "error code 401" in text or "error code 403" in text:
         # MLflow's message says only that we are not authenticated, and points at its website.
         text += " (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for this server)"

@@ -1,7 +1,10 @@
-"""The workload registry: name -> dataset, network, goal, step cap, protocol defaults, search spaces.
+"""The workload registry: name -> dataset, network, loss, error metric, input layout, goal, step cap,
+protocol defaults, search spaces.
 
-The workload owns its target: the training loop asks ``allowed_errors`` and never hard-codes
-``error <= goal``. It also owns its protocol defaults (trials per study, check interval, goal and
+The workload owns its objective, as AlgoPerf's workload contract does: the engine, SNIP and the probes
+ask it for its ``loss`` and for its ``errors`` (the error metric of the goal test), and lay out its
+inputs channels-last only when its ``input_layout`` says they are images. It owns its target too: the
+training loop asks ``allowed_errors`` and never hard-codes ``error <= goal``. It also owns its protocol defaults (trials per study, check interval, goal and
 cap), which ``edps study``, ``edps sweep`` and the MLproject entries use unless told otherwise, and
 it knows the sizes of its splits without loading any data, so that planning never loads a dataset.
 
@@ -12,6 +15,7 @@ a workload builds or loads them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
@@ -27,7 +31,7 @@ from edps_mlflow.search import (
 )
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
 
     from edps_mlflow.data.splits import DataSplits
 
@@ -38,8 +42,38 @@ PAPER_TRIALS = 100
 PAPER_SPARSITIES = (0.0, 0.5, 0.7, 0.9)
 
 
+class InputLayout(Enum):
+    """What a workload's input tensors are (``DataSplits.train_images`` and ``validation_images``, whatever
+    they hold). Only images are laid out channels-last: it is a memory format of 4-D tensors."""
+
+    IMAGES = "images"  # [N, C, H, W] floats
+    TOKENS = "tokens"  # [N, T] integer token ids
+    FEATURES = "features"  # [N, D] floats
+
+
+# (network outputs, targets) -> a 0-d tensor. Both run under torch.func.vmap in the packed engine (and the
+# loss under grad too), so they use torch operations only: no .item(), no branch on a tensor's value.
+Loss = Callable[["Tensor", "Tensor"], "Tensor"]
+ErrorCount = Callable[["Tensor", "Tensor"], "Tensor"]
+
+
+def cross_entropy(logits: "Tensor", labels: "Tensor") -> "Tensor":
+    """The mean cross-entropy of a batch: the paper's loss."""
+    from torch.nn import functional as F
+
+    return F.cross_entropy(logits, labels)
+
+
+def argmax_errors(logits: "Tensor", labels: "Tensor") -> "Tensor":
+    """How many examples of the batch are misclassified: their highest logit is not their label."""
+    return (logits.argmax(-1) != labels).sum()
+
+
 @dataclass(frozen=True)
 class Workload:
+    """One workload: what the engine, SNIP and the probes ask about the problem they train
+    (docs/architecture.md, "Adding a workload")."""
+
     name: str
     description: str
     load_data: Callable[[str | Path | None], "DataSplits"]
@@ -52,6 +86,13 @@ class Workload:
     # Split sizes of the official data (the loaders check the real ones): planning needs no data.
     train_size: int
     validation_size: int
+    # What its inputs are: channels-last only for images.
+    input_layout: InputLayout
+    # The mean training loss of a batch; SNIP's sensitivities and the probes' gradients are of it too.
+    loss: Loss = cross_entropy
+    # The number of wrong examples in a batch, at most its size: the validation error is their count over
+    # the validation split's size, and the goal test (allowed_errors) counts them, stopping early and exactly.
+    errors: ErrorCount = argmax_errors
     # Protocol defaults of a study on this workload.
     default_trials: int = 32
     check_interval: int = 100
@@ -144,7 +185,7 @@ def _paper_workload(name: str, dataset: str, description: str, build_model: Call
     return Workload(name=name, description=description, load_data=_catalog_data(dataset), build_model=build_model,
                     goal_error=goal_error, max_steps=max_steps, search_spaces=search_spaces, needs_data_dir=True,
                     dataset=dataset, train_size=train_size, validation_size=validation_size,
-                    default_trials=PAPER_TRIALS, check_interval=100)
+                    input_layout=InputLayout.IMAGES, default_trials=PAPER_TRIALS, check_interval=100)
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -164,6 +205,7 @@ WORKLOADS: dict[str, Workload] = {
         dataset="digits",
         train_size=1618,
         validation_size=179,
+        input_layout=InputLayout.IMAGES,
         default_trials=32,
         check_interval=20,
         # Best trials reach the goal within 60-300 steps: a probe every 10 steps (about 1 s for the

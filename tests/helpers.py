@@ -8,6 +8,7 @@ import torch
 
 from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
 from edps_mlflow.engine import EngineSettings
+from edps_mlflow.resources import uses_channels_last
 from edps_mlflow.trials import TrialSetup, prepare_trial
 from edps_mlflow.workloads import get_workload
 
@@ -54,7 +55,8 @@ def engine_settings(spec: StudySpec, early_abort: bool = True) -> EngineSettings
     data = digits_data()
     return EngineSettings(spec.batch_size, spec.max_steps, spec.check_interval,
                           DIGITS.allowed_errors(spec.goal_error, data.validation_size), spec.seed,
-                          early_abort_evaluation=early_abort, channels_last=spec.batch_size >= 32)
+                          early_abort_evaluation=early_abort,
+                          channels_last=uses_channels_last(DIGITS.input_layout, spec.batch_size))
 
 
 def noise_data():

@@ -26,6 +26,7 @@ from edps_mlflow.adaptive import (
     powers_of_two,
 )
 from edps_mlflow.cli import main
+from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 
 from conftest import fresh_store, run_edps
@@ -57,7 +58,7 @@ def synthetic(curve_steps, batch_sizes, trials: int = 6, spread: float = 0.05, r
 
 def assess(curve_steps, batch_sizes, target: float = 2.0, **kwargs):
     points, trials = synthetic(curve_steps, batch_sizes, **kwargs)
-    return assess_curve(("sgd", kwargs.get("sparsity", 0.0)), points, trials, RANGE, target)
+    return assess_curve(CurveId("digits-simple-cnn", "sgd", kwargs.get("sparsity", 0.0)), points, trials, RANGE, target)
 
 
 # ---- the budget and the settings ----------------------------------------------------------------
@@ -172,7 +173,8 @@ def test_one_pick_per_curve_largest_excess_first_and_limits():
     sparse = assess(hyperbola(300, 8), (2, 16, 128, 1024), sparsity=0.9)
     decision = decide([dense, sparse], 8, 50_000, 10.0, AdaptiveSettings())
     assert decision.stop is None and len(decision.picks) == 2
-    assert {p.curve for p in decision.picks} == {("sgd", 0.0), ("sgd", 0.9)}
+    assert {p.curve for p in decision.picks} == {CurveId("digits-simple-cnn", "sgd", 0.0),
+                                                 CurveId("digits-simple-cnn", "sgd", 0.9)}
     assert decision.picks[0].excess >= decision.picks[1].excess
     rows = decision_rows(1, decision, 8, 50_000)
     assert [r["batch_size"] for r in rows] == [p.batch_size for p in decision.picks]

@@ -107,6 +107,20 @@ def test_checked_in_fixture_fit_and_sparsity_comparison():
     assert sparse.sort_values("batch_size")["normalised_by_first"].iloc[0] == 1.0
 
 
+def test_sparsity_comparison_of_a_curve_that_reached_nothing():
+    """A newcomer's first tiny studies may reach nothing: the comparison says NaN, it does not crash."""
+    table = read_csv(FIXTURES / "synthetic_steps.csv")
+    sparse = table["sparsity"] == 0.9
+    table["steps_to_result"] = table["steps_to_result"].astype(object)
+    table.loc[sparse, "steps_to_result"] = None
+    comparison = sparsity_comparison(table)
+    rows = comparison[comparison["sparsity"] == 0.9]
+    assert len(rows) == sparse.sum() and rows["relative_to_dense"].isna().all()
+    assert rows["normalised_by_first"].isna().all()
+    dense = comparison[comparison["sparsity"] == 0.0]
+    assert np.allclose(dense["relative_to_dense"], 1.0)
+
+
 @pytest.mark.parametrize("fixture,message", [
     ("bad_types.csv", "column batch_size must be numeric; row 4 has 'sixteen'"),
     ("missing_column.csv", "lacks the column(s) steps_to_result"),
@@ -207,6 +221,12 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
     sweep = client.search_runs([experiment_id], "tags.`edps.kind` = 'sweep'")[0]
     assert latest.data.tags["mlflow.parentRunId"] == sweep.info.run_id
     assert f"#/experiments/{experiment_id}/runs/{latest.info.run_id}" in capsys.readouterr().err
+    # Who ran what: the command as typed (the server's URI has no credentials to redact), the user, the code.
+    assert latest.data.tags["mlflow.source.name"].startswith(f"edps-analyze report --tracking-uri {mlflow_server} ")
+    assert latest.data.tags["mlflow.user"] and latest.data.tags["mlflow.source.git.commit"]
+    # No experiment named: every experiment with study runs, this one among them.
+    main(["table", "--tracking-uri", mlflow_server, "--format", "json"])
+    assert experiment in {r["experiment"] for r in json.loads(capsys.readouterr().out)}
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
     spec = study_spec(optimizer=optimizer, sparsity=sparsity, batch_size=16)
     points = [{"learning_rate": lr, "momentum": m} for lr, m in [(0.1, 0.9), (0.03, 0.99), (0.01, 0.95)]]
     setups = setups_for(spec, points, workload=SMOOTH, data=data)
-    trainer = PackedTrainer(SMOOTH.build_model(), setups, torch.device("cpu"))
+    trainer = PackedTrainer(SMOOTH, setups, torch.device("cpu"))
     stream = BatchStream(data.train_size, 16, spec.seed, torch.device("cpu"))
     steps = 60
     for _ in range(steps):
@@ -40,7 +40,7 @@ def test_packed_simple_cnn_matches_torch_sgd_over_a_few_steps(optimizer):
     spec = study_spec(optimizer=optimizer, sparsity=0.5, batch_size=16)
     setups = setups_for(spec, [{"learning_rate": 0.1, "momentum": 0.9}, {"learning_rate": 0.02, "momentum": 0.99}],
                         data=data)
-    trainer = PackedTrainer(DIGITS.build_model(), setups, torch.device("cpu"))
+    trainer = PackedTrainer(DIGITS, setups, torch.device("cpu"))
     stream = BatchStream(data.train_size, 16, spec.seed, torch.device("cpu"))
     for _ in range(10):
         batch = stream.next()
@@ -57,7 +57,7 @@ def test_packed_linear_decay_matches_reference():
     points = [{"learning_rate": 0.1, "momentum": 0.9, "decay_steps": 20, "end_learning_rate_factor": 0.01},
               {"learning_rate": 0.05, "momentum": 0.95, "decay_steps": 30, "end_learning_rate_factor": 0.1}]
     setups = setups_for(spec, points, workload=SMOOTH, data=data)
-    trainer = PackedTrainer(SMOOTH.build_model(), setups, torch.device("cpu"))
+    trainer = PackedTrainer(SMOOTH, setups, torch.device("cpu"))
     stream = BatchStream(data.train_size, 8, spec.seed, torch.device("cpu"))
     for step in range(40):
         batch = stream.next()
@@ -105,7 +105,7 @@ def test_exact_early_stopping_gives_the_full_trials_result(pack):
         bound = LocalStepBound(spec.max_steps, spec.check_interval, exact_early_stopping=exact)
         results = []
         for start in range(0, len(setups), pack):
-            results += train_trials(DIGITS.build_model, data, setups[start:start + pack], settings, bound)
+            results += train_trials(DIGITS, data, setups[start:start + pack], settings, bound)
         return results
 
     full = run(exact=False)
@@ -128,10 +128,10 @@ def test_packed_and_single_paths_agree_on_outcomes():
     setups = setups_for(spec, points)
     settings = engine_settings(spec)
     data = digits_data()
-    packed = train_trials(DIGITS.build_model, data, setups, settings, LocalStepBound(600, 100, False))
+    packed = train_trials(DIGITS, data, setups, settings, LocalStepBound(600, 100, False))
     single = []
     for setup in setups:
-        single += train_trials(DIGITS.build_model, data, [setup],
+        single += train_trials(DIGITS, data, [setup],
                                settings.__class__(**{**settings.__dict__, "channels_last": False}),
                                LocalStepBound(600, 100, False))
     assert [(r.index, r.status, r.steps_to_result) for r in sorted(packed, key=lambda r: r.index)] == \
@@ -141,7 +141,7 @@ def test_packed_and_single_paths_agree_on_outcomes():
 def test_huge_learning_rate_diverges():
     spec = study_spec(optimizer="momentum", batch_size=32, max_steps=300)
     setups = setups_for(spec, [{"learning_rate": 1e6, "momentum": 0.9999}])
-    result = train_trials(DIGITS.build_model, digits_data(), setups, engine_settings(spec),
+    result = train_trials(DIGITS, digits_data(), setups, engine_settings(spec),
                           LocalStepBound(300, 100))[0]
     assert result.status is TrialStatus.DIVERGED
     assert result.steps_to_result is None and result.steps_trained == 100
@@ -167,7 +167,7 @@ def test_early_abort_evaluation_is_exact_for_steps_to_result():
     for abort in (True, False):
         outcomes[abort] = [
             (r.status, r.steps_to_result) for setup in setups
-            for r in train_trials(DIGITS.build_model, data, [setup], engine_settings(spec, early_abort=abort),
+            for r in train_trials(DIGITS, data, [setup], engine_settings(spec, early_abort=abort),
                                   LocalStepBound(800, 100, False), Recorder(abort))]
     assert outcomes[True] == outcomes[False]
     assert all(error is not None for _, _, error in checks[False])
@@ -198,10 +198,10 @@ def test_curve_points_leave_the_goal_test_exact():
 
     curve = replace(engine_settings(spec, early_abort=True), curve_interval=200)
     with_curve = [(r.status, r.steps_to_result) for setup in setups
-                  for r in train_trials(DIGITS.build_model, data, [setup], curve, LocalStepBound(800, 100, False),
+                  for r in train_trials(DIGITS, data, [setup], curve, LocalStepBound(800, 100, False),
                                         Recorder())]
     full = [(r.status, r.steps_to_result) for setup in setups
-            for r in train_trials(DIGITS.build_model, data, [setup], engine_settings(spec, early_abort=False),
+            for r in train_trials(DIGITS, data, [setup], engine_settings(spec, early_abort=False),
                                   LocalStepBound(800, 100, False))]
     assert with_curve == full
     assert all(error is not None for _, step, error in checks if step % 200 == 0)
@@ -226,7 +226,7 @@ def test_training_seconds_per_step_exclude_checks_and_are_shared_within_a_pack()
     spec = study_spec(optimizer="sgd", batch_size=16, max_steps=300)
     setups = setups_for(spec, [{"learning_rate": 1e6}, {"learning_rate": 0.05}, {"learning_rate": 0.02}])
     settings = engine_settings(spec, early_abort=False)  # full evaluation at every check: a visible cost
-    results = {r.index: r for r in train_trials(DIGITS.build_model, digits_data(), setups, settings,
+    results = {r.index: r for r in train_trials(DIGITS, digits_data(), setups, settings,
                                                 LocalStepBound(300, 100, exact_early_stopping=False))}
     diverged = results[0]
     assert diverged.status is TrialStatus.DIVERGED and diverged.steps_trained == 100 and diverged.pack_size == 3
@@ -239,6 +239,6 @@ def test_training_seconds_per_step_exclude_checks_and_are_shared_within_a_pack()
         assert result.seconds_per_step == pytest.approx(result.train_seconds / 300)
     # The two trials that trained together to the end were charged the same share.
     assert results[1].train_seconds == pytest.approx(results[2].train_seconds)
-    alone = train_trials(DIGITS.build_model, digits_data(), setups[1:2], settings,
+    alone = train_trials(DIGITS, digits_data(), setups[1:2], settings,
                          LocalStepBound(300, 100, exact_early_stopping=False))[0]
     assert alone.pack_size == 1 and 0 < alone.train_seconds < alone.seconds

@@ -109,7 +109,7 @@ def test_probes_do_not_change_training(pack):
         recorder = Recorder()
         results = []
         for start in range(0, 2, pack):
-            results += train_trials(DIGITS.build_model, data, setups[start:start + pack], settings,
+            results += train_trials(DIGITS, data, setups[start:start + pack], settings,
                                     LocalStepBound(200, 100, False), recorder)
         outcomes[name] = (recorder, results)
     (plain_recorder, plain_results), (probed_recorder, probed_results) = outcomes["plain"], outcomes["probed"]

@@ -21,7 +21,7 @@ def test_snip_keeps_exactly_k_and_prunes_every_bias(sparsity):
     images = torch.randn(300, 1, 28, 28, generator=generator)
     labels = torch.randint(0, 10, (300,), generator=generator)
     model = _mnist_shaped_model(0)
-    mask = snip_mask(model, images, labels, sparsity)
+    mask = snip_mask(model, images, labels, sparsity, DIGITS.loss)
     assert mask.total == 62_346
     assert mask.kept == round(62_346 * (1 - sparsity))
     for name, tensor in mask.tensors.items():
@@ -36,7 +36,7 @@ def test_snip_keeps_exactly_k_and_prunes_every_bias(sparsity):
 def test_dense_mask_at_zero_sparsity():
     data = digits_data()
     model = DIGITS.build_model()
-    mask = snip_mask(model, data.train_images, data.train_labels, 0.0)
+    mask = snip_mask(model, data.train_images, data.train_labels, 0.0, DIGITS.loss)
     assert mask.is_dense and mask.kept == 6090
 
 
@@ -44,7 +44,7 @@ def test_snip_ranks_by_weight_times_summed_gradient():
     data = digits_data()
     model = DIGITS.build_model()
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(3))
-    mask = snip_mask(model, data.train_images, data.train_labels, 0.9)
+    mask = snip_mask(model, data.train_images, data.train_labels, 0.9, DIGITS.loss)
     # Independent computation: dL/dc summed over batches of 100 with an explicit multiplicative mask.
     from torch.func import functional_call
     from torch.nn import functional as F
@@ -71,7 +71,7 @@ def test_mask_file_loads_without_pickle(tmp_path):
     data = digits_data()
     model = DIGITS.build_model()
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(0))
-    mask = snip_mask(model, data.train_images, data.train_labels, 0.5)
+    mask = snip_mask(model, data.train_images, data.train_labels, 0.5, DIGITS.loss)
     mask_path, summary_path = mask.save(tmp_path, "mask.npz", "summary.json")
     with np.load(mask_path, allow_pickle=False) as arrays:
         assert set(arrays.files) == set(mask.tensors)
@@ -89,8 +89,8 @@ def test_pruned_weights_and_momentum_stay_zero_at_every_step(optimizer):
     spec = study_spec(optimizer=optimizer, sparsity=0.9, batch_size=32)
     points = [{"learning_rate": 0.05, "momentum": 0.95}, {"learning_rate": 0.02, "momentum": 0.99}]
     setups = setups_for(spec, points)
-    single = SingleTrainer(DIGITS.build_model(), setups[0], torch.device("cpu"), channels_last=True)
-    packed = PackedTrainer(DIGITS.build_model(), setups, torch.device("cpu"))
+    single = SingleTrainer(DIGITS, setups[0], torch.device("cpu"), channels_last=True)
+    packed = PackedTrainer(DIGITS, setups, torch.device("cpu"))
     stream = BatchStream(data.train_size, 32, 0, torch.device("cpu"))
     pruned = {n: m == 0 for n, m in setups[0].mask.tensors.items()}
     assert sum(int(p.sum()) for p in pruned.values()) == 6090 - round(6090 * 0.1)

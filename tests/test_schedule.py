@@ -50,13 +50,13 @@ def _depth_first(spec, chunks, exact: bool) -> _Log:
     """Today's way: each chunk trained to its end by train_trials before the next starts."""
     log, bound = _Log(), LocalStepBound(spec.max_steps, spec.check_interval, exact)
     for chunk in chunks:
-        train_trials(DIGITS.build_model, digits_data(), chunk, engine_settings(spec), bound, log)
+        train_trials(DIGITS, digits_data(), chunk, engine_settings(spec), bound, log)
     return log
 
 
 def _breadth_first(spec, chunks, exact: bool) -> _Log:
     log, bound = _Log(), LocalStepBound(spec.max_steps, spec.check_interval, exact)
-    runs = [ChunkRun(DIGITS.build_model, digits_data(), chunk, engine_settings(spec), log) for chunk in chunks]
+    runs = [ChunkRun(DIGITS, digits_data(), chunk, engine_settings(spec), log) for chunk in chunks]
     interleave(runs, bound)
     return log
 

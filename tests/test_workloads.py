@@ -107,7 +107,8 @@ def test_snip_on_resnet8_keeps_exactly_k_and_prunes_biases(sparsity):
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(1))
     generator = torch.Generator().manual_seed(2)
     mask = snip_mask(model, torch.randn(200, 3, 32, 32, generator=generator),
-                     torch.randint(0, 10, (200,), generator=generator), sparsity)
+                     torch.randint(0, 10, (200,), generator=generator), sparsity,
+                     get_workload("cifar10-resnet8").loss)
     assert mask.kept == round(75_050 * (1 - sparsity))
     assert all(mask.tensors[n].sum() == 0 for n in mask.tensors if n.endswith("bias"))
 

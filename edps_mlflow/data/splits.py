@@ -33,7 +33,9 @@ MIN_EXAMPLES = _fewest_splittable()
 
 @dataclass(frozen=True)
 class DataSplits:
-    """Normalised NCHW float32 images and int64 labels, on the CPU until the engine moves them."""
+    """Inputs and targets, on the CPU until the engine moves them: for the image workloads normalised NCHW
+    float32 images and int64 labels; other workloads keep their inputs here too, laid out as their
+    ``input_layout`` says."""
 
     train_images: Tensor
     train_labels: Tensor

@@ -1,0 +1,109 @@
+"""The identity of a steps-to-result curve: the study fields a curve is measured at, all but the batch size.
+
+A curve is the studies of one (workload, optimizer, sparsity) measured along the batch size. ``CurveId``
+names it, and every part that groups studies into curves asks it: ``edps status`` (a table per curve
+family), the neighbour hint (a study's trials ordered by the best point of its own curve), the adaptive
+sweep (its rule runs per curve) and the analysis (``analysis.regimes.CURVE_KEYS`` are :data:`CURVE_AXES`).
+A new axis of the science (a pruning method, a workload variant) is one more field here, with the tag it
+is stored under: no part can then merge two curves that differ in it, because none spells the axes out.
+
+What a new axis still needs elsewhere: its StudySpec field (fields.py) and its tag written on study and
+trial runs (tracking). Runs written before the axis existed lack its tag: :meth:`CurveId.from_tags` reads
+a missing tag as the field's default here, so they stay on the curve they were measured on.
+
+Pure: no torch, no MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from edps_mlflow.names import TAG_OPTIMIZER, TAG_SPARSITY, TAG_WORKLOAD
+
+
+@dataclass(frozen=True, order=True)
+class CurveId:
+    """One curve: every field is a StudySpec field of the same name (its encoded value: the optimizer's name)."""
+
+    workload: str
+    optimizer: str
+    sparsity: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "optimizer", getattr(self.optimizer, "value", self.optimizer))
+        object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)  # -0.0 is 0.0, as in StudySpec
+
+    @classmethod
+    def of(cls, spec: Any) -> "CurveId":
+        """The curve of a study (a StudySpec, or anything with the axes as attributes: a registry row)."""
+        return cls(**{name: getattr(spec, name) for name in CURVE_AXES})
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> "CurveId":
+        """The curve of a table row (a dict or a pandas Series with the :data:`CURVE_AXES` columns)."""
+        return cls(**{name: values[name] for name in CURVE_AXES})
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str]) -> "CurveId":
+        """The curve of a study or trial run, from its tags (KeyError or ValueError: not a run of ours)."""
+        return cls(**{name: _read_tag(name, tags) for name in CURVE_AXES})
+
+    def values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in CURVE_AXES)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(zip(CURVE_AXES, self.values()))
+
+    def within_workload(self) -> dict[str, Any]:
+        """The axes that tell this curve from the others of its workload (a sweep's curves share one)."""
+        return {name: value for name, value in self.as_dict().items() if name != "workload"}
+
+    def tags(self) -> dict[str, str]:
+        """The tags of the runs on this curve, as tracking writes them."""
+        return {CURVE_TAGS[name]: _tag_text(value) for name, value in self.as_dict().items()}
+
+    def search_tags(self) -> dict[str, str]:
+        """The tags a search for this curve's runs may filter on: those every run has (a run made before an
+        axis existed lacks its tag; compare :meth:`from_tags` of what the search finds)."""
+        return {tag: text for tag, text in self.tags().items()
+                if next(name for name, t in CURVE_TAGS.items() if t == tag) not in TAG_DEFAULTS}
+
+    def label(self) -> str:
+        """``nesterov sparsity=0.9``: the curve among those of its workload (progress lines, decisions)."""
+        return _label(self.within_workload())
+
+
+def _label(parts: dict[str, Any]) -> str:
+    words = []
+    for name, value in parts.items():
+        if name == "optimizer":
+            words.append(str(value))
+        elif isinstance(value, float):
+            words.append(f"{name}={value:g}")
+        else:
+            words.append(f"{name}={value}")
+    return " ".join(words)
+
+
+CURVE_AXES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CurveId))
+_AXIS_TYPES = {f.name: f.type for f in dataclasses.fields(CurveId)}
+# The tag each axis is written under on study and trial runs (tracking writes them; names.py has the names).
+CURVE_TAGS: dict[str, str] = {"workload": TAG_WORKLOAD, "optimizer": TAG_OPTIMIZER, "sparsity": TAG_SPARSITY}
+# The value a run without an axis' tag was measured at (none yet: every axis so far has always been tagged).
+TAG_DEFAULTS: dict[str, Any] = {}
+
+
+def _read_tag(name: str, tags: Mapping[str, str]) -> Any:
+    text = tags.get(CURVE_TAGS[name])
+    if text is None:
+        if name in TAG_DEFAULTS:
+            return TAG_DEFAULTS[name]
+        raise KeyError(CURVE_TAGS[name])
+    return float(text) if _AXIS_TYPES[name] == "float" else text
+
+
+def _tag_text(value: Any) -> str:
+    # The sparsity tag is the float's repr (as tracking writes it): 0.9 -> "0.9", 0 -> "0.0".
+    return repr(float(value)) if isinstance(value, float) else str(value)

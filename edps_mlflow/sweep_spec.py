@@ -1,0 +1,122 @@
+"""What a sweep is and how it runs, validated on construction: the grid (``SweepSpec``: optimizers x
+sparsities x batch sizes of one study protocol) and the execution options (``SweepOptions``).
+
+Importing this module imports neither torch nor MLflow (only the specs, the workloads and the launch
+settings), so that `edps sweep` refuses a bad value in a moment, before the sweep's machinery is loaded
+(``sweep.py``, which re-exports both names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from edps_mlflow.config import OptimizerKind, StudySpec, content_key
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.resources import check_device_name
+from edps_mlflow.workloads import get_workload
+
+EXECUTORS = ("local", "ray", "mlflow-project")
+# The StudySpec fields a grid spans (the sweep key lists their values instead of the protocol's).
+GRID_AXES = ("optimizer", "sparsity", "batch_size")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The grid of one sweep: optimizers x sparsities x batch sizes of one study protocol.
+
+    ``protocol`` is a study of the sweep's workload with its trials, goal, cap, check interval, seed and
+    probes; every study of the grid is that study at one grid point. Validated on construction, with
+    every study it holds.
+    """
+
+    protocol: StudySpec
+    optimizers: tuple[OptimizerKind, ...]
+    batch_sizes: tuple[int, ...]
+    sparsities: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        workload = get_workload(self.workload)
+        for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
+                             ("sparsities", self.sparsities)):
+            if not values:
+                raise EdpsError(f"a sweep needs at least one value of {name}")
+            if len(set(values)) != len(values):
+                raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
+        object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
+        for optimizer in self.optimizers:
+            workload.search_space(optimizer.value)
+        # Constructing the studies validates every value (each batch size against the training split too);
+        # their normalised sparsities (-0.0 is 0.0) are kept.
+        studies = self.studies()
+        object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
+
+    @classmethod
+    def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
+              sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
+              max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
+              probes: tuple[str, ...] = (), probe_interval: int | None = None, allow_tf32: bool = False,
+              probe_trials: str = "best") -> "SweepSpec":
+        """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
+        powers of two from 2 to the largest that fits the training split."""
+        if batch_sizes is None:
+            batch_sizes = get_workload(workload).batch_size_range()
+        first = optimizers[0] if optimizers else "sgd"
+        protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
+                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32, probe_trials)
+        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
+
+    @property
+    def workload(self) -> str:
+        return self.protocol.workload
+
+    def studies(self) -> list[StudySpec]:
+        return [replace(self.protocol, optimizer=optimizer, sparsity=sparsity, batch_size=batch_size)
+                for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
+
+    def _protocol_fields(self) -> dict[str, Any]:
+        p = self.protocol
+        return {"trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
+                "check_interval": p.check_interval, "seed": p.seed}
+
+    @property
+    def sweep_key(self) -> str:
+        # The protocol's key fields (with their omissions: fields.STUDY_FIELDS) but for the axes the grid
+        # spans, which the protocol holds only as placeholders.
+        protocol = {k: v for k, v in self.protocol.key_fields().items() if k not in GRID_AXES}
+        return content_key({
+            "kind": "sweep", "optimizers": [o.value for o in self.optimizers], "batch_sizes": list(self.batch_sizes),
+            "sparsities": list(self.sparsities), **protocol})
+
+    def params(self) -> dict[str, Any]:
+        """The sweep run's params."""
+        p = self.protocol
+        return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
+                "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
+                **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
+                "probe_trials": p.probe_trials.value if p.probes else "",
+                "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    experiment: str | None = None
+    executor: str = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    device: str | None = None
+    data_dir: str | None = None
+    full_trials: bool = False
+    log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
+    wait: bool = False  # a live run of this sweep elsewhere: wait for it instead of stopping
+    project: ProjectLaunch = field(default_factory=ProjectLaunch)  # where --executor mlflow-project submits
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise EdpsError(f"unknown executor {self.executor!r}; known executors: {', '.join(EXECUTORS)}")
+        if self.executor != "mlflow-project" and self.project != ProjectLaunch():
+            raise EdpsError("--backend, --backend-config and --env-manager are options of --executor mlflow-project")
+        if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
+            raise EdpsError(f"workers must be a positive integer, got {self.workers}")
+        check_device_name(self.device, indexed=False)

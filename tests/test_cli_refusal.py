@@ -1,0 +1,110 @@
+"""Bad input is refused before torch or MLflow is imported (their imports alone take tens of seconds on
+a loaded machine), and an unknown option a user would guess is answered with the option meant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from edps_mlflow.cli import main
+
+from conftest import REPO, clean_environment
+
+REFUSED = [
+    (["study", "--bs", "0"], "batch size must be a positive integer"),
+    (["study", "--sparsity", "1.5"], "sparsity must be in [0, 1)"),
+    (["study", "--workload", "imagenet"], "unknown workload 'imagenet'"),
+    (["study", "--batch_size", "64"], "did you mean --bs?"),
+    (["sweep", "--sparsities", "2"], "sparsity must be in [0, 1), got 2"),
+    (["sweep", "--batch-sizes", "16,16"], "batch sizes repeat a value"),
+    (["sweep", "--device", "gpu"], "unknown device 'gpu'; use cpu or cuda"),
+    (["sweep", "--executor", "local", "--env-manager", "uv"], "are options of --executor mlflow-project"),
+]
+
+# Runs each command in one fresh interpreter, as the re-executed launcher does (no second re-exec), and
+# reports what each printed and which heavy modules were imported by the end.
+_PROBE = """
+import contextlib, io, json, sys
+from edps_mlflow.cli import main
+results = []
+for arguments in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(arguments)
+            code = 0
+        except SystemExit as end:
+            code = end.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps({"results": results, "heavy": [m for m in ("torch", "mlflow") if m in sys.modules]}))
+"""
+
+
+def test_bad_input_is_refused_before_torch_or_mlflow_is_imported(tmp_path):
+    commands = [["--help"], ["study", "--help"], *(arguments for arguments, _ in REFUSED)]
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(commands)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120, env=clean_environment(PYTHONPATH=str(REPO), EDPS_TRAINING_ENVIRONMENT="1",
+                                           MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    report = json.loads(probe.stdout)
+    help_results, refused = report["results"][:2], report["results"][2:]
+    assert [r["code"] for r in help_results] == [0, 0]
+    for (arguments, message), result in zip(REFUSED, refused):
+        lines = result["stderr"].strip().splitlines()
+        assert result["code"] == 2 and len(lines) == 1, (arguments, result)
+        assert lines[0].startswith("edps: error: ") and message in lines[0], (arguments, lines)
+    assert report["heavy"] == []
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+HINTS = [
+    (["study", "--batch_size", "64"], "no such option --batch_size: did you mean --bs?"),
+    (["study", "--batch-size", "64"], "did you mean --bs?"),
+    (["study", "--batch", "64"], "did you mean --bs?"),
+    (["study", "--max_steps", "100"], "no such option --max_steps: did you mean --max-steps?"),
+    (["study", "--pack_size", "2"], "did you mean --pack-size?"),
+    (["study", "--sparsities", "0.5"], "did you mean --sparsity?"),
+    (["sweep", "--batch_size", "64"], "did you mean --batch-sizes?"),
+    (["sweep", "--bs", "64"], "did you mean --batch-sizes?"),
+    (["sweep", "--sparsity", "0.5"], "did you mean --sparsities?"),
+    (["study", "--lr", "0.1"], "no such option --lr: the learning rate is tuned, not set: each trial of a study"),
+    (["sweep", "--learning_rate", "0.1"], "the learning rate is tuned, not set"),
+    # a name nobody would guess keeps click's own suggestion
+    (["study", "--frobnicate", "1"], "No such option '--frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("arguments,message", HINTS)
+def test_an_unknown_option_a_user_would_guess_gets_the_option_meant(arguments, message, monkeypatch, capsys):
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")  # no re-exec: we run in this process
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("edps: error: ") and message in lines[0], lines[0]
+
+
+def test_under_mlflow_run_the_hint_names_the_mlproject_parameter(sqlite_uri, monkeypatch, capsys):
+    """`mlflow run . -P batch_size=64` appends ``--batch_size 64`` to the main entry point's command;
+    the answer is the MLproject's parameter, and the run MLflow made says why it failed."""
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
+    client = MlflowClient(sqlite_uri)
+    run = client.create_run(client.create_experiment("launcher"))
+    monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)
+    capsys.readouterr()  # MLflow's lines about creating the store
+    for arguments, message in [
+            (["study", "--batch_size", "64"], "did you mean --bs (under mlflow run: -P bs=...)?"),
+            (["study", "--pack_size", "2"], "did you mean --pack-size (not a parameter of the MLproject's main "
+                                            "entry point)?"),
+            (["sweep", "--batch_size", "64"], "did you mean --batch-sizes (under mlflow run: -P batch_sizes=...)?")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(arguments)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert "did you mean --batch-sizes" in client.get_run(run.info.run_id).data.tags["edps.error"]
