@@ -122,6 +122,7 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
 
+@pytest.mark.slow
 def test_mlflow_run_id_of_a_finished_study_is_refused(tmp_path):
     uri = fresh_store(tmp_path / "mlflow.db")
     first = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)

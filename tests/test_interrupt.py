@@ -43,6 +43,7 @@ def _statuses(client, experiment_id):
     return {run.info.run_id: (run.data.tags.get("edps.kind"), run.info.status) for run in runs}
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_every_open_run_killed(tmp_path):
     process, client, experiment_id = _start(tmp_path)
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
@@ -54,6 +55,7 @@ def test_ctrl_c_marks_every_open_run_killed(tmp_path):
     assert [s for kind, s in statuses.values() if kind == "study"] == ["KILLED"]
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_fails_the_study_without_leaving_runs_running(tmp_path):
     process, client, experiment_id = _start(tmp_path)
     workers = [child for child in psutil.Process(process.pid).children(recursive=True)

@@ -53,6 +53,7 @@ def reference_sweep(tmp_path_factory):
     return directory, uri, result.stdout
 
 
+@pytest.mark.slow
 def test_complete_sweep_and_status(reference_sweep):
     directory, uri, stdout = reference_sweep
     assert "plan: 0 done, 0 partly done (finished trials are reused), 4 to do" in stdout
@@ -86,6 +87,7 @@ def test_complete_sweep_and_status(reference_sweep):
     assert rerun.info.end_time == sweep.info.end_time and rerun.data.metrics == sweep.data.metrics
 
 
+@pytest.mark.slow
 def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     _, reference_uri, _ = reference_sweep
     # The store exists before the process under test starts: a client made while that process creates
