@@ -85,6 +85,7 @@ def _leaves_the_process_as_it_found_it():
             os.environ[name] = value
     os.chdir(cwd)
 
+
 _TRACKING_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")
 
 
