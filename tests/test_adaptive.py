@@ -29,7 +29,7 @@ from edps_mlflow.cli import main
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 
-from conftest import run_edps
+from conftest import fresh_store, run_edps
 
 RANGE = powers_of_two(2, 1024)
 
@@ -247,7 +247,7 @@ def _measured(uri: str) -> dict[int, float | None]:
 def adaptive_store(tmp_path_factory):
     """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store."""
     directory = tmp_path_factory.mktemp("adaptive-sweep")
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = fresh_store(directory / "mlflow.db")
     first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert first.returncode == 0, first.stderr[-3000:]
     trained_first = len(_runs(uri, "trial"))
@@ -306,7 +306,7 @@ def test_adaptive_sweep_decides_replays_and_is_reused(adaptive_store):
 def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_path):
     pytest.importorskip("ray")
     _, local_uri, _, local, _ = adaptive_store
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     # The coarse grid and one adaptive round on Ray (each round starts a Ray instance: kept to two).
     result = run_edps(["sweep", "--adaptive", "--max-studies", "5", *TINY, "--executor", "ray", "--workers", "2"],
                       cwd=tmp_path, timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")

@@ -26,7 +26,7 @@ from analysis.regimes import (
     sparsity_comparison,
 )
 
-from conftest import run_edps
+from conftest import fresh_store, run_edps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BATCH_SIZES = 2.0 ** np.arange(1, 15)
@@ -139,7 +139,7 @@ def test_unreachable_server_and_unknown_experiment(capsys, tmp_path):
         main(["table", "--tracking-uri", "http://127.0.0.1:9", "--experiment", "x"])
     assert exit_info.value.code == 2
     assert "cannot reach the tracking store http://127.0.0.1:9" in capsys.readouterr().err
-    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    uri = fresh_store(tmp_path / "empty.db")
     MlflowClient(uri).create_experiment("empty")
     for name, message in (("nope", "no experiment matches 'nope'"), ("empty", "hold no finished study runs")):
         with pytest.raises(SystemExit):
@@ -231,7 +231,7 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
 
 @pytest.mark.slow
 def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     result = run_edps(["sweep", "--batch-sizes", "32,64,128", "--sparsities", "0,0.9", "--trials", "2",
                        "--goal-error", "0.2", "--max-steps", "300", "--probes", "lipschitz,noise_scale",
                        "--probe-interval", "100", "--check-interval", "100", "--experiment", "probes"],

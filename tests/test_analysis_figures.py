@@ -21,7 +21,7 @@ from analysis.report import fit_summary
 from analysis.timing import duration_words
 from edps_mlflow import names as n
 
-from conftest import REPO
+from conftest import REPO, fresh_store
 
 BATCH_SIZES = [2, 4, 8, 16, 32, 64, 128, 256]
 
@@ -163,7 +163,7 @@ def _study_run(client: MlflowClient, experiment_id: str, batch_size: int, steps:
 
 
 def test_studies_in_the_default_experiment_are_found_and_analysis_runs_carry_context(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     client.create_experiment("edps/empty")
     for batch_size, steps in ((16, 600.0), (64, 200.0), (256, 120.0), (1024, 100.0)):

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow.cli import main
 
-from conftest import run_edps
+from conftest import fresh_store, run_edps
 
 CASES = [
     (["--bs", "0"], "batch size must be a positive integer"),
@@ -85,7 +85,7 @@ def test_status_of_an_unknown_experiment(sqlite_uri, capsys):
     # status reads; it does not create the store that the URI names
     assert "no tracking store at" in capsys.readouterr().err
     assert not Path(sqlite_uri.removeprefix("sqlite:///")).exists()
-    MlflowClient(sqlite_uri).search_experiments()
+    fresh_store(Path(sqlite_uri.removeprefix("sqlite:///")))
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main(["status", "--experiment", "nothing-here"])
@@ -112,8 +112,8 @@ def test_help_and_workloads(capsys):
     assert "digits-simple-cnn" in out and "mnist-simple-cnn" in out
 
 
-def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_several(sqlite_uri, capsys):
-    client = MlflowClient(sqlite_uri)
+def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_several(sqlite_store, capsys):
+    client = MlflowClient(sqlite_store)
     tags = {"edps.kind": "study", "edps.workload": "digits-simple-cnn", "edps.optimizer": "sgd",
             "edps.sparsity": "0.0", "edps.batch_size": "64", "edps.study_key": "k"}
     first = client.create_experiment("first")
@@ -130,10 +130,10 @@ def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_s
                      "'first', 'second'"]
 
 
-def test_status_tells_a_running_study_from_an_abandoned_one(sqlite_uri, capsys, monkeypatch):
+def test_status_tells_a_running_study_from_an_abandoned_one(sqlite_store, capsys, monkeypatch):
     import time
 
-    client = MlflowClient(sqlite_uri)
+    client = MlflowClient(sqlite_store)
     experiment = client.create_experiment("leases")
     base = {"edps.kind": "study", "edps.workload": "digits-simple-cnn", "edps.optimizer": "sgd",
             "edps.sparsity": "0.0"}

@@ -90,11 +90,11 @@ def test_an_unknown_option_a_user_would_guess_gets_the_option_meant(arguments, m
     assert lines[0].startswith("edps: error: ") and message in lines[0], lines[0]
 
 
-def test_under_mlflow_run_the_hint_names_the_mlproject_parameter(sqlite_uri, monkeypatch, capsys):
+def test_under_mlflow_run_the_hint_names_the_mlproject_parameter(sqlite_store, monkeypatch, capsys):
     """`mlflow run . -P batch_size=64` appends ``--batch_size 64`` to the main entry point's command;
     the answer is the MLproject's parameter, and the run MLflow made says why it failed."""
     monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
-    client = MlflowClient(sqlite_uri)
+    client = MlflowClient(sqlite_store)
     run = client.create_run(client.create_experiment("launcher"))
     monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)
     capsys.readouterr()  # MLflow's lines about creating the store

@@ -60,8 +60,8 @@ def test_fits_group_by_the_curve():
                                                     for o in ("sgd", "momentum") for s in (0.0, 0.9))
 
 
-def test_the_neighbour_hint_comes_from_the_studys_own_curve(sqlite_uri):
-    client = open_store(sqlite_uri)
+def test_the_neighbour_hint_comes_from_the_studys_own_curve(sqlite_store):
+    client = open_store(sqlite_store)
     experiment_id = client.create_experiment("curves")
 
     def finished_study(spec: StudySpec, learning_rate: float) -> None:

@@ -14,7 +14,7 @@ PLATEAU_SLACK = 1.25
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sparsity", [0.5, 0.9])
-def test_sparse_digits_curves_fall_to_a_plateau(sqlite_uri, sparsity):
+def test_sparse_digits_curves_fall_to_a_plateau(sqlite_store, sparsity):
     steps = {}
     for batch_size in BATCH_SIZES:  # the workload's trials, goal, cap and check interval
         spec = StudySpec.build("digits-simple-cnn", "sgd", sparsity, batch_size)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, run_edps
+from conftest import REPO, clean_environment, fresh_store, run_edps
 
 EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
@@ -122,8 +122,9 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
 
+@pytest.mark.slow
 def test_mlflow_run_id_of_a_finished_study_is_refused(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     first = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert first.returncode == 0, first.stderr[-2000:]
     client = MlflowClient(uri)
@@ -154,8 +155,8 @@ def test_an_unreachable_server_fails_fast_with_one_line(tmp_path):
     print(f"unreachable server: failed in {seconds:.1f} s")
 
 
-def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_uri, tmp_path):
-    client = MlflowClient(sqlite_uri)
+def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_store, tmp_path):
+    client = MlflowClient(sqlite_store)
     experiment_id = client.create_experiment("doctor-test")
     old = f"{time.time() - 3600:.3f}"
     dead_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k1",
@@ -171,7 +172,7 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_ur
         client.set_terminated(run.info.run_id, "FINISHED")
     live_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k3",
                                                         "edps.heartbeat": f"{time.time() + 600:.3f}"})
-    result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_uri)
+    result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_store)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if not line.endswith("runs checked")]
     assert len(lines) == 4, result.stdout
@@ -180,7 +181,7 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_ur
     assert any("without its key" in line for line in lines)
     assert any("t1: 2 FINISHED trial runs" in line for line in lines)
     repaired = run_edps(["doctor", "--experiment", "doctor-test", "--repair"], cwd=tmp_path,
-                        MLFLOW_TRACKING_URI=sqlite_uri)
+                        MLFLOW_TRACKING_URI=sqlite_store)
     assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 2, repaired.stdout
     assert client.get_run(dead_study).info.status == "FAILED"
     assert client.get_run(orphan_trial).info.status == "FAILED"

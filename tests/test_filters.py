@@ -3,9 +3,6 @@ finds exactly its runs in a real store, or is refused in one line when MLflow ca
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,14 +15,14 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string, quote_key, quote_value
 
+from conftest import fresh_store
+
 TRICKY = "'\"\\[]*%_?` ,=()ab"
 
 
 @pytest.fixture(scope="module")
-def client():
-    directory = tempfile.mkdtemp(prefix="edps-filters-")
-    store = MlflowClient(f"sqlite:///{Path(directory) / 'mlflow.db'}")
-    yield store
+def client(tmp_path_factory):
+    yield MlflowClient(fresh_store(tmp_path_factory.mktemp("filters") / "mlflow.db"))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -73,7 +70,7 @@ def _study(client: MlflowClient, experiment_id: str, workload: str, batch_size: 
 
 
 def test_status_and_analysis_of_an_experiment_with_quotes_brackets_and_star(tmp_path, monkeypatch, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     client = MlflowClient(uri)

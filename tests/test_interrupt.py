@@ -11,16 +11,16 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment
+from conftest import REPO, clean_environment, fresh_store
 
 LONG_STUDY = ["study", "--bs", "16", "--trials", "8", "--goal-error", "0.001", "--max-steps", "20000",
               "--log-interval", "1", "--experiment", "interrupt-test", "--workers", "2"]
 
 
 def _start(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # A client creates the store's tables when it is made; made while the process under test
-    # creates them too, one of the two crashes (a loaded machine makes that likely).
+    # The store exists before the process under test starts: a client made while that process creates
+    # the store's tables would create them too, and one of the two would crash.
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *LONG_STUDY], cwd=tmp_path,
@@ -43,6 +43,7 @@ def _statuses(client, experiment_id):
     return {run.info.run_id: (run.data.tags.get("edps.kind"), run.info.status) for run in runs}
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_every_open_run_killed(tmp_path):
     process, client, experiment_id = _start(tmp_path)
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
@@ -54,6 +55,7 @@ def test_ctrl_c_marks_every_open_run_killed(tmp_path):
     assert [s for kind, s in statuses.values() if kind == "study"] == ["KILLED"]
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_fails_the_study_without_leaving_runs_running(tmp_path):
     process, client, experiment_id = _start(tmp_path)
     workers = [child for child in psutil.Process(process.pid).children(recursive=True)

@@ -21,7 +21,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, run_edps
+from conftest import REPO, clean_environment, fresh_store, run_edps
 from edps_mlflow.cli import cli, main
 
 GRID = ["sweep", "--batch-sizes", "16,64", "--trials", "2", "--goal-error", "0.06", "--max-steps", "300",
@@ -50,7 +50,7 @@ def _results(uri: str) -> dict:
 def local_reference(tmp_path_factory):
     """The grid with the local executor: the results the project executor must give."""
     directory = tmp_path_factory.mktemp("local-reference")
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = fresh_store(directory / "mlflow.db")
     result = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert result.returncode == 0, result.stderr[-3000:]
     return _results(uri)
@@ -105,8 +105,8 @@ def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_
     """Each study a nested run of the MLproject, one at a time (--workers 1); the first study's process
     killed: reported with its run id and log, and the sweep goes on with the second; the rerun retries
     the first; results equal the local executor's."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)  # creates the store before the sweep does (see test_sweep.py)
+    uri = fresh_store(tmp_path / "mlflow.db")  # the store exists before the sweep starts (see test_sweep.py)
+    client = MlflowClient(uri)
     process = _sweep([*GRID, *PROJECT, "--workers", "1", "--experiment", EXPERIMENT], tmp_path,
                      MLFLOW_TRACKING_URI=uri)
     victim = _wait_for_adopted(client, process, {"64"})["64"]  # larger batches are submitted first
@@ -151,7 +151,7 @@ def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_
 def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(tmp_path):
     """SIGKILL of the sweep's process group: its submitted runs (their own sessions) keep training; the
     resumed sweep finds them live and waits for them instead of submitting again."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
     # Studies that outlive the resumed sweep's start on an idle machine: a goal no trial reaches, so each
@@ -179,7 +179,7 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(tmp_path):
 @pytest.mark.slow
 def test_an_interrupted_sweep_cancels_the_runs_it_submitted(tmp_path):
     """SIGTERM (as Ctrl-C) of the sweep: it cancels its submitted runs, which end KILLED or FAILED."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     process = _sweep([*GRID, *PROJECT, "--experiment", EXPERIMENT], tmp_path, MLFLOW_TRACKING_URI=uri)
     adopted = _wait_for_adopted(client, process, {"16", "64"})
@@ -432,12 +432,12 @@ def test_the_sweep_entry_point_passes_the_executor_options_through():
         "local", None, "local", "", "local")
 
 
-def test_a_study_adopts_only_the_run_submitted_for_its_own_key(sqlite_uri, monkeypatch):
+def test_a_study_adopts_only_the_run_submitted_for_its_own_key(sqlite_store, monkeypatch):
     from edps_mlflow.errors import EdpsError
     from edps_mlflow.sweep import SweepSpec
     from edps_mlflow.tracking import claim_submitted_run, launcher_run, open_store
 
-    client = open_store(sqlite_uri)
+    client = open_store(sqlite_store)
     experiment_id = client.create_experiment("adopt")
     first, second = SweepSpec.build("digits-simple-cnn", ("sgd",), (16, 64), trials=2).studies()
     run_id = client.create_run(experiment_id).info.run_id

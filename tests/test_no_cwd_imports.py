@@ -30,7 +30,8 @@ def _console_script() -> str:
 @pytest.mark.parametrize("arguments", [
     ["study", "--bs", "64", "--trials", "1", "--max-steps", "20", "--check-interval", "10"],
     # the local executor runs each study in a spawned worker process
-    ["sweep", "--batch-sizes", "64", "--trials", "1", "--max-steps", "20", "--check-interval", "10"],
+    pytest.param(["sweep", "--batch-sizes", "64", "--trials", "1", "--max-steps", "20", "--check-interval", "10"],
+                 marks=pytest.mark.slow),
 ])
 def test_modules_in_the_working_directory_are_not_imported(arguments, tmp_path):
     for name in SHADOWED:

@@ -46,10 +46,10 @@ def test_keys_say_which_trials_probe():
         spec(("lipschitz",), "some")
 
 
-def test_best_mode_reuses_the_plain_study_and_probes_its_best_trial_along_the_whole_run(sqlite_uri, tmp_path,
+def test_best_mode_reuses_the_plain_study_and_probes_its_best_trial_along_the_whole_run(sqlite_store, tmp_path,
                                                                                         capsys):
     plain = run_study(spec(), options())
-    client = MlflowClient(sqlite_uri)
+    client = MlflowClient(sqlite_store)
     assert plain.steps_to_result is not None
     best_index = plain.best_record().trial.index
 
@@ -86,19 +86,19 @@ def test_best_mode_reuses_the_plain_study_and_probes_its_best_trial_along_the_wh
     assert every.records[best_index].reused and every.records[best_index].run_id == probe_run.info.run_id
 
     # The analysis counts the three studies as one point, and reads the constant along the best run.
-    analyze(["export", "--tracking-uri", sqlite_uri, "--experiment", "probe-trials"])
+    analyze(["export", "--tracking-uri", sqlite_store, "--experiment", "probe-trials"])
     exported = capsys.readouterr().out.strip().splitlines()
     assert len(exported) == 2  # the header and one study
-    analyze(["lipschitz", "--tracking-uri", sqlite_uri, "--experiment", "probe-trials", "--format", "json"])
+    analyze(["lipschitz", "--tracking-uri", sqlite_store, "--experiment", "probe-trials", "--format", "json"])
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 1 and rows[0]["batch_size"] == 256 and rows[0]["trials_used"] == 1
     assert rows[0]["probe_steps"] == len(steps) and 0 < rows[0]["lipschitz_median"] <= rows[0]["lipschitz_max"]
     assert rows[0]["source"] == "best trial, whole run"
 
 
-def test_all_mode_trains_every_trial_to_its_end(sqlite_uri):
+def test_all_mode_trains_every_trial_to_its_end(sqlite_store):
     outcome = run_study(spec(("lipschitz",), "all", batch_size=512), options())
-    client = MlflowClient(sqlite_uri)
+    client = MlflowClient(sqlite_store)
     study = runs(client, "study")[0]
     # No trial is cut by exact early stopping: each ran to its goal, the cap or divergence.
     assert study.data.tags["edps.early_stopping"] == "full_trials"
@@ -111,11 +111,11 @@ def test_all_mode_trains_every_trial_to_its_end(sqlite_uri):
         assert [m.step for m in history] == list(range(20, record.steps_trained + 1, 20))
 
 
-def test_a_study_without_a_reaching_trial_has_nothing_to_probe(sqlite_uri, capsys):
+def test_a_study_without_a_reaching_trial_has_nothing_to_probe(sqlite_store, capsys):
     hopeless = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 256, trials=1, goal_error=0.001, max_steps=20,
                                check_interval=20, probes=("lipschitz",), probe_interval=10)
     outcome = run_study(hopeless, options())
     assert outcome.steps_to_result is None
     assert "no trial reached the goal, so there is no best trial to probe" in capsys.readouterr().out
-    study = runs(MlflowClient(sqlite_uri), "study")[0]
+    study = runs(MlflowClient(sqlite_store), "study")[0]
     assert study.data.tags["edps.probed_trials"] == "best" and "edps.best_probe_run" not in study.data.tags

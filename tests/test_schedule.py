@@ -140,7 +140,7 @@ def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(
     assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning
 
 
-def test_a_first_study_costs_what_proving_its_minimum_costs(sqlite_uri):
+def test_a_first_study_costs_what_proving_its_minimum_costs(sqlite_store):
     """The issue's example (bs 256, 8 trials in Sobol order, a check every 20 steps): depth-first it spent
     ~8.5x the lower bound; breadth-first it must stay within 10%, and the study run says so."""
     import io
@@ -152,7 +152,7 @@ def test_a_first_study_costs_what_proving_its_minimum_costs(sqlite_uri):
 
     spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 1000, 20, 0)
     outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, experiment="breadth"), out=io.StringIO())
-    metrics = MlflowClient(sqlite_uri).get_run(outcome.study_run_id).data.metrics
+    metrics = MlflowClient(sqlite_store).get_run(outcome.study_run_id).data.metrics
     assert metrics[names.METRIC_STUDY_TRIAL_STEPS] == outcome.trial_steps
     assert metrics[names.METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND] == trial_steps_lower_bound(outcome.records)
     assert outcome.steps_to_result is not None

@@ -3,6 +3,8 @@
 import io
 from dataclasses import replace
 
+import pytest
+
 from edps_mlflow.config import OptimizerKind, StudySpec
 from edps_mlflow.results import TrialStatus
 from edps_mlflow.study import ExecutionOptions, run_study
@@ -11,7 +13,8 @@ SPEC = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, batch_size=32, tri
                  max_steps=1500, check_interval=100, seed=0)
 
 
-def test_exact_early_stopping_and_full_trials_give_the_same_study_result(sqlite_uri):
+@pytest.mark.slow
+def test_exact_early_stopping_and_full_trials_give_the_same_study_result(sqlite_store):
     early = run_study(SPEC, ExecutionOptions(workers=2, experiment="early"), out=io.StringIO())
     full = run_study(SPEC, ExecutionOptions(workers=2, full_trials=True, experiment="full"), out=io.StringIO())
     assert early.steps_to_result is not None

@@ -13,6 +13,7 @@ ARGS = ["study", "--bs", "64", "--trials", "4", "--goal-error", "0.06", "--max-s
         "--check-interval", "100", "--sparsity", "0.5", "--log-interval", "1"]
 
 
+@pytest.mark.slow
 def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_server, tmp_path):
     experiment = "tracking-test"
     first = run_edps([*ARGS, "--experiment", experiment], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)

@@ -14,7 +14,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, run_edps, start_mlflow_server, stop_process
+from conftest import REPO, clean_environment, fresh_store, run_edps, start_mlflow_server, stop_process
 
 GRID = ["sweep", "--batch-sizes", "16,64", "--sparsities", "0,0.5", "--trials", "3", "--goal-error", "0.06",
         "--max-steps", "600", "--log-interval", "2"]
@@ -47,12 +47,13 @@ def _results(uri: str, experiment: str = EXPERIMENT, sweep_count: int = 1) -> di
 def reference_sweep(tmp_path_factory):
     """The grid run to completion once with the local executor (the reference for the other tests)."""
     directory = tmp_path_factory.mktemp("reference-sweep")
-    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    uri = fresh_store(directory / "mlflow.db")
     result = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert result.returncode == 0, result.stderr[-3000:]
     return directory, uri, result.stdout
 
 
+@pytest.mark.slow
 def test_complete_sweep_and_status(reference_sweep):
     directory, uri, stdout = reference_sweep
     assert "plan: 0 done, 0 partly done (finished trials are reused), 4 to do" in stdout
@@ -86,11 +87,12 @@ def test_complete_sweep_and_status(reference_sweep):
     assert rerun.info.end_time == sweep.info.end_time and rerun.data.metrics == sweep.data.metrics
 
 
+@pytest.mark.slow
 def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
     _, reference_uri, _ = reference_sweep
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # A client creates the store's tables when it is made; made while the process under test
-    # creates them too, one of the two crashes (a loaded machine makes that likely).
+    # The store exists before the process under test starts: a client made while that process creates
+    # the store's tables would create them too, and one of the two would crash.
+    uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     process = subprocess.Popen(
         [sys.executable, "-c", "from edps_mlflow.cli import main; main()", *GRID, "--experiment", EXPERIMENT],
@@ -129,7 +131,7 @@ def test_sigkill_mid_sweep_then_resume(reference_sweep, tmp_path):
 def test_ray_executor_gives_the_local_results(reference_sweep, tmp_path):
     pytest.importorskip("ray")
     _, reference_uri, _ = reference_sweep
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     result = run_edps([*GRID, "--experiment", EXPERIMENT, "--executor", "ray", "--workers", "2"], cwd=tmp_path,
                       timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])

@@ -17,7 +17,7 @@ from analysis.cli import main
 from analysis.timing import CostModel, fastest_table, step_seconds, time_table
 from edps_mlflow.errors import EdpsError
 
-from conftest import run_edps
+from conftest import fresh_store, run_edps
 
 # Three measured batch sizes of one curve; a network of 10^6 float32 parameters (4 MB of gradients).
 STUDIES = pd.DataFrame({
@@ -97,9 +97,9 @@ def test_bad_cost_options_are_one_line(arguments, message, tmp_path, capsys):
 
 
 def test_empty_store_and_untimed_studies_are_one_line(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    uri = fresh_store(tmp_path / "empty.db")
     MlflowClient(uri).create_experiment("empty")
-    capsys.readouterr()  # MLflow's own lines while it made the store
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main(["time", "--tracking-uri", uri, "--experiment", "empty"])
     assert exit_info.value.code == 2
@@ -133,7 +133,7 @@ def _metric(client: MlflowClient, run_id: str, name: str) -> float:
 def test_time_on_a_real_sweep(tmp_path, capsys):
     """A tiny digits sweep logs each trial's seconds per step and device; a packed study and one that reuses
     trials record their best trial's; `edps-analyze time` and the report turn them into hours."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path / "mlflow.db")
     protocol = ["--goal-error", "0.08", "--max-steps", "600", "--experiment", "t"]
     result = run_edps(["sweep", "--batch-sizes", "16,64", "--sparsities", "0", "--trials", "3", *protocol],
                       cwd=tmp_path, MLFLOW_TRACKING_URI=uri)

@@ -254,7 +254,7 @@ def test_download_offline_says_where_to_put_the_files(tmp_path, monkeypatch):
     ("fashion-mnist-simple-cnn", lambda d: make_mnist(d / "fashion-mnist", count=300)),
     ("cifar10-resnet8", lambda d: make_cifar(d / "cifar10", layout="tar")),
 ])
-def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sqlite_uri):
+def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sqlite_store):
     maker(tmp_path)
     optimizer = OptimizerKind.NESTEROV if workload.startswith("cifar") else OptimizerKind.MOMENTUM
     spec = StudySpec(workload, optimizer, sparsity=0.5, batch_size=16, trials=2, goal_error=0.95, max_steps=20,
