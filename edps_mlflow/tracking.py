@@ -178,9 +178,13 @@ def open_store(tracking_uri: str | None = None) -> StoreClient:
     # Before any client: making an MlflowClient of a sqlite store already creates and migrates it, which
     # initialise_store does safely (under a lock, in a temporary file moved into place).
     try:
-        initialise_store(uri)
+        created = initialise_store(uri)
     except (MlflowException, OSError, ImportError) as error:
         raise uri_error(uri, error) from None
+    if created is not None:
+        # A typo in the URI would otherwise train into a store nobody will look at.
+        print(f"created a new tracking store at {created} (none was there; if you expected one, check "
+              "MLFLOW_TRACKING_URI)", flush=True)
     return connect(uri)
 
 
@@ -282,7 +286,7 @@ def _quiet_loggers(*names: str) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def initialise_store(tracking_uri: str) -> None:
+def initialise_store(tracking_uri: str) -> Path | None:
     """Make sure the store exists and has MLflow's full schema before anything else opens it.
 
     MLflow migrates a new database in place, one step at a time (many seconds on a loaded machine):
@@ -290,18 +294,19 @@ def initialise_store(tracking_uri: str) -> None:
     half-way leaves a file that no later process can open. So a new sqlite store is built in a
     temporary file beside the target, under a file lock, and moved into place in one step: the
     target either does not exist or is complete. Other stores (servers, PostgreSQL) are touched once.
+    Returns the path of the sqlite file when this call created it, else None.
     """
     path = sqlite_path(tracking_uri)
     if path is None:
         # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
         MlflowClient(tracking_uri).search_experiments(max_results=1)
-        return
+        return None
     path = path.resolve()
     if path.exists() and path.stat().st_size > 0:
         problem = _settled_problem(path, tracking_uri)
         if problem:
             raise EdpsError(problem)
-        return
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
@@ -310,7 +315,7 @@ def initialise_store(tracking_uri: str) -> None:
                 problem = _settled_problem(path, tracking_uri)
                 if problem:
                     raise EdpsError(problem)
-                return
+                return None
             # Builders hold the lock while they build: any temporary file left here is a dead one's.
             for leftover in path.parent.glob(f".{path.name}.*.new*"):
                 leftover.unlink(missing_ok=True)
@@ -326,6 +331,7 @@ def initialise_store(tracking_uri: str) -> None:
                 if problem:
                     raise EdpsError(problem)
                 os.replace(temporary, path)
+                return path
             finally:
                 temporary.unlink(missing_ok=True)
         finally:

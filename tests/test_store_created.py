@@ -1,0 +1,17 @@
+"""A store that did not exist is created with one line saying where (a typo in the URI would otherwise
+train into a store nobody looks at); an existing store is opened silently."""
+
+from __future__ import annotations
+
+from edps_mlflow.tracking import open_store
+
+
+def test_a_new_store_is_announced_once(tmp_path, capsys):
+    path = tmp_path / "typo-dir" / "mlflow.db"
+    open_store(f"sqlite:///{path}")
+    first = capsys.readouterr().out.strip().splitlines()
+    assert first == [f"created a new tracking store at {path.resolve()} (none was there; if you expected one, "
+                     "check MLFLOW_TRACKING_URI)"]
+    assert path.is_file()
+    open_store(f"sqlite:///{path}")
+    assert capsys.readouterr().out == ""
