@@ -19,6 +19,7 @@ from edps_mlflow.errors import EdpsError
 # whatever its characters.
 _USERINFO = re.compile(r"(?<=://)[^\s/?#'\"<>]*@")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_ANOTHER_URI = re.compile(r"\s[A-Za-z][A-Za-z0-9+.\-]*://")
 # What follows the ``@`` of the user information: a host (a name or a bracketed IP literal), an optional
 # port, then the end of the authority.
 _HOST_THEN_END = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%\-]*)(?::[0-9]*)?(?:[/?#]|$)")
@@ -61,8 +62,9 @@ def redact_uri(text: str, *uris: str) -> str:
     is removed wherever it appears, whatever its characters; other URIs in the text by their syntax.
     """
     text = str(text)
-    # A text that is itself a URI (one scheme in it, at its start) is one of the known ones.
-    itself = [text] if _SCHEME.match(text.strip()) and text.count("://") == 1 else []
+    # A text that is itself a URI (it starts with a scheme, and no other URI starts after a space in it) is
+    # one of the known ones.
+    itself = [text] if _SCHEME.match(text.strip()) and not _ANOTHER_URI.search(text.strip()) else []
     known = [*itself, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
     secrets = {spelling for uri in known if (info := userinfo(str(uri))) for spelling in _spellings(info)}
     # The longest first, so that a spelling that contains another is replaced whole.
