@@ -6,22 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-import torch
 
 from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
 from edps_mlflow.engine import ChunkRun, LocalStepBound, interleave, train_trials
 from edps_mlflow.results import TrialRecord, TrialStatus, best_reached_step, trial_steps_lower_bound
 
 from helpers import DIGITS, digits_data, engine_settings, setups_for, study_spec
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Single-thread torch is ~10x faster on a shared machine (docs/performance.md), as in the workers.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class _Log:

@@ -28,15 +28,6 @@ VOCABULARY, LENGTH, CLASSES = 12, 6, 4
 GOAL_TOP_TWO = 0.1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Networks this small run fastest on one thread; on a busy machine more threads only wait for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class TokenNet(nn.Module):
     """Embedding + linear over 2-D integer token inputs [N, T]; the class is readable from the first token."""
 
