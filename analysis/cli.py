@@ -26,6 +26,7 @@ import pandas as pd
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import configure_process
 
 
 class _Finite(click.FloatRange):
@@ -421,7 +422,7 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
     import contextlib
 
     from analysis.publish import log_analysis
-    from edps_mlflow.tracking import connect, ui_link
+    from edps_mlflow.store import connect, ui_link
 
     # The analysis run goes next to its studies: their experiment when they share one.
     used = [e for e in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
@@ -447,6 +448,7 @@ def _command_argv() -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    configure_process()
     try:
         cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
     except click.exceptions.Abort:

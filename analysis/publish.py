@@ -20,7 +20,6 @@ tags, and only the code version is added.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import tempfile
@@ -32,6 +31,7 @@ import pandas as pd
 from analysis.regimes import PROTOCOL_KEYS
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 # A fit's columns that become metrics of the analysis run.
@@ -117,12 +117,12 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     sweeps = sorted(set(studies.get("sweep_run_id", pd.Series(dtype=str)).dropna().astype(str)))
     tags = {n.TAG_KIND: n.KIND_ANALYSIS, n.TAG_ANALYSIS_STUDY_RUNS: ",".join(used)[:4900],
             n.TAG_ANALYSIS_STUDY_COUNT: str(len(used)), n.TAG_ANALYSIS_SWEEP_RUNS: ",".join(sweeps)[:4900],
-            n.MLFLOW_RUN_NAME: run_name(studies), **context_tags(argv, bool(os.environ.get("MLFLOW_RUN_ID")))}
+            n.MLFLOW_RUN_NAME: run_name(studies), **context_tags(argv, bool(launcher_run_id()))}
     if "fit" in tables:
         tags[n.MLFLOW_NOTE] = _description(fit_summary(tables["fit"]), settings)[:20_000]
     if len(sweeps) == 1 and _run_experiment(client, sweeps[0]) == experiment_id:
         tags[n.MLFLOW_PARENT_RUN_ID] = sweeps[0]
-    run_id = os.environ.get("MLFLOW_RUN_ID") or client.create_run(experiment_id, tags=tags).info.run_id
+    run_id = launcher_run_id() or client.create_run(experiment_id, tags=tags).info.run_id
     metrics = curve_metrics(tables["fit"]) if "fit" in tables else {}
     params = {k: str(v)[:500] for k, v in settings.items()}
     timestamp = int(pd.Timestamp.now().timestamp() * 1000)
@@ -142,7 +142,7 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     for path in files:
         client.log_artifact(run_id, str(path),
                             artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)
-    if not os.environ.get("MLFLOW_RUN_ID"):
+    if not launcher_run_id():
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run_id
 

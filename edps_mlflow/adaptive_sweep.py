@@ -5,7 +5,7 @@ still uncertain, until every curve's B_crit and regime boundaries are pinned (ad
     edps sweep --adaptive ... --target 1.5 --max-studies 24 --budget 2e6steps   (or --budget 30m)
 
 Every measured point is an ordinary study of the sweep's protocol with its ordinary key, dispatched by
-the sweep's own executors (local or Ray; one batch size per curve per round, run in parallel), so a
+the sweep's own executors (any of executors/; one batch size per curve per round, run in parallel), so a
 grid sweep of the same protocol later reuses them, and they reuse a grid's. The adaptive sweep has
 its own sweep key (the grid's range and protocol, the target and the limits) and its own sweep run,
 the parent of the studies it trains. It keeps no state of its own: the rule is deterministic (a
@@ -46,21 +46,22 @@ from edps_mlflow.adaptive import (
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.leases import clear_expired
-from edps_mlflow.progress import SweepProgress
+from edps_mlflow.executors import get_executor
+from edps_mlflow.ownership import abort_guard, clear_expired, lease_seconds
 from edps_mlflow.resources import cuda_devices
+from edps_mlflow.store import store_errors, ui_link
 from edps_mlflow.sweep import (
     PlanState,
     SweepOptions,
+    SweepRun,
     SweepSpec,
-    _dispatch,
-    _open,
-    _OpenSweep,
+    dispatch,
     finished_sweep,
+    open_sweep,
     plan_studies,
     sweep_progress,
 )
-from edps_mlflow.tracking import lease_seconds, redact_uri, store_errors, ui_link
+from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
 
 
@@ -228,19 +229,14 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
         fingerprint = workload.data_fingerprint(options.data_dir)
         protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
         spec = replace(spec, grid=replace(spec.grid, protocol=protocol))
+    get_executor(options.executor)().check(spec.grid, options)
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete
-    sweep = _open(spec.grid, options, out, key=spec.sweep_key,
-                  name=f"adaptive sweep {spec.workload} {len(spec.curves)} curves")
-    try:
+    sweep = open_sweep(spec.grid, options, out, key=spec.sweep_key,
+                       name=f"adaptive sweep {spec.workload} {len(spec.curves)} curves")
+    with abort_guard(sweep.tracker.owned):
         return _run(spec, options, sweep, started, out)
-    except KeyboardInterrupt:
-        sweep.tracker.abort(interrupted=True)
-        raise
-    except BaseException:
-        sweep.tracker.abort(interrupted=False)
-        raise
 
 
 def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO) -> AdaptiveResult | None:
@@ -263,7 +259,7 @@ def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextI
     return result
 
 
-def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: _OpenSweep, started: float,
+def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, started: float,
          out: TextIO) -> AdaptiveResult:
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {})
@@ -279,7 +275,7 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: _OpenSweep, star
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         if pending:
             progress = sweep_progress(plan, out, options.log_interval)
-            _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
+            dispatch(pending, options, sweep, progress, out)
             progress.close()
         found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache)
         if found is None:

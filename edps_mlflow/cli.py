@@ -23,7 +23,9 @@ import click
 
 from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.executors import executor_names
 from edps_mlflow.interrupts import raise_interrupt
+from edps_mlflow.process_settings import configure_process, launcher_run_id
 from edps_mlflow.resources import training_environment_missing
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -242,7 +244,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
               help="paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the largest that fits "
                    "the training split (instead of --batch-sizes / --sparsities).")
 @protocol_options
-@click.option("--executor", type=click.Choice(["local", "ray", "mlflow-project"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(executor_names()), default="local", show_default=True,
               help="local: processes here; ray: Ray tasks; mlflow-project: each study a run of the MLproject "
                    "through MLflow Projects (docs/executors.md).")
 @click.option("--workers", type=OPTIONAL_COUNT, default=None,
@@ -457,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1",
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
+    configure_process()
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
@@ -476,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     except EdpsError as error:
         click.echo(f"edps: error: {error}", err=True)
         _mark_launcher_run(str(error))
-        sys.exit(2)
+        sys.exit(error.exit_code)
     except Exception as error:
         line = _store_error_line(error)
         if line is None:
@@ -494,7 +497,7 @@ def _usage_line(error: click.UsageError) -> str:
         options = frozenset(name.lstrip("-") for param in error.ctx.command.params if isinstance(param, click.Option)
                             for name in (*param.opts, *param.secondary_opts))
         project = Path(__file__).resolve().parents[1] / "MLproject"
-        under_mlflow_run = bool(os.environ.get("MLFLOW_RUN_ID")) and project.is_file()
+        under_mlflow_run = bool(launcher_run_id()) and project.is_file()
         hint = OptionHint(error.ctx.command.name, options, project if under_mlflow_run else None)
         line = hint.line(error.option_name)
         if line is not None:
@@ -506,17 +509,18 @@ def _store_error_line(error: Exception) -> str | None:
     """A tracking-store error anywhere in a command is one line naming the store, not a traceback."""
     if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy"):
         return None
-    from edps_mlflow.tracking import store_error_line
+    from edps_mlflow.store import store_error_line
 
     return store_error_line(error)
 
 
 def _mark_launcher_run(message: str) -> None:
     """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
-    if os.environ.get("MLFLOW_RUN_ID"):
-        from edps_mlflow.tracking import mark_refused
+    run_id = launcher_run_id()
+    if run_id:
+        from edps_mlflow.ownership import mark_refused
 
-        mark_refused(os.environ["MLFLOW_RUN_ID"], message)
+        mark_refused(run_id, message)
 
 
 if __name__ == "__main__":

@@ -312,3 +312,8 @@ def content_key(fields: dict[str, Any]) -> str:
     # The JSON field is still called "version", as when it held the package version: the same keys.
     canonical = json.dumps({**fields, "version": RESULTS_VERSION}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def study_family(spec: StudySpec) -> str:
+    """Everything of a study but its trial count: trials of such studies can be shared."""
+    return content_key({"kind": "study-family", **{k: v for k, v in spec.key_fields().items() if k != "trials"}})

@@ -4,9 +4,16 @@
   that is not live (``--repair`` marks them FAILED, as a resumed sweep would);
 - every run of ours has its kind and its key (study, trial or sweep key);
 - at most one FINISHED study run per study key and early-stopping mode;
-- at most one FINISHED trial run per trial key (older versions could train a trial twice).
+- at most one FINISHED trial run per trial key (older versions could train a trial twice);
+- no trial run finished after its lease was lost: FINISHED although a process had marked it FAILED
+  (``edps.error``), or after its study run had ended (a process stalled past its lease and woken up, as
+  versions before the ownership checks allowed); ``--repair`` marks them FAILED again (the study that took
+  the work over has its own measurement of those trials, or a resume trains them);
+- no sweep run that finished its grid (its summary, ``studies/done``, is logged only then) is FAILED or
+  KILLED (a stalled sweep woken after another process finished it used to overwrite its end); ``--repair``
+  marks it FINISHED again.
 
-Reads go through registry.py, the one write (``--repair``) through tracking.py.
+Reads go through registry.py, the one write (``--repair``) through ownership.py.
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ from collections import defaultdict
 from typing import TextIO
 
 from edps_mlflow import registry
-from edps_mlflow.leases import expired_reason
 from edps_mlflow.names import KIND_ANALYSIS, KIND_STUDY, KIND_SWEEP, KIND_TRIAL
 from edps_mlflow.results import RunState
-from edps_mlflow.tracking import StoreClient, lease_seconds, mark_dead, open_store, store_errors
+from edps_mlflow.ownership import expired_reason, lease_seconds, mark_dead, set_status
+from edps_mlflow.store import StoreClient, open_store, store_errors
 
 
 def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[registry.RunFacts]:
@@ -41,10 +48,32 @@ def _missing_key(fact: registry.RunFacts) -> str | None:
     return None if all(needed[fact.kind]) else f"is a {fact.kind} run without its key"
 
 
+def finished_after_lease_lost(facts: list[registry.RunFacts]) -> list[registry.RunFacts]:
+    """FINISHED trial runs that a stalled process finished after it had lost its study's lease."""
+    ended = {f.run_id: f.end_time for f in facts if f.kind == KIND_STUDY and f.state is not RunState.RUNNING}
+    found = []
+    for fact in facts:
+        if fact.kind != KIND_TRIAL or fact.state is not RunState.FINISHED:
+            continue
+        parent_end = ended.get(fact.parent_run_id or "")
+        if fact.marked_dead or (parent_end is not None and fact.end_time is not None and fact.end_time > parent_end):
+            found.append(fact)
+    return found
+
+
+def finished_sweeps_marked_failed(facts: list[registry.RunFacts]) -> list[registry.RunFacts]:
+    """Sweep runs that logged their end-of-grid summary but are FAILED or KILLED."""
+    return [f for f in facts if f.kind == KIND_SWEEP and f.summarised and f.state in (RunState.FAILED, RunState.KILLED)]
+
+
 def problems(facts: list[registry.RunFacts], lease: float, now: float) -> list[tuple[str, str]]:
     """(run id or key, what is wrong) for every broken invariant."""
     found = [(f.run_id, f"{f.kind} run is RUNNING but its owner is gone ({expired_reason(lease)})")
              for f in expired(facts, lease, now)]
+    found += [(f.run_id, "trial run FINISHED after its lease was lost (a stalled process finished it after "
+                         "another process had taken its study over)") for f in finished_after_lease_lost(facts)]
+    found += [(f.run_id, f"sweep run is {f.state.value} although it finished its grid (its summary is logged): "
+                         f"a stalled process overwrote its end") for f in finished_sweeps_marked_failed(facts)]
     found += [(f.run_id, text) for f in facts if f.ours and (text := _missing_key(f))]
     studies: dict[tuple[str, bool], list[str]] = defaultdict(list)
     trials: dict[str, list[str]] = defaultdict(list)
@@ -74,6 +103,16 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
                 mark_dead(client, [f.run_id for f in dead], expired_reason(lease))
                 for fact in dead:
                     print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED (owner gone)", file=out)
+                late = finished_after_lease_lost(facts)
+                mark_dead(client, [f.run_id for f in late], "finished after its lease was lost: not a measurement "
+                                                            "this store trusts (marked FAILED by edps doctor --repair)")
+                for fact in late:
+                    print(f"{name}: repaired: trial run {fact.run_id} marked FAILED (finished after its lease was "
+                          f"lost)", file=out)
+                for fact in finished_sweeps_marked_failed(facts):
+                    set_status(client, fact.run_id, RunState.FINISHED)
+                    print(f"{name}: repaired: sweep run {fact.run_id} marked FINISHED (it had finished its grid)",
+                          file=out)
                 facts = registry.run_facts(client, experiment_id)
             for subject, text in problems(facts, lease, time.time()):
                 print(f"{name}: {subject}: {text}", file=out)

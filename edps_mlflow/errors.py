@@ -2,4 +2,6 @@
 
 
 class EdpsError(Exception):
-    """A user-facing error: bad input, missing data. Printed as one line, exit code 2."""
+    """A user-facing error: bad input, missing data, an unusable store. Printed as one line, exit code 2."""
+
+    exit_code = 2

@@ -11,8 +11,9 @@ study a run of the ``main`` entry point with ``mlflow.projects.run(..., synchron
 backend. The Kubernetes job that MLflow will create is built and checked here too
 (``kubernetes_job``), from MLflow's job template and repository URI as MLflow documents them.
 
-With ``tracking.py`` and ``registry.py`` this is the tracking layer of the training side: the only
-modules that import mlflow. The executor that schedules the submitted runs is ``project_executor.py``.
+With the store, the writers and the registry this is the tracking layer of the training side: the only
+modules that import mlflow. The executor that schedules the submitted runs is ``executors/queued.py``, with
+MLflow Projects as its backend (``executors/mlflow_project.py``).
 """
 
 from __future__ import annotations
@@ -290,6 +291,19 @@ def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_di
     }
 
 
+def study_command(parameters: dict[str, str], python: str | None = None) -> list[str]:
+    """The command line of the ``main`` entry point with ``parameters`` (from :func:`study_parameters`), as
+    MLflow Projects runs it (each value shell-quoted into the MLproject's command), for a batch system that
+    runs it itself (a ``JobBackend`` whose jobs are plain processes). ``python``: the interpreter (this one)."""
+    import shlex
+
+    command = yaml.safe_load((project_directory() / MLPROJECT).read_text())["entry_points"][ENTRY_POINT]["command"]
+    words = shlex.split(command.format(**{name: shlex.quote(value) for name, value in parameters.items()}))
+    if words and words[0] == "python":
+        words[0] = python or sys.executable
+    return words
+
+
 def absolute_store_uri(tracking_uri: str) -> str:
     """A ``sqlite:///`` URI with a relative path made absolute (from this working directory)."""
     prefix = "sqlite:///"
@@ -341,6 +355,20 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(descriptor)
 
 
+def log_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last lines of a job's log file (a progress line rewritten in place counts once, as shown last)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            text = log.read().decode(errors="replace")
+    except OSError as error:
+        return [f"(no log: {error})"]
+    # A progress line rewritten in place on a terminal is many lines in one: keep the last of each.
+    kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    kept = [line for line in kept if line.strip()]
+    return kept[-lines:]
+
+
 class SubmittedStudy:
     """A submitted run: its id, its state, its log, and cancel."""
 
@@ -375,16 +403,7 @@ class SubmittedStudy:
             job = getattr(self._submitted, "_job_name", None)
             namespace = getattr(self._submitted, "_job_namespace", None)
             return [f"(the log is the job's: kubectl logs job/{job} -n {namespace})"] if job else []
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - _TAIL_BYTES))
-                text = log.read().decode(errors="replace")
-        except OSError as error:
-            return [f"(no log: {error})"]
-        # A progress line rewritten in place on a terminal is many lines in one: keep the last of each.
-        kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
-        kept = [line for line in kept if line.strip()]
-        return kept[-lines:]
+        return log_file_tail(self.log_path, lines)
 
     def cancel(self) -> None:
         try:

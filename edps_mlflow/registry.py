@@ -1,7 +1,8 @@
 """MLflow reads for training: finished trials by key (reuse), neighbouring studies (trial order),
 study and sweep runs (the sweep's plan), and the grid that ``edps status`` shows.
 
-Only this module and tracking.py import mlflow on the training side. What it returns is plain
+It reads through the store client (store.py); only the store, the writers (tracking.py, sweep_run.py,
+ownership.py), this module and mlproject.py import mlflow on the training side. What it returns is plain
 records with enums and booleans, never MLflow's own entities or status strings. It imports no torch.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
-from edps_mlflow.config import StudySpec
+from edps_mlflow.config import StudySpec, study_family
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
@@ -31,12 +32,14 @@ from edps_mlflow.names import (
     METRIC_SECONDS_PER_STEP,
     METRIC_STEPS_TO_RESULT,
     METRIC_STEPS_TRAINED,
+    METRIC_STUDIES_DONE,
     MLFLOW_PARENT_RUN_ID,
     PARAM_BEST_PREFIX,
     PARAM_DEVICE,
     PARAM_SPEC_TRIALS,
     STOPPING_FULL_TRIALS,
     TAG_BATCH_SIZE,
+    TAG_ERROR,
     TAG_HEARTBEAT,
     TAG_KIND,
     TAG_LEASE_OWNER,
@@ -51,16 +54,8 @@ from edps_mlflow.names import (
     TAG_YIELDED_TO,
 )
 from edps_mlflow.results import RunState, TrialStatus
-from edps_mlflow.tracking import (
-    StoreClient,
-    lease_seconds,
-    open_store,
-    redact_uri,
-    resolve_tracking_uri,
-    store_error,
-    study_family,
-)
-from edps_mlflow.uris import require_existing_store
+from edps_mlflow.store import StoreClient, open_store, resolve_tracking_uri, search_all, store_error
+from edps_mlflow.uris import redact_uri, require_existing_store
 
 
 @dataclass(frozen=True)
@@ -79,21 +74,9 @@ class StoredTrial:
     device: str | None = None
 
 
-def _search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
-    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page."""
-    runs: list[Run] = []
-    token = None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=conditions, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
 def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
     """trial_key -> the latest finished trial run with that key, from any study of the same family."""
-    runs = _search_all(
+    runs = search_all(
         client, experiment_id,
         filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_STUDY_FAMILY: study_family(spec)},
                       status=RunState.FINISHED.value),
@@ -125,7 +108,7 @@ def neighbour_best_point(client: StoreClient, experiment_id: str,
     Used only to order trials (promising ones first); it changes the cost, never the result.
     """
     curve = CurveId.of(spec)
-    runs = _search_all(
+    runs = search_all(
         client, experiment_id,
         filter_string(tags={TAG_KIND: KIND_STUDY, **curve.search_tags()}, status=RunState.FINISHED.value),
     )
@@ -165,7 +148,7 @@ class StoredStudy:
 
 def study_runs(client: StoreClient, experiment_id: str, workload: str) -> list[StoredStudy]:
     """Every study run of a workload in the experiment (one paged search)."""
-    runs = _search_all(client, experiment_id,
+    runs = search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_STUDY, TAG_WORKLOAD: workload}))
     stored = []
     for run in runs:
@@ -180,7 +163,7 @@ def study_runs(client: StoreClient, experiment_id: str, workload: str) -> list[S
 
 def finished_trial_counts(client: StoreClient, experiment_id: str, workload: str) -> dict[str, int]:
     """study_key -> number of FINISHED trial runs logged for it (for the sweep's plan)."""
-    runs = _search_all(client, experiment_id,
+    runs = search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_TRIAL, TAG_WORKLOAD: workload}, status=RunState.FINISHED.value))
     counts: dict[str, int] = {}
     for run in runs:
@@ -191,7 +174,7 @@ def finished_trial_counts(client: StoreClient, experiment_id: str, workload: str
 
 
 def sweep_run_id(client: StoreClient, experiment_id: str, sweep_key: str) -> str | None:
-    runs = _search_all(client, experiment_id,
+    runs = search_all(client, experiment_id,
                        filter_string(tags={TAG_KIND: KIND_SWEEP, TAG_SWEEP_KEY: sweep_key}))
     return min(runs, key=lambda r: r.info.start_time or 0).info.run_id if runs else None
 
@@ -239,7 +222,7 @@ def _leased(run: Run) -> LeasedRun:
 def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> list[LeasedRun]:
     """Every study (or sweep) run with ``key``, earliest first."""
     key_tag = TAG_SWEEP_KEY if kind == KIND_SWEEP else TAG_STUDY_KEY
-    runs = _search_all(client, experiment_id, filter_string(tags={TAG_KIND: kind, key_tag: key}))
+    runs = search_all(client, experiment_id, filter_string(tags={TAG_KIND: kind, key_tag: key}))
     return sorted((_leased(r) for r in runs), key=lambda r: r.order)
 
 
@@ -287,7 +270,7 @@ def study_trial_outcomes(client: StoreClient, run_id: str) -> list[TrialOutcome]
 def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[LeasedRun]:
     """Runs marked RUNNING whose owner is dead: study and sweep runs whose lease ran out, and trial
     runs whose study run is not live (left behind by a killed process)."""
-    running = [_leased(r) for r in _search_all(client, experiment_id,
+    running = [_leased(r) for r in search_all(client, experiment_id,
                                                filter_string(status=RunState.RUNNING.value))]
     now = time.time()
     live = {r.run_id for r in running if r.kind in (KIND_STUDY, KIND_SWEEP) and r.live(lease, now)}
@@ -329,8 +312,9 @@ def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
         raise store_error(client, error) from None
 
 
-def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRow]:
-    """Every study run of the experiment named ``experiment``, with its finished-trial count."""
+def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -> list[StudyRow]:
+    """Every study run of the experiment named ``experiment``, with its finished-trial count; ``lease``:
+    the lease that tells a live run (ownership.lease_seconds)."""
     uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)  # a reader never creates a store that is not there
     client = open_store(uri)
@@ -338,14 +322,13 @@ def study_rows(experiment: str, tracking_uri: str | None = None) -> list[StudyRo
         found = client.get_experiment_by_name(experiment)
         if found is None:
             raise EdpsError(f"no experiment named {experiment!r} in {redact_uri(str(client.tracking_uri))}")
-        runs = _search_all(client, found.experiment_id, filter_string(tags={TAG_KIND: KIND_STUDY}))
+        runs = search_all(client, found.experiment_id, filter_string(tags={TAG_KIND: KIND_STUDY}))
         counts: dict[str, int] = {}
         for workload in {r.data.tags.get(TAG_WORKLOAD) for r in runs} - {None}:
             counts.update(finished_trial_counts(client, found.experiment_id, workload))
     except MlflowException as error:
         raise store_error(client, error) from None
     rows = []
-    lease = lease_seconds()
     for run in runs:
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
         try:
@@ -377,6 +360,9 @@ class RunFacts:
     full_trials: bool
     ours: bool  # carries a tag that only this project writes
     gave_way: bool  # a run that yielded to an earlier live run of its key
+    end_time: int | None = None  # ms; None while RUNNING
+    marked_dead: bool = False  # carries the reason a process wrote when it marked the run FAILED (edps.error)
+    summarised: bool = False  # a sweep run that logged its end-of-sweep summary (studies/done)
 
 
 def experiments(client: StoreClient, name: str | None) -> list[tuple[str, str]]:
@@ -398,7 +384,7 @@ def experiments(client: StoreClient, name: str | None) -> list[tuple[str, str]]:
 def run_facts(client: StoreClient, experiment_id: str) -> list[RunFacts]:
     """Every run of the experiment, as doctor sees it (one paged search)."""
     facts = []
-    for run in _search_all(client, experiment_id, ""):
+    for run in search_all(client, experiment_id, ""):
         tags = run.data.tags
         leased = _leased(run)
         facts.append(RunFacts(
@@ -406,5 +392,6 @@ def run_facts(client: StoreClient, experiment_id: str) -> list[RunFacts]:
             trial_key=tags.get(TAG_TRIAL_KEY), sweep_key=tags.get(TAG_SWEEP_KEY), state=leased.state,
             renewed=leased.renewed, parent_run_id=tags.get(MLFLOW_PARENT_RUN_ID), full_trials=leased.full_trials,
             ours=any(tag in tags for tag in (TAG_KIND, TAG_VERSION, TAG_HEARTBEAT)),
-            gave_way=TAG_YIELDED_TO in tags))
+            gave_way=TAG_YIELDED_TO in tags, end_time=run.info.end_time, marked_dead=TAG_ERROR in tags,
+            summarised=METRIC_STUDIES_DONE in run.data.metrics))
     return facts

@@ -16,6 +16,7 @@ import pandas as pd
 from edps_mlflow import registry
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.ownership import lease_seconds
 
 # A table's identity: the curve's axes but the sparsity, which runs across it.
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
@@ -38,7 +39,7 @@ def default_experiment(tracking_uri: str | None = None) -> str:
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
     """One table per curve family (the curve's axes but the sparsity: workload, optimizer), keyed by their
     values; batch sizes down, sparsities across. Studies on different curves never share a cell."""
-    rows = registry.study_rows(experiment, tracking_uri)
+    rows = registry.study_rows(experiment, lease_seconds(), tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
     return tables_of(rows)

@@ -22,8 +22,16 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning import Mask
 from edps_mlflow import registry
-from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
 from edps_mlflow.names import KIND_STUDY
+from edps_mlflow.ownership import (
+    ClaimRules,
+    LauncherRun,
+    OnLive,
+    abort_guard,
+    claim,
+    launcher_run,
+    yield_run,
+)
 from edps_mlflow.registry import LeasedRun, StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.resources import (
     WorkerLayout,
@@ -44,21 +52,17 @@ from edps_mlflow.results import (
     best_reached_step,
     training_limit,
 )
-from edps_mlflow.tracking import (
-    LauncherRun,
+from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
+from edps_mlflow.store import (
     StoreClient,
-    StudyTracker,
     connect,
     experiment_name_for,
-    launcher_run,
-    lease_seconds,
     open_store,
-    require_still_ours,
     resolve_experiment,
     store_errors,
     ui_link,
-    yield_run,
 )
+from edps_mlflow.tracking import StudyTracker, create_study_run
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
@@ -258,7 +262,8 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         launcher = launcher_run(client, spec.study_key) if options.adopt_launcher_run else None
         # Under `mlflow run` the study goes to the experiment of the run it made for us.
         experiment_id = resolve_experiment(client, launcher.experiment_name if launcher else
-                                           experiment_name_for(spec.workload, options.experiment))
+                                           experiment_name_for(spec.workload, options.experiment),
+                                           EXPERIMENT_DESCRIPTION)
         claimed = _claim(spec, options, client, experiment_id, launcher, out)
     if isinstance(claimed, LeasedRun):
         print(f"study already done: steps_to_result = {claimed.steps_to_result} in the finished study run "
@@ -266,7 +271,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         return StudyOutcome(claimed.run_id, experiment_id, claimed.steps_to_result, {}, 0, 0, 0,
                             time.perf_counter() - started)
     tracker = claimed
-    try:
+    with abort_guard(tracker.owned, lambda: list(tracker.trial_runs.values()), tracker.close):
         tracker.start_heartbeat()
         if options.system_metrics:
             tracker.start_system_metrics()
@@ -288,12 +293,6 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
             probed = ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
         tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size)
         tracker.finish_study()
-    except KeyboardInterrupt:
-        tracker.abort(interrupted=True)
-        raise
-    except BaseException:
-        tracker.abort(interrupted=False)
-        raise
     _print_outcome(outcome, out)
     if probed is not None:
         print(probed.sentence(), file=out, flush=True)
@@ -305,50 +304,33 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
            launcher: LauncherRun | None, out: TextIO) -> StudyTracker | LeasedRun:
     """Our study run, live; or the finished study run of this key when the study is already done.
 
-    Never a second live run of one key: a live run elsewhere stops us with one line, or we wait for
-    it (``options.wait``); of two runs created at the same moment the later one gives way. A run a
-    sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
+    Never a second live run of one key (ownership.claim): a live run elsewhere stops us with one line, or
+    we wait for it (``options.wait``); of two runs created at the same moment the later one gives way. A
+    run a sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
     it is not used it gives up its kind, as a run that gave way does.
     """
-    lease = lease_seconds()
     label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
             f"sparsity={spec.sparsity:g})"
-    while True:
-        done = registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials)
-        if done is not None:
-            if launcher is not None and launcher.submitted:
-                yield_run(client, launcher.run_id, done.run_id, keep_kind=False)
-            return done
-        cleared = clear_expired(client, experiment_id, lease, spec.study_key)
-        if cleared:
-            print(f"marked {cleared} runs of this study left RUNNING by a dead process as FAILED", file=out)
-        own = launcher.run_id if launcher is not None and launcher.submitted else None
-        live = [r for r in live_runs(registry.keyed_runs(client, experiment_id, KIND_STUDY, spec.study_key), lease)
-                if r.run_id != own]
-        if live:
-            if not options.wait:
-                raise EdpsError(describe_live(label, live[0], lease))
-            wait_for(client, live[0].run_id, lease, out, label)
-            continue
-        tracker = StudyTracker.create(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
-                                      launcher.run_id if launcher else None)
-        if own is not None:
-            # A submitted run whose sweep died before this process began may have been given up as
-            # expired in the meantime (by this process a moment ago, or by a resumed sweep).
-            try:
-                require_still_ours(client, own)
-            except EdpsError:
-                tracker.close()
-                raise
-        rival = earlier_live_rival(client, experiment_id, KIND_STUDY, spec.study_key, tracker.study_run_id, lease)
-        if rival is None:
-            return tracker
-        yield_run(client, tracker.study_run_id, rival.run_id, keep_kind=launcher is None)
-        tracker.close()
-        launcher = None
-        if not options.wait:
-            raise EdpsError(describe_live(label, rival, lease))
-        wait_for(client, rival.run_id, lease, out, label)
+    rules = ClaimRules(
+        kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
+        finished=lambda: registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
+        clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
+    # The run `mlflow run` made for us is used by the first run we make, and given up (its kind removed,
+    # so that MLflow's FINISHED on exit does not count as a study) if that one gives way.
+    unused_launcher = [launcher.run_id] if launcher is not None else []
+
+    def create(token: str | None) -> str:
+        return create_study_run(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
+                                unused_launcher.pop() if unused_launcher else None)
+
+    def give_way(run_id: str, rival: LeasedRun) -> None:
+        yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
+
+    claimed = claim(client, experiment_id, rules, create, out, give_way)
+    if claimed.done is not None:
+        return claimed.done
+    assert claimed.owned is not None  # a study never watches (OnLive.WATCH)
+    return StudyTracker(client, experiment_id, claimed.owned, options.sweep_key)
 
 
 class _Recorder:

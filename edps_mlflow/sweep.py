@@ -7,63 +7,52 @@ The tracking store is the registry. Before launching, the sweep looks up every s
 FINISHED study run (in the same early-stopping mode) means done; finished trial runs without one
 mean partly done (those trials are reused, not retrained); the rest is to do. Runs whose lease
 expired (their process is dead) are marked FAILED; a study that was cut short starts a new study
-run that reuses its finished trials. A live run is never duplicated (leases.py): a second sweep of
+run that reuses its finished trials. A live run is never duplicated (ownership.py): a second sweep of
 the same key stops or waits (``--wait``), and a study that another live process is training is
 waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
 finished trained twice.
 
-An executor runs the studies that are not done: ``local`` (worker processes on this machine),
+An executor (executors/) runs the studies that are not done: ``local`` (worker processes on this machine),
 ``ray`` (Ray tasks on a cluster) or ``mlflow-project`` (each study a run of the MLproject, submitted
-through MLflow Projects to its local or Kubernetes backend: project_executor.py).
+through MLflow Projects to its local or Kubernetes backend).
 """
 
 from __future__ import annotations
 
-import io
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
+from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.leases import clear_expired, describe_live, earlier_live_rival, live_runs, wait_for
-from edps_mlflow.mlproject import (
-    Backend,
-    preview_kubernetes_job,
-    project_directory,
-    stage_docker_project,
-    study_parameters,
-)
+from edps_mlflow.executors import get_executor
+from edps_mlflow.executors.base import SweepRun, study_label
 from edps_mlflow.names import KIND_SWEEP
-from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
-from edps_mlflow.project_executor import ProjectExecutor, ProjectSweep
-from edps_mlflow.progress import SweepProgress, SweepStudy
-from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices, sweep_layout
-from edps_mlflow.results import StudyReport
-from edps_mlflow.study import ExecutionOptions, run_study
-# The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
-from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-from edps_mlflow.tracking import (
-    SweepTracker,
-    connect,
-    experiment_name_for,
+from edps_mlflow.ownership import (
+    ClaimRules,
+    LeasedRun,
+    OnLive,
+    abort_guard,
+    claim,
+    clear_expired,
     launcher_run,
     lease_seconds,
-    open_store,
-    redact_uri,
-    resolve_experiment,
-    resolve_tracking_uri,
-    store_error_line,
-    store_errors,
-    ui_link,
     yield_run,
 )
+from edps_mlflow.process_settings import launcher_run_id
+from edps_mlflow.progress import SweepProgress, SweepStudy
+from edps_mlflow.resources import cuda_devices
+# The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+from edps_mlflow.store import experiment_name_for, open_store, resolve_experiment, store_errors, ui_link
+from edps_mlflow.sweep_run import SweepTracker, create_sweep_run
+from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
+
 
 class PlanState(str, Enum):
     DONE = "done"
@@ -77,22 +66,6 @@ class PlannedStudy:
     state: PlanState
     finished_trials: int
     steps_to_result: int | None
-
-
-@dataclass(frozen=True)
-class StudyTask:
-    """One study for an executor: everything a process on any machine needs, picklable."""
-
-    spec: StudySpec
-    tracking_uri: str
-    experiment_id: str
-    experiment_name: str
-    sweep_run_id: str
-    sweep_key: str
-    data_dir: str | None
-    full_trials: bool
-    device: str | None
-    threads: int
 
 
 def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool) -> list[PlannedStudy]:
@@ -121,128 +94,6 @@ def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[S
     return plan
 
 
-def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None,
-                   on_steps: Callable[[int, int], None] | None = None) -> StudyReport:
-    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice.
-    ``on_trial(status, steps_to_result)`` hears of each trial that ends, ``on_steps(trial_steps,
-    furthest_step)`` of the steps trained (the local executor's progress)."""
-    started = time.perf_counter()
-    client = connect(task.tracking_uri)
-    done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key,
-                                          task.spec.full_trials(task.full_trials))
-    if done is not None:
-        return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
-    # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.
-    options = ExecutionOptions(
-        full_trials=task.full_trials, device=task.device, workers=1, experiment=task.experiment_name,
-        data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
-        parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True,
-        adopt_launcher_run=False)
-    outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial, on_steps=on_steps)
-    return StudyReport(task.spec.study_key, outcome.steps_to_result, len(outcome.records) or task.spec.trials,
-                       outcome.trained, time.perf_counter() - started, skipped=not outcome.records)
-
-
-def _sweep_worker(worker: Worker, device: str | None) -> None:
-    for task in worker.tasks():
-        task = replace(task, device=device)
-        worker.send(("started", task.spec.study_key))
-        try:
-            # The parent turns Ctrl-C into SIGTERM for its workers; SIGTERM ends a study as KILLED.
-            # Between studies there is nothing to mark KILLED: a plain SIGTERM ends the worker.
-            key = task.spec.study_key
-            with sigterm_interrupts():
-                report = run_study_task(
-                    task, lambda status, steps: worker.send(("trial", key, status, steps)),
-                    lambda trial_steps, furthest: worker.send(("steps", key, trial_steps, furthest)))
-        except EdpsError as error:
-            worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
-            return
-        except Exception as error:
-            # A store error that outlived the retries: one line for the parent, not a traceback.
-            line = store_error_line(error, task.tracking_uri)
-            if line is None:
-                raise
-            worker.send(("error", f"{task.spec.study_key[:12]}: {line}"))
-            return
-        worker.send(("finished", report))
-
-
-def run_local(tasks: list[StudyTask], devices: list[str | None], progress: SweepProgress,
-              labels: dict[str, str]) -> None:
-    """Studies in parallel worker processes: one per GPU (pinned), else CPU workers."""
-
-    def on_event(event: tuple[Any, ...]) -> None:
-        if event[0] == "started":
-            progress.started_study()
-        elif event[0] == "trial":
-            progress.trial_finished(labels[event[1]], event[3])
-        elif event[0] == "steps":
-            progress.study_steps(labels[event[1]], event[2], event[3])
-        elif event[0] == "finished":
-            progress.finished_study(event[1], labels[event[1].study_key])
-        elif event[0] == "error":
-            raise EdpsError(event[1])
-
-    # A stopped worker marks its study's runs KILLED before it exits: give it time to write that.
-    spec = PoolSpec(name="edps-sweep-worker", target=_sweep_worker,
-                    worker_args=tuple((device,) for device in devices), stop_timeout=30.0)
-    run_pool(spec, tasks, on_event, on_idle=progress.render)
-
-
-def run_ray(tasks: list[StudyTask], address: str | None, gpus_per_study: float, cpus_per_study: float,
-            local_cpus: int, progress: SweepProgress, labels: dict[str, str]) -> None:
-    """Each study a Ray task; Ray retries lost workers, and resumption covers what is left."""
-    try:
-        import ray
-    except ImportError:
-        raise EdpsError("the ray executor needs Ray: pip install 'edps-mlflow[ray]'") from None
-    environment = {name: os.environ[name] for name in ALLOCATOR_ENVIRONMENT if name in os.environ}
-    environment["OMP_NUM_THREADS"] = "1"
-    init: dict[str, Any] = {"runtime_env": {"env_vars": environment}, "include_dashboard": False,
-                            "log_to_driver": False, "ignore_reinit_error": True}
-    if address:
-        init["address"] = address
-    else:
-        init["num_cpus"] = local_cpus
-    try:
-        ray.init(**init)
-    except (ConnectionError, RuntimeError) as error:
-        raise EdpsError(f"cannot start or reach Ray at {redact_uri(address or 'a local instance')}: "
-                        f"{redact_uri(str(error))}") from None
-    try:
-        remote = ray.remote(num_gpus=gpus_per_study, num_cpus=cpus_per_study, max_retries=3)(run_study_task)
-        pending = {remote.remote(task): task for task in tasks}
-        for _ in tasks:
-            progress.started_study()
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            if not ready:
-                progress.render()
-                continue
-            for reference in ready:
-                pending.pop(reference)
-                report = ray.get(reference)
-                progress.finished_study(report, labels[report.study_key])
-    finally:
-        ray.shutdown()
-
-
-def _label(study: StudySpec) -> str:
-    return f"{study.optimizer.value} sparsity={study.sparsity:g} bs={study.batch_size}"
-
-
-@dataclass(frozen=True)
-class _OpenSweep:
-    """A sweep attached to its store: where it writes and its run."""
-
-    client: Any
-    tracking_uri: str
-    experiment_name: str
-    experiment_id: str
-    tracker: SweepTracker
-
-
 def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None) -> dict[str, int | None]:
     """Plan against the registry, run what is missing, return study_key -> steps_to_result."""
     out = out or sys.stdout
@@ -252,42 +103,18 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
-    if options.executor == "mlflow-project":
-        _check_project_launch(spec, options)
+    get_executor(options.executor)().check(spec, options)
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete
-    sweep = _open(spec, options, out)
-    try:
+    sweep = open_sweep(spec, options, out)
+    with abort_guard(sweep.tracker.owned):
         plan = _plan(spec, options, sweep, out)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         progress = sweep_progress(plan, out, options.log_interval)
         if pending:
-            _dispatch(pending, spec.sweep_key, options, sweep, progress, out)
+            dispatch(pending, options, sweep, progress, out)
         return _finish(spec, options, sweep, progress, out)
-    except KeyboardInterrupt:
-        sweep.tracker.abort(interrupted=True)
-        raise
-    except BaseException:
-        sweep.tracker.abort(interrupted=False)
-        raise
-
-
-def _check_project_launch(spec: SweepSpec, options: SweepOptions) -> None:
-    """Everything --executor mlflow-project needs, checked before any work: the project, the tools of
-    the backend and environment manager, and on Kubernetes the job MLflow would submit."""
-    project = project_directory()
-    launch = options.project
-    tracking_uri = resolve_tracking_uri()
-    launch.check_environment(tracking_uri)
-    if launch.backend is Backend.KUBERNETES:
-        staged = stage_docker_project(project, launch.kubernetes.base_image)
-        try:
-            preview_kubernetes_job(launch, staged, study_parameters(
-                spec.studies()[0], "<sweep run id>", spec.sweep_key, options.data_dir, options.full_trials,
-                options.device, None), tracking_uri)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -302,7 +129,7 @@ class FinishedSweep:
 def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
     """The sweep runs of ``sweep_key`` when there are some and all have finished; None otherwise, and when
     `mlflow run` made a run for this command (that run must become the sweep run)."""
-    if os.environ.get("MLFLOW_RUN_ID"):
+    if launcher_run_id():
         return None
     client = open_store()
     with store_errors(client):
@@ -333,49 +160,41 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
     return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
-def _open(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
-          name: str | None = None) -> _OpenSweep:
-    """The sweep's run, live and ours: the earlier run of this sweep when its owner is gone (a resume),
-    else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited for.
-    ``key`` and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
+def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
+               name: str | None = None) -> SweepRun:
+    """The sweep's run, live and ours (ownership.claim): the earlier run of this sweep when its owner is gone
+    (a resume), else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited
+    for. ``key`` and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
     client = open_store()
     tracking_uri = client.tracking_uri
-    lease = lease_seconds()
     key = key or spec.sweep_key
-    label = f"sweep {key[:12]} ({spec.workload})"
     name = name or f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
         launched = launcher_run(client)
         # Under `mlflow run` the sweep goes to the experiment of the run it made for us.
         experiment_name = launched.experiment_name if launched else experiment_name_for(spec.workload,
                                                                                            options.experiment)
-        experiment_id = resolve_experiment(client, experiment_name)
-        launcher = launched.run_id if launched else None
-        while True:
-            runs = registry.keyed_runs(client, experiment_id, KIND_SWEEP, key)
-            live = live_runs(runs, lease)
-            rival = live[0] if live else None
-            tracker = None
-            if rival is None and runs:
-                tracker = SweepTracker.take_over(client, experiment_id, runs[0].run_id, key, spec.workload)
-                if tracker is None:
-                    continue  # taken over by another process this very moment: it is live now
-            elif rival is None:
-                tracker = SweepTracker.create(client, experiment_id, name, key, spec.workload, launcher)
-                rival = earlier_live_rival(client, experiment_id, KIND_SWEEP, key, tracker.run_id, lease)
-                if rival is not None:
-                    yield_run(client, tracker.run_id, rival.run_id, keep_kind=launcher is None)
-                    launcher, tracker = None, None
-            if tracker is not None:
-                break
-            if not options.wait:
-                raise EdpsError(describe_live(label, rival, lease))
-            wait_for(client, rival.run_id, lease, out, label)
+        experiment_id = resolve_experiment(client, experiment_name, EXPERIMENT_DESCRIPTION)
+        # The run `mlflow run` made for us is used by the first run we make, and given up if that one gives way.
+        unused_launcher = [launched.run_id] if launched else []
+
+        def create(token: str | None) -> str:
+            return create_sweep_run(client, experiment_id, name, key, spec.workload, token,
+                                    unused_launcher.pop() if unused_launcher else None)
+
+        def give_way(run_id: str, rival: LeasedRun) -> None:
+            yield_run(client, run_id, rival.run_id, keep_kind=launched is None or run_id != launched.run_id)
+
+        rules = ClaimRules(kind=KIND_SWEEP, key=key, label=f"sweep {key[:12]} ({spec.workload})",
+                           on_live=OnLive.WAIT if options.wait else OnLive.REFUSE, resume=True, tokens=True)
+        claimed = claim(client, experiment_id, rules, create, out, give_way)
+    assert claimed.owned is not None  # a sweep is never done before it is claimed, and never watches
+    tracker = SweepTracker(client, experiment_id, claimed.owned)
     tracker.start_heartbeat()
-    return _OpenSweep(client, tracking_uri, experiment_name, experiment_id, tracker)
+    return SweepRun(client, tracking_uri, experiment_name, experiment_id, tracker, key, spec.workload)
 
 
-def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO) -> list[PlannedStudy]:
+def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) -> list[PlannedStudy]:
     """Clean up after killed processes, plan against the store, and say so."""
     # Only runs of dead processes: a live study of another sweep or a lone study keeps running.
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
@@ -393,7 +212,7 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, out: TextIO
           f"(finished trials are reused), {counts[PlanState.TODO]} to do", file=out, flush=True)
     for item in plan:
         if item.state is PlanState.PARTIAL:
-            print(f"  partly done: {_label(item.spec)} ({item.finished_trials}/{item.spec.trials} trials)",
+            print(f"  partly done: {study_label(item.spec)} ({item.finished_trials}/{item.spec.trials} trials)",
                   file=out)
     return plan
 
@@ -422,62 +241,25 @@ def _trials_to_train(plan: list[PlannedStudy]) -> int:
 def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
     """The progress line of the plan's studies still to train, with the results of those already done."""
     pending = [p for p in plan if p.state is not PlanState.DONE]
-    studies = [SweepStudy(_label(p.spec), f"{p.spec.workload} {p.spec.optimizer.value} {p.spec.sparsity:g}",
+    studies = [SweepStudy(study_label(p.spec), f"{p.spec.workload} {p.spec.optimizer.value} {p.spec.sparsity:g}",
                           p.spec.batch_size, 0 if p.state is PlanState.DONE else p.spec.trials - p.finished_trials,
                           p.spec.max_steps, p.steps_to_result) for p in plan]
     return SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out, interval, studies)
 
 
-def _dispatch(pending: list[StudySpec], sweep_key: str, options: SweepOptions, sweep: _OpenSweep,
-              progress: SweepProgress, out: TextIO) -> None:
-    """Run the pending studies on the chosen executor, as studies of the sweep ``sweep_key``."""
+def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
+             out: TextIO) -> None:
+    """Run the pending studies on the chosen executor (executors/), as studies of ``sweep``; one line naming
+    the studies that failed once the others are done."""
     # Large batches first: they dominate the cost, so starting them early shortens the tail.
     pending = sorted(pending, key=lambda s: -s.batch_size)
-    labels = {s.study_key: _label(s) for s in pending}
-    if options.executor == "mlflow-project":
-        _run_projects(pending, sweep_key, options, sweep, progress, labels, out)
-        return
-    if options.executor == "local":
-        layout = sweep_layout(options.device, options.workers, len(pending))
-        devices, workers, threads = list(layout.devices), len(layout.devices), layout.threads
-    else:
-        gpus = cuda_devices(options.device, indexed=False)
-        devices, workers = [], (gpus or options.workers or available_cores())
-        threads = 1 if gpus else max(1, available_cores() // workers)
-    progress.workers = workers
-    tasks = [StudyTask(spec=s, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
-                       experiment_name=sweep.experiment_name, sweep_run_id=sweep.tracker.run_id,
-                       sweep_key=sweep_key, data_dir=options.data_dir, full_trials=options.full_trials,
-                       device=options.device, threads=threads) for s in pending]
-    if options.executor == "local":
-        run_local(tasks, devices, progress, labels)
-    else:
-        gpus = cuda_devices(options.device, indexed=False)
-        run_ray(tasks, options.ray_address, 1.0 if gpus else 0.0, 1.0, workers, progress, labels)
-
-
-def _run_projects(pending: list[StudySpec], sweep_key: str, options: SweepOptions, sweep: _OpenSweep,
-                  progress: SweepProgress, labels: dict[str, str], out: TextIO) -> None:
-    """Each pending study a run of the MLproject (project_executor.py); failures are reported as they
-    happen, and the sweep ends with one line naming them once the others are done."""
-    launch = options.project
-    workers = options.workers or available_cores()
-    progress.workers = min(workers, len(pending))
-    # On this machine the submitted studies share its cores; a Kubernetes pod sizes its own.
-    study_workers = max(1, available_cores() // progress.workers) if launch.backend is Backend.LOCAL else None
-    executor = ProjectExecutor(
-        ProjectSweep(client=sweep.client, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
-                     workload=pending[0].workload, sweep_run_id=sweep.tracker.run_id, sweep_key=sweep_key,
-                     data_dir=options.data_dir, full_trials=options.full_trials, device=options.device,
-                     launch=launch, project=project_directory()),
-        workers, study_workers, progress, labels, out)
-    failures = executor.run(pending)
+    failures = get_executor(options.executor)().run(pending, sweep, options, progress, out)
     if failures:
         raise EdpsError(f"{len(failures)} of {len(pending)} studies failed (reported above; first: {failures[0]}); "
                         f"run the same command again to retry them: finished trials and studies are reused")
 
 
-def _finish(spec: SweepSpec, options: SweepOptions, sweep: _OpenSweep, progress: SweepProgress,
+def _finish(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
             out: TextIO) -> dict[str, int | None]:
     """Check the grid in the store, close the sweep run and return its results."""
     progress.close()

@@ -13,11 +13,11 @@ from typing import Any
 
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.executors import check_executor_name
 from edps_mlflow.mlproject import ProjectLaunch
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
 
-EXECUTORS = ("local", "ray", "mlflow-project")
 # The StudySpec fields a grid spans (the sweep key lists their values instead of the protocol's).
 GRID_AXES = ("optimizer", "sparsity", "batch_size")
 
@@ -113,8 +113,7 @@ class SweepOptions:
     project: ProjectLaunch = field(default_factory=ProjectLaunch)  # where --executor mlflow-project submits
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise EdpsError(f"unknown executor {self.executor!r}; known executors: {', '.join(EXECUTORS)}")
+        check_executor_name(self.executor)
         if self.executor != "mlflow-project" and self.project != ProjectLaunch():
             raise EdpsError("--backend, --backend-config and --env-manager are options of --executor mlflow-project")
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):

@@ -17,7 +17,8 @@ from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.registry import StudyRow, neighbour_best_point
 from edps_mlflow.results import RunState
 from edps_mlflow.sweep import SweepSpec
-from edps_mlflow.tracking import _study_tags, open_store
+from edps_mlflow.descriptions import study_tags
+from edps_mlflow.store import open_store
 
 DIGITS = "digits-simple-cnn"
 
@@ -26,8 +27,8 @@ def test_a_curve_is_read_back_from_the_tags_a_study_run_is_written_with():
     spec = StudySpec.build(DIGITS, "momentum", 0.9, 64)
     curve = CurveId.of(spec)
     assert curve == CurveId(DIGITS, "momentum", 0.9) and curve.label() == "momentum sparsity=0.9"
-    assert curve.tags().items() <= _study_tags(spec).items()
-    assert CurveId.from_tags(_study_tags(spec)) == curve
+    assert curve.tags().items() <= study_tags(spec).items()
+    assert CurveId.from_tags(study_tags(spec)) == curve
     assert CurveId.from_values(curve.as_dict()) == curve and CurveId(DIGITS, "sgd", -0.0) == CurveId(DIGITS, "sgd", 0)
 
 
@@ -65,7 +66,7 @@ def test_the_neighbour_hint_comes_from_the_studys_own_curve(sqlite_store):
     experiment_id = client.create_experiment("curves")
 
     def finished_study(spec: StudySpec, learning_rate: float) -> None:
-        run = client.create_run(experiment_id, tags=_study_tags(spec))
+        run = client.create_run(experiment_id, tags=study_tags(spec))
         client.log_metric(run.info.run_id, n.METRIC_STEPS_TO_RESULT, 100)
         client.log_param(run.info.run_id, n.PARAM_BEST_PREFIX + "learning_rate", learning_rate)
         client.set_terminated(run.info.run_id, "FINISHED")

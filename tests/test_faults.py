@@ -21,7 +21,7 @@ EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
                "--workers", "1", "--log-interval", "5"]
 # Builds the store as every edps command does, then stops (no torch: a kill lands in initialisation).
-INITIALISE = "import sys; from edps_mlflow.tracking import open_store; open_store(sys.argv[1])"
+INITIALISE = "import sys; from edps_mlflow.store import open_store; open_store(sys.argv[1])"
 
 
 def _popen(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
@@ -172,28 +172,53 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
         client.set_terminated(run.info.run_id, "FINISHED")
     live_study = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k3",
                                                         "edps.heartbeat": f"{time.time() + 600:.3f}"})
+    # What a process stalled past its lease wrote when it woke, as versions before the ownership checks did:
+    # a trial finished after its study run had been ended by the process that took the study over ...
+    taken_over = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k4"}).info.run_id
+    client.set_terminated(taken_over, "FAILED")
+    time.sleep(0.01)
+    late_trial = client.create_run(experiment_id, tags={"edps.kind": "trial", "edps.trial_key": "t2",
+                                                        "edps.study_key": "k4",
+                                                        "mlflow.parentRunId": taken_over}).info.run_id
+    client.set_terminated(late_trial, "FINISHED")
+    # ... a trial that the other process had marked FAILED, flipped to FINISHED (its study ended later) ...
+    flipped_parent = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k5"}).info.run_id
+    flipped_trial = client.create_run(experiment_id, tags={
+        "edps.kind": "trial", "edps.trial_key": "t3", "edps.study_key": "k5", "mlflow.parentRunId": flipped_parent,
+        "edps.error": "no heartbeat for more than the lease of 30 s: its process is gone"}).info.run_id
+    client.set_terminated(flipped_trial, "FINISHED")
+    client.set_terminated(flipped_parent, "FAILED")
+    # ... and a sweep run that another process finished, overwritten FAILED by the stalled one's abort.
+    overwritten_sweep = client.create_run(experiment_id, tags={"edps.kind": "sweep", "edps.sweep_key": "s1"}).info.run_id
+    client.log_metric(overwritten_sweep, "studies/done", 4)
+    client.set_terminated(overwritten_sweep, "FAILED")
     result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_store)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if not line.endswith("runs checked")]
-    assert len(lines) == 4, result.stdout
+    assert len(lines) == 7, result.stdout
     assert any(dead_study in line and "owner is gone" in line for line in lines)
     assert any(orphan_trial in line and "owner is gone" in line for line in lines)
     assert any("without its key" in line for line in lines)
     assert any("t1: 2 FINISHED trial runs" in line for line in lines)
+    assert any(late_trial in line and "after its lease was lost" in line for line in lines)
+    assert any(flipped_trial in line and "after its lease was lost" in line for line in lines)
+    assert any(overwritten_sweep in line and "finished its grid" in line for line in lines)
     repaired = run_edps(["doctor", "--experiment", "doctor-test", "--repair"], cwd=tmp_path,
                         MLFLOW_TRACKING_URI=sqlite_store)
-    assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 2, repaired.stdout
+    assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 5, repaired.stdout
     assert client.get_run(dead_study).info.status == "FAILED"
     assert client.get_run(orphan_trial).info.status == "FAILED"
     assert client.get_run(live_study.info.run_id).info.status == "RUNNING"  # a live lease is left alone
+    assert client.get_run(late_trial).info.status == client.get_run(flipped_trial).info.status == "FAILED"
+    assert client.get_run(overwritten_sweep).info.status == "FINISHED"
 
 
 def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
     from mlflow.exceptions import MlflowException
 
-    from edps_mlflow import tracking
+    from edps_mlflow import store
 
-    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(store.time, "sleep", lambda seconds: None)
     calls = []
 
     def flaky() -> str:
@@ -202,14 +227,14 @@ def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
             raise MlflowException("(sqlite3.OperationalError) database is locked")
         return "ok"
 
-    assert tracking.call_store(flaky) == "ok" and len(calls) == 3
+    assert store.call_store(flaky) == "ok" and len(calls) == 3
     with pytest.raises(MlflowException):
-        tracking.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
+        store.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
     always = []
     with pytest.raises(MlflowException):
-        tracking.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
+        store.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
             MlflowException("API request failed: Max retries exceeded with url")))
-    assert len(always) == tracking.STORE_ATTEMPTS
+    assert len(always) == store.STORE_ATTEMPTS
 
 
 def test_keys_include_the_data_fingerprint():

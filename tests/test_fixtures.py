@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
-from edps_mlflow.tracking import open_store
+from edps_mlflow.store import open_store
 
 from conftest import TEST_THREADS, fresh_store
 

@@ -21,7 +21,7 @@ from edps_mlflow.adaptive import AdaptiveSettings, Budget
 from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.sweep import SweepSpec
-from edps_mlflow.tracking import study_family
+from edps_mlflow.config import study_family
 
 FINGERPRINT = "0123456789abcdef" * 4
 DIGITS, MNIST = "digits-simple-cnn", "mnist-simple-cnn"

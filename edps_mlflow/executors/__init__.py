@@ -1,0 +1,45 @@
+"""Where a sweep runs its studies: the executors, one protocol (``executors.base.Executor``) behind a registry.
+
+    executor = get_executor("ray")                    # the class, imported when asked for
+    failures = executor().run(studies, sweep, options, progress, out)
+
+A new executor is one module with a class that implements the protocol and one line in ``EXECUTORS``
+(docs/architecture.md, "Adding an executor"); a batch scheduler (SLURM, Kubernetes jobs) is most easily a
+``JobBackend`` of the queued-job executor (``executors/queued.py``), as MLflow Projects is.
+
+This module imports nothing heavy: the command line validates ``--executor`` against ``EXECUTORS`` before
+torch or MLflow are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from edps_mlflow.errors import EdpsError
+
+if TYPE_CHECKING:
+    from edps_mlflow.executors.base import Executor
+
+# name -> "module:class" of its implementation, imported only when that executor is used.
+EXECUTORS: dict[str, str] = {
+    "local": "edps_mlflow.executors.local:LocalExecutor",
+    "ray": "edps_mlflow.executors.ray:RayExecutor",
+    "mlflow-project": "edps_mlflow.executors.mlflow_project:MlflowProjectExecutor",
+}
+
+
+def executor_names() -> tuple[str, ...]:
+    return tuple(EXECUTORS)
+
+
+def check_executor_name(name: str) -> None:
+    if name not in EXECUTORS:
+        raise EdpsError(f"unknown executor {name!r}; known executors: {', '.join(EXECUTORS)}")
+
+
+def get_executor(name: str) -> "type[Executor]":
+    """The executor class registered as ``name``."""
+    check_executor_name(name)
+    module, _, attribute = EXECUTORS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)

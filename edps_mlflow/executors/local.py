@@ -1,0 +1,85 @@
+"""The ``local`` executor: the studies in parallel worker processes on this machine (pool.py), one per GPU
+(pinned) or CPU workers sharing the cores; each worker runs its studies one after another."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TextIO
+
+from edps_mlflow.config import StudySpec
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.executors.base import (
+    SweepRun,
+    run_study_task,
+    study_label,
+    study_tasks,
+)
+from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
+from edps_mlflow.progress import SweepProgress
+from edps_mlflow.resources import sweep_layout
+from edps_mlflow.store import store_error_line
+
+if TYPE_CHECKING:
+    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+
+
+def _sweep_worker(worker: Worker, device: str | None) -> None:
+    for task in worker.tasks():
+        task = replace(task, device=device)
+        worker.send(("started", task.spec.study_key))
+        try:
+            # The parent turns Ctrl-C into SIGTERM for its workers; SIGTERM ends a study as KILLED.
+            # Between studies there is nothing to mark KILLED: a plain SIGTERM ends the worker.
+            key = task.spec.study_key
+            with sigterm_interrupts():
+                report = run_study_task(
+                    task, lambda status, steps: worker.send(("trial", key, status, steps)),
+                    lambda trial_steps, furthest: worker.send(("steps", key, trial_steps, furthest)))
+        except EdpsError as error:
+            worker.send(("error", f"{task.spec.study_key[:12]}: {error}"))
+            return
+        except Exception as error:
+            # A store error that outlived the retries: one line for the parent, not a traceback.
+            line = store_error_line(error, task.tracking_uri)
+            if line is None:
+                raise
+            worker.send(("error", f"{task.spec.study_key[:12]}: {line}"))
+            return
+        worker.send(("finished", report))
+
+
+class LocalExecutor:
+    """Worker processes on this machine."""
+
+    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+        pass  # the device was checked with the options
+
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+            out: TextIO) -> list[str]:
+        layout = sweep_layout(options.device, options.workers, len(studies))
+        progress.workers = len(layout.devices)
+        tasks = study_tasks(studies, sweep, options, layout.threads)
+        labels = {s.study_key: study_label(s) for s in studies}
+
+        def on_event(event: tuple[Any, ...]) -> None:
+            if event[0] == "started":
+                progress.started_study()
+            elif event[0] == "trial":
+                progress.trial_finished(labels[event[1]], event[3])
+            elif event[0] == "steps":
+                progress.study_steps(labels[event[1]], event[2], event[3])
+            elif event[0] == "finished":
+                progress.finished_study(event[1], labels[event[1].study_key])
+            elif event[0] == "error":
+                raise EdpsError(event[1])
+            sweep.require_ours()
+
+        def on_idle() -> None:
+            sweep.require_ours()
+            progress.render()
+
+        # A stopped worker marks its study's runs KILLED before it exits: give it time to write that.
+        spec = PoolSpec(name="edps-sweep-worker", target=_sweep_worker,
+                        worker_args=tuple((device,) for device in layout.devices), stop_timeout=30.0)
+        run_pool(spec, tasks, on_event, on_idle=on_idle)
+        return []

@@ -1,0 +1,326 @@
+"""The queued-job executor: each pending study of a sweep a job of a batch system, at most ``workers`` at once,
+over a small submission protocol (``JobBackend``: submit, and per job its state, log tail and cancel).
+MLflow Projects implements it (``executors/mlflow_project.py``); a SLURM or Kubernetes-jobs backend is the
+same protocol (docs/architecture.md, "Adding an executor").
+
+One study run per study key, as with the other executors, through the one claim (``ownership.claim``):
+
+- Before submitting a study the executor claims it: done (skipped), or a live run of it elsewhere (another
+  sweep, a lone study, or a job this sweep submitted before it was killed): that run is watched, in one of
+  the ``workers`` places, instead of a new submission.
+- The study's run exists before its job starts: the backend makes it when it submits (MLflow Projects), or
+  the executor makes it first and hands its id to the job (``JobBackend.makes_runs``). Either way the
+  executor tags it as the study's run (kind, key, parent, heartbeat, ``edps.submitted_by``) at once and
+  renews its heartbeat while the job is alive, so the run is live before the job's entry point starts; the
+  entry point adopts the run (``MLFLOW_RUN_ID``) and beats itself. A killed sweep leaves its jobs training,
+  and a resumed sweep watches them.
+- Of two runs of one key made at the same moment the later gives way (and its job is cancelled).
+- A job that ends without a finished study is reported with its run id and the last lines of its log, and
+  the sweep goes on with the others; the sweep then ends with one line naming the failures.
+
+This module imports no mlflow: it reads through registry.py and writes through ownership.py and tracking.py.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+from edps_mlflow import registry
+from edps_mlflow.config import StudySpec
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.executors.base import SweepRun, study_label
+from edps_mlflow.names import KIND_STUDY
+from edps_mlflow.ownership import (
+    ClaimRules,
+    OnLive,
+    claim,
+    claim_submitted_run,
+    create_submitted_run,
+    expired_reason,
+    lease_seconds,
+    mark_dead,
+    renew_heartbeat,
+    yield_run,
+)
+from edps_mlflow.progress import SweepProgress
+from edps_mlflow.registry import LeasedRun
+from edps_mlflow.results import RunState, StudyReport
+from edps_mlflow.tracking import log_launch_log
+
+if TYPE_CHECKING:
+    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+
+POLL_SECONDS = 1.0
+TRIAL_COUNT_SECONDS = 5.0  # between looks at the store for the trials the running studies finished
+LOG_TAIL_LINES = 20
+
+
+class Job(Protocol):
+    """One submitted study."""
+
+    run_id: str  # the MLflow run its entry point adopts
+    log_path: Path | None  # its output on this machine, when it has one here
+
+    def state(self) -> RunState:
+        """RUNNING (or queued) until the job ends, then FINISHED, FAILED or KILLED; one line (``EdpsError``)
+        when the batch system cannot be asked."""
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        """The last lines of its output, or where to find it."""
+
+    def cancel(self) -> None:
+        """Stop it (nothing when it already ended)."""
+
+    def describe_end(self) -> str:
+        """How it ended, for a line to the user (``exit code 1``)."""
+
+
+class JobBackend(Protocol):
+    """A batch system that runs one study per job: ``edps study`` with the study's parameters
+    (``mlproject.study_command``) and ``MLFLOW_RUN_ID`` set to the study's run."""
+
+    # True: submit() makes the study's run itself (MLflow Projects); False: the executor makes it first
+    # and passes its id (a backend that knows nothing of MLflow).
+    makes_runs: bool
+
+    def describe(self) -> str:
+        """Where the studies go, for the line that says so (``MLflow Projects, local backend``)."""
+
+    def submit(self, study: StudySpec, parameters: dict[str, str], run_id: str | None, log_path: Path) -> Job:
+        """Submit one study; ``parameters`` are the ``main`` entry point's (mlproject.study_parameters),
+        ``run_id`` the run to adopt when ``makes_runs`` is False. One line (``EdpsError``) when it fails."""
+
+    def study_workers(self, places: int) -> int | None:
+        """Training processes per study when ``places`` studies run at once (None: the job sizes its own)."""
+
+    def close(self) -> None:
+        """Remove what the backend staged for its jobs (it has submitted them all)."""
+
+
+@dataclass
+class _Running:
+    """A study in one of the places: a job we submitted (``job``), or a live run of another process that we
+    watch (``job`` None)."""
+
+    spec: StudySpec
+    label: str
+    run_id: str
+    job: Job | None
+    started: float
+
+
+class QueuedExecutor:
+    """Jobs of a ``JobBackend``, at most ``workers`` (``--workers``, default: the cores) at once."""
+
+    def __init__(self, backend: JobBackend) -> None:
+        self.backend = backend
+
+    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+        pass
+
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+            out: TextIO) -> list[str]:
+        from edps_mlflow.resources import available_cores
+
+        workers = options.workers or available_cores()
+        progress.workers = min(workers, len(studies))
+        queue = _JobQueue(self.backend, sweep, options, workers, progress, out)
+        try:
+            return queue.run(studies)
+        finally:
+            self.backend.close()
+
+
+class _JobQueue:
+    def __init__(self, backend: JobBackend, sweep: SweepRun, options: "SweepOptions", workers: int,
+                 progress: SweepProgress, out: TextIO) -> None:
+        self.backend, self.sweep, self.options, self.workers = backend, sweep, options, workers
+        self.progress, self.out = progress, out
+        self.study_workers = backend.study_workers(progress.workers)
+        self.lease = lease_seconds()
+        self.running: list[_Running] = []
+        self.failures: list[str] = []
+        self.submitted_keys: set[str] = set()
+        self.logs = Path(tempfile.mkdtemp(prefix=f"edps-sweep-{sweep.run_id[:8]}-logs-"))
+
+    def run(self, pending: list[StudySpec]) -> list[str]:
+        """Run every pending study; the failures, one line each."""
+        queue = deque(pending)
+        print(f"submitting studies to {self.backend.describe()}, at most {self.workers} at once; their logs in "
+              f"{self.logs}", file=self.out, flush=True)
+        keys = {s.study_key for s in pending}
+        baseline = self._trial_counts()
+        last_beat = last_count = time.monotonic()
+        try:
+            while queue or self.running:
+                self.sweep.require_ours()
+                while queue and len(self.running) < self.workers:
+                    self._start(queue.popleft())
+                now = time.monotonic()
+                if now - last_beat >= min(20.0, self.lease / 6):
+                    self._renew()
+                    last_beat = now
+                for entry in list(self.running):
+                    self._poll(entry, queue)
+                if now - last_count >= TRIAL_COUNT_SECONDS:
+                    counts = self._trial_counts()
+                    self.progress.trials_done = sum(max(0, counts.get(k, 0) - baseline.get(k, 0)) for k in keys)
+                    last_count = now
+                self.progress.render()
+                if queue or self.running:
+                    time.sleep(POLL_SECONDS)
+        except BaseException:
+            self._cancel_all()
+            raise
+        return self.failures
+
+    # ---- one study -----------------------------------------------------------------------------
+    def _start(self, spec: StudySpec) -> None:
+        from edps_mlflow.mlproject import study_parameters
+
+        sweep, key, label = self.sweep, spec.study_key, study_label(spec)
+        log_path = self.logs / f"{key[:12]}.log"
+        parameters = study_parameters(spec, sweep.run_id, sweep.key, self.options.data_dir, self.options.full_trials,
+                                      self.options.device, self.study_workers)
+        jobs: dict[str, Job] = {}
+
+        def create(token: str | None) -> str:
+            if self.backend.makes_runs:
+                job = self.backend.submit(spec, parameters, None, log_path)
+                claim_submitted_run(sweep.client, job.run_id, spec, sweep.run_id, sweep.key)
+            else:
+                run_id = create_submitted_run(sweep.client, sweep.experiment_id, spec, sweep.run_id, sweep.key)
+                try:
+                    job = self.backend.submit(spec, parameters, run_id, log_path)
+                except BaseException:
+                    mark_dead(sweep.client, [run_id], "its job could not be submitted")
+                    raise
+            jobs[job.run_id] = job
+            return job.run_id
+
+        def give_way(run_id: str, rival: LeasedRun) -> None:
+            # Another process took this study at the same moment, first: ours gives way before it starts.
+            jobs.pop(run_id).cancel()
+            yield_run(sweep.client, run_id, rival.run_id, keep_kind=False)
+
+        rules = ClaimRules(kind=KIND_STUDY, key=key, label=label, on_live=OnLive.WATCH, finished=lambda: (
+            registry.latest_finished_study(sweep.client, sweep.experiment_id, key,
+                                           spec.full_trials(self.options.full_trials))))
+        try:
+            claimed = claim(sweep.client, sweep.experiment_id, rules, create, self.out, give_way)
+        except EdpsError as error:
+            self._fail(f"{label}: submission failed: {error}", running=False)
+            return
+        if claimed.done is not None:
+            self.progress.finished_study(StudyReport(key, claimed.done.steps_to_result, spec.trials, 0, 0.0, True),
+                                         label)
+            return
+        if claimed.busy is not None:
+            self._watch(spec, claimed.busy.run_id)
+            return
+        assert claimed.owned is not None
+        run_id = claimed.owned.run_id
+        self.submitted_keys.add(key)
+        print(f"{label}: submitted as run {run_id}; log {log_path}" if jobs[run_id].log_path
+              else f"{label}: submitted as run {run_id}", file=self.out, flush=True)
+        self.running.append(_Running(spec, label, run_id, jobs[run_id], time.monotonic()))
+        self.progress.started_study()
+
+    def _watch(self, spec: StudySpec, run_id: str) -> None:
+        label = study_label(spec)
+        print(f"{label}: the live run {run_id} of another process is training it: waiting for it", file=self.out,
+              flush=True)
+        self.running.append(_Running(spec, label, run_id, None, time.monotonic()))
+        self.progress.started_study()
+
+    def _poll(self, entry: _Running, queue: deque[StudySpec]) -> None:
+        sweep = self.sweep
+        if entry.job is not None:
+            if entry.job.state() is RunState.RUNNING:
+                return
+        else:
+            run = registry.get_leased(sweep.client, entry.run_id)
+            if run.live(self.lease):
+                return
+            if run.state is RunState.RUNNING:
+                mark_dead(sweep.client, [run.run_id], expired_reason(self.lease))
+        self.running.remove(entry)
+        done = registry.latest_finished_study(sweep.client, sweep.experiment_id, entry.spec.study_key,
+                                              entry.spec.full_trials(self.options.full_trials))
+        if entry.job is not None:
+            self._keep_log(entry)
+        if done is not None:
+            report = StudyReport(entry.spec.study_key, done.steps_to_result, entry.spec.trials, entry.spec.trials,
+                                 time.monotonic() - entry.started, False)
+            self.progress.finished_study(report, entry.label)
+            return
+        if entry.job is None:
+            self.progress.running = max(0, self.progress.running - 1)
+            if entry.spec.study_key not in self.submitted_keys:
+                # The process we waited for ended without the study: it is ours to run now.
+                print(f"{entry.label}: the run {entry.run_id} ended without finishing the study: submitting it",
+                      file=self.out, flush=True)
+                queue.appendleft(entry.spec)
+                return
+            self._fail(f"{entry.label}: run {entry.run_id} ended without finishing the study", running=False)
+            return
+        run = registry.get_leased(sweep.client, entry.run_id)
+        if run.state is RunState.RUNNING:
+            mark_dead(sweep.client, [entry.run_id], f"its submitted run ended ({entry.job.describe_end()}) "
+                                                    f"without finishing the study")
+        tail = entry.job.log_tail()
+        lines = "\n".join(f"    {line}" for line in tail)
+        self._fail(f"{entry.label}: submitted run {entry.run_id} failed ({entry.job.describe_end()})"
+                   + (f"; the last lines of its log:\n{lines}" if tail else ""))
+
+    def _fail(self, text: str, running: bool = True) -> None:
+        """Report a study that ended without its result (``running``: it held a place until now)."""
+        self.failures.append(text.splitlines()[0])
+        if not running:
+            self.progress.running += 1  # failed_study counts it out again
+        self.progress.failed_study(text)
+
+    def _keep_log(self, entry: _Running) -> None:
+        """The job's output as its run's artifact, so that the UI shows why a run failed (best effort)."""
+        path = entry.job.log_path if entry.job else None
+        if path is None or not path.exists():
+            return
+        try:
+            log_launch_log(self.sweep.client, entry.run_id, path)
+        except Exception:  # noqa: BLE001 - the log stays on disk; the sweep goes on
+            pass
+
+    # ---- all of them ---------------------------------------------------------------------------
+    def _renew(self) -> None:
+        """Keep the submitted runs live while their job is: the entry point beats on its own only once it
+        has started, seconds (or, building an environment or waiting in a queue, minutes) later."""
+        for entry in self.running:
+            if entry.job is not None and entry.job.state() is RunState.RUNNING:
+                try:
+                    renew_heartbeat(self.sweep.client, entry.run_id)
+                except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
+                    pass
+
+    def _cancel_all(self) -> None:
+        """The sweep was interrupted: stop the jobs it submitted (a SIGKILL leaves them training)."""
+        for entry in self.running:
+            if entry.job is None:
+                continue
+            entry.job.cancel()
+            try:
+                run = registry.get_leased(self.sweep.client, entry.run_id)
+                if run.state is RunState.RUNNING:
+                    mark_dead(self.sweep.client, [entry.run_id], "the sweep that submitted it was interrupted")
+            except Exception:  # noqa: BLE001 - interrupted: leave what cannot be written to the lease
+                pass
+
+    def _trial_counts(self) -> dict[str, int]:
+        try:
+            return registry.finished_trial_counts(self.sweep.client, self.sweep.experiment_id, self.sweep.workload)
+        except Exception:  # noqa: BLE001 - progress only
+            return {}

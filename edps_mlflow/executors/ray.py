@@ -1,0 +1,77 @@
+"""The ``ray`` executor: each study a Ray task on a cluster (``--ray-address``) or a local Ray instance. Ray
+retries lost workers (a task is idempotent: its study's claim finds the work done or live), and a resumed
+sweep covers what is left."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, TextIO
+
+from edps_mlflow.config import StudySpec
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.executors.base import (
+    SweepRun,
+    run_study_task,
+    study_label,
+    study_tasks,
+)
+from edps_mlflow.process_settings import request_settings
+from edps_mlflow.progress import SweepProgress
+from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices
+from edps_mlflow.uris import redact_uri
+
+if TYPE_CHECKING:
+    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+
+
+class RayExecutor:
+    """Ray tasks, one study each: one GPU per study where there are GPUs, else one CPU."""
+
+    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise EdpsError("the ray executor needs Ray: pip install 'edps-mlflow[ray]'") from None
+
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+            out: TextIO) -> list[str]:
+        import ray
+
+        gpus = cuda_devices(options.device, indexed=False)
+        workers = gpus or options.workers or available_cores()
+        threads = 1 if gpus else max(1, available_cores() // workers)
+        progress.workers = workers
+        tasks = study_tasks(studies, sweep, options, threads)
+        labels = {s.study_key: study_label(s) for s in studies}
+        # Ray's workers do not inherit this process's environment: pass what training and the store client need.
+        environment = {name: os.environ[name] for name in ALLOCATOR_ENVIRONMENT if name in os.environ}
+        environment.update({**request_settings(), "OMP_NUM_THREADS": "1"})
+        init: dict[str, Any] = {"runtime_env": {"env_vars": environment}, "include_dashboard": False,
+                                "log_to_driver": False, "ignore_reinit_error": True}
+        if options.ray_address:
+            init["address"] = options.ray_address
+        else:
+            init["num_cpus"] = workers
+        try:
+            ray.init(**init)
+        except (ConnectionError, RuntimeError) as error:
+            raise EdpsError(f"cannot start or reach Ray at {redact_uri(options.ray_address or 'a local instance')}: "
+                            f"{redact_uri(str(error))}") from None
+        try:
+            remote = ray.remote(num_gpus=1.0 if gpus else 0.0, num_cpus=1.0, max_retries=3)(run_study_task)
+            pending = {remote.remote(task): task for task in tasks}
+            for _ in tasks:
+                progress.started_study()
+            while pending:
+                sweep.require_ours()
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                if not ready:
+                    progress.render()
+                    continue
+                for reference in ready:
+                    pending.pop(reference)
+                    report = ray.get(reference)
+                    progress.finished_study(report, labels[report.study_key])
+        finally:
+            ray.shutdown()
+        return []

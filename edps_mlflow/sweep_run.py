@@ -1,0 +1,89 @@
+"""What a sweep leaves in the store: its run (the parent of its study runs), its params, plan, tables and end.
+
+The run is claimed through ``ownership.claim`` (a new run, the run ``mlflow run`` made for us, or the
+earlier run of the same sweep whose owner is gone), and every write that matters (its end, an abort)
+first proves that it is still this process's: a sweep stalled past its lease and resumed by another
+process writes nothing more to the run the other one now owns.
+
+This module imports neither torch nor the engine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+
+from edps_mlflow import __version__
+from edps_mlflow import names as n
+from edps_mlflow.descriptions import provenance_tags
+from edps_mlflow.ownership import OwnedRun, heartbeat_tags
+from edps_mlflow.store import StoreClient, log_batch, store_error
+
+
+def create_sweep_run(client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
+                     token: str | None, launcher_run_id: str | None = None) -> str:
+    """A new sweep run (or the run ``mlflow run`` made for us), live and with its owner token from its first
+    moment. Returns its id."""
+    tags = {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
+            n.TAG_VERSION: __version__, **heartbeat_tags(), n.MLFLOW_RUN_NAME: name}
+    if token is not None:
+        tags[n.TAG_LEASE_OWNER] = token
+    try:
+        if launcher_run_id:
+            log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
+            return launcher_run_id
+        return client.create_run(experiment_id, tags={**tags, **provenance_tags()}).info.run_id
+    except MlflowException as error:
+        raise store_error(client, error) from None
+
+
+class SweepTracker:
+    """The sweep run: the parent of the sweep's study runs."""
+
+    def __init__(self, client: StoreClient, experiment_id: str, owned: OwnedRun) -> None:
+        self.client, self.experiment_id, self.owned = client, experiment_id, owned
+
+    @property
+    def run_id(self) -> str:
+        return self.owned.run_id
+
+    def start_heartbeat(self) -> None:
+        self.owned.start_heartbeat()
+
+    def stop_heartbeat(self) -> None:
+        self.owned.stop_heartbeat()
+
+    def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
+        existing = self.client.get_run(self.run_id).data.params
+        # A resumed sweep keeps its params; only new ones are written (MLflow forbids changing one).
+        new_params = {n.PARAM_SWEEP_PREFIX + k: str(v) for k, v in params.items()
+                      if n.PARAM_SWEEP_PREFIX + k not in existing}
+        log_batch(self.client, self.run_id, params=new_params,
+                  metrics={n.METRIC_PLAN_PREFIX + k: v for k, v in plan.items()})
+
+    def log_table(self, name: str, text: str, tags: dict[str, str] | None = None,
+                  metrics: dict[str, float] | None = None) -> None:
+        """A table artifact (e.g. the adaptive sweep's decisions) on the sweep run, with tags and metrics
+        that summarise it; written again (replaced) when a resumed sweep knows more. Only while ours."""
+        self.owned.require()
+        directory = Path(tempfile.mkdtemp(prefix="edps-sweep-"))
+        try:
+            (directory / name).write_text(text)
+            log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
+            self.client.log_artifact(self.run_id, str(directory / name))
+        except MlflowException as error:
+            raise store_error(self.client, error) from None
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
+        """The sweep's summary and FINISHED, if the run is still ours (else ``LeaseLost``, nothing written)."""
+        self.owned.require()
+        log_batch(self.client, self.run_id, metrics={
+            n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
+            n.METRIC_SWEEP_SECONDS: seconds}, tags={n.MLFLOW_NOTE: description[:20_000]} if description else None)
+        self.owned.finish()
