@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.filenames import file_stem  # noqa: E402
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
     curve_columns,
@@ -21,6 +22,13 @@ from analysis.regimes import (  # noqa: E402
 )
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
+
+
+def _literal(value: object) -> str:
+    """A value read from the store or a CSV (a workload, an optimizer, a device) as text for a title or a
+    legend: a '$' in it is a dollar sign, not the start of matplotlib's math mode (where a stray '^' or
+    '\\frac' would fail the whole figure)."""
+    return str(value).replace("$", r"\$")
 
 
 def _log2_axes(axis: plt.Axes, ylabel: str) -> None:
@@ -155,7 +163,8 @@ def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[
 def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2,
                  fits: pd.DataFrame | None = None) -> list[Path]:
     """The figure of :func:`draw_steps`, as PNG and SVG in ``directory``."""
-    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory, f"steps_{workload}_{optimizer}")
+    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory,
+                 file_stem("steps", workload, optimizer))
 
 
 def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: float = 0.2,
@@ -182,7 +191,7 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
-        label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {key[i]}" for i in varying])
+        label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {_literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         heights += list(s[valid])
         row = _fit_row(fits, columns, key)
@@ -194,8 +203,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
     axis.set_xlim(*limits)
     if heights:
         axis.set_ylim(min(heights) / AXIS_MARGIN, max(heights) * AXIS_MARGIN)
-    axis.set_title(f"{workload}, {optimizer}: steps to reach the goal\n(dashed: fitted S_min (1 + B_crit / B); "
-                   f"shading: regimes of the densest curve)", fontsize=9)
+    axis.set_title(f"{_literal(workload)}, {_literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
+                   f"S_min (1 + B_crit / B); shading: regimes of the densest curve)", fontsize=9)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     return figure
 
@@ -210,7 +219,7 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     for colour, (key, curve) in zip(colours, lines):
         key = key if isinstance(key, tuple) else (key,)
-        label = " ".join([f"sparsity {key[0]:g}"] + [f"{c} {v}" for c, v in zip(keys[1:], key[1:])])
+        label = " ".join([f"sparsity {key[0]:g}"] + [f"{c} {_literal(v)}" for c, v in zip(keys[1:], key[1:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
@@ -224,9 +233,9 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     right.set_title("cost of sparsity at each batch size", fontsize=9)
     for axis in (left, right):
         axis.legend(fontsize=8, framealpha=0.9)
-    figure.suptitle(f"{workload}, {optimizer}", fontsize=10)
+    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}", fontsize=10)
     figure.tight_layout()
-    return _save(figure, directory, f"sparsity_{workload}_{optimizer}")
+    return _save(figure, directory, file_stem("sparsity", workload, optimizer))
 
 
 def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
@@ -238,7 +247,7 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
-                      capsize=3, label=f"{workload}, {optimizer}, sparsity {sparsity:g}")
+                      capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("batch size")
@@ -260,10 +269,11 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
         spread = np.vstack([median - group["b_simple_p25"].to_numpy(dtype=float),
                             group["b_simple_p75"].to_numpy(dtype=float) - median])
         line = axis.errorbar(group["sparsity"], median, yerr=np.clip(spread, 0, None), fmt="o-", capsize=3,
-                             label=f"B_simple, {workload}, {optimizer}")
+                             label=f"B_simple, {_literal(workload)}, {_literal(optimizer)}")
         b_crit = group["b_crit"].to_numpy(dtype=float)
         if np.isfinite(b_crit).any():
-            axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(), label=f"fitted B_crit, {optimizer}")
+            axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(),
+                      label=f"fitted B_crit, {_literal(optimizer)}")
     axis.set_yscale("log", base=2)
     axis.set_xlabel("sparsity (fraction of parameters pruned)")
     axis.set_ylabel("batch size (examples)")
@@ -307,11 +317,11 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
         axis.grid(True, which="major", alpha=0.3)
         devices = curve["device"].dropna()
         measured = devices.iloc[0] if len(devices) else "an unrecorded device"
-        axis.set_title(f"{head['workload']}, {head['optimizer']}, sparsity {float(head['sparsity']):g}: "
-                       f"time to reach the goal (star: the fastest batch size)\none device: measured on {measured}"
-                       f"\nmore devices: {cost}", fontsize=8)
+        axis.set_title(f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
+                       f"{float(head['sparsity']):g}: time to reach the goal (star: the fastest batch size)\n"
+                       f"one device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
         axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-        stem = f"time_{head['workload']}_{head['optimizer']}_sp{float(head['sparsity']):g}"
+        stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}")
         if stem in stems:  # a second protocol of the same sparsity
             stem += f"_{len(stems)}"
         stems.add(stem)
