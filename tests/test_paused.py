@@ -98,14 +98,16 @@ def _assert_wrote_nothing_after(client: MlflowClient, experiment_id: str, stoppe
 def test_a_study_paused_past_its_lease_writes_nothing_when_it_wakes(tmp_path):
     uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
-    study = ["study", "--bs", "64", "--trials", "4", "--workers", "1", "--experiment", "paused"]
+    # A small study: two trials of at most 300 steps, a check every 20.
+    study = ["study", "--bs", "64", "--trials", "2", "--goal-error", "0.1", "--max-steps", "300", "--check-interval",
+             "20", "--workers", "1", "--experiment", "paused"]
     stalled = _start(study, tmp_path, uri)
     experiment_id = _wait_for_a_running_trial(stalled, client, "paused")
     stalled_study = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")[0].info.run_id
     stopped = _pause_past_the_lease(stalled, tmp_path / "mlflow.db")
 
     # Another process finds the study's lease expired, marks the stalled runs FAILED and trains the study.
-    taker = run_edps([*study, "--wait"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS=LEASE)
+    taker = run_edps([*study, "--wait"], cwd=tmp_path, timeout=900, MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS=LEASE)
     assert taker.returncode == 0, taker.stderr[-3000:]
     assert "marked" in taker.stdout and "left RUNNING by a dead process" in taker.stdout, taker.stdout
 
@@ -125,8 +127,8 @@ def test_a_study_paused_past_its_lease_writes_nothing_when_it_wakes(tmp_path):
 def test_a_sweep_paused_past_its_lease_leaves_the_resumed_sweep_finished(mlflow_server, tmp_path):
     client = MlflowClient(mlflow_server)
     experiment = f"paused-sweep-{time.time_ns()}"
-    sweep = ["sweep", "--batch-sizes", "16,64", "--sparsities", "0", "--trials", "4", "--workers", "1",
-             "--experiment", experiment]
+    sweep = ["sweep", "--batch-sizes", "32,64", "--sparsities", "0", "--trials", "2", "--goal-error", "0.1",
+             "--max-steps", "300", "--check-interval", "20", "--workers", "1", "--experiment", experiment]
     stalled = _start(sweep, tmp_path, mlflow_server)
     experiment_id = _wait_for_a_running_trial(stalled, client, experiment)
     sweep_run = client.search_runs([experiment_id], "tags.`edps.kind` = 'sweep'")[0].info.run_id
@@ -134,7 +136,8 @@ def test_a_sweep_paused_past_its_lease_leaves_the_resumed_sweep_finished(mlflow_
     stopped = _pause_past_the_lease(stalled)
 
     # Another process resumes the sweep (its run, under a new owner) and finishes the grid.
-    taker = run_edps([*sweep, "--wait"], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server, EDPS_LEASE_SECONDS=LEASE)
+    taker = run_edps([*sweep, "--wait"], cwd=tmp_path, timeout=900, MLFLOW_TRACKING_URI=mlflow_server,
+                     EDPS_LEASE_SECONDS=LEASE)
     assert taker.returncode == 0, taker.stderr[-3000:]
     assert client.get_run(sweep_run).info.status == "FINISHED"
 
