@@ -26,7 +26,7 @@ import pandas as pd
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import configure_process
+from edps_mlflow.process_settings import configure_process, log_note
 
 
 class _Finite(click.FloatRange):
@@ -448,7 +448,7 @@ def _command_argv() -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    configure_process()
+    configure_process(program="edps-analyze")
     try:
         cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
     except click.exceptions.Abort:
@@ -458,7 +458,19 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
         sys.exit(2)
     except EdpsError as error:
-        click.echo(f"edps-analyze: error: {error}", err=True)
+        click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
+        sys.exit(2)
+    except Exception as error:
+        # A tracking-store error (or a full or read-only disk under the report's run) as one line.
+        if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
+                and not isinstance(error, OSError):
+            raise
+        from edps_mlflow.store import store_error_line
+
+        line = store_error_line(error)
+        if line is None:
+            raise
+        click.echo(f"edps-analyze: error: {line}{log_note()}", err=True)
         sys.exit(2)
 
 

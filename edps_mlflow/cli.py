@@ -25,7 +25,7 @@ from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import executor_names
 from edps_mlflow.interrupts import raise_interrupt
-from edps_mlflow.process_settings import configure_process, launcher_run_id
+from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note
 from edps_mlflow.resources import training_environment_missing
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -477,14 +477,14 @@ def main(argv: list[str] | None = None) -> None:
         _mark_launcher_run(message)
         sys.exit(2)
     except EdpsError as error:
-        click.echo(f"edps: error: {error}", err=True)
+        click.echo(f"edps: error: {error}{log_note()}", err=True)
         _mark_launcher_run(str(error))
         sys.exit(error.exit_code)
     except Exception as error:
         line = _store_error_line(error)
         if line is None:
             raise
-        click.echo(f"edps: error: {line}", err=True)
+        click.echo(f"edps: error: {line}{log_note()}", err=True)
         sys.exit(2)
 
 
@@ -506,8 +506,10 @@ def _usage_line(error: click.UsageError) -> str:
 
 
 def _store_error_line(error: Exception) -> str | None:
-    """A tracking-store error anywhere in a command is one line naming the store, not a traceback."""
-    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy"):
+    """A tracking-store error anywhere in a command is one line naming the store, not a traceback; so is a
+    file of the store's that a full or read-only disk refused (store.store_error_line)."""
+    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
+            and not isinstance(error, OSError):
         return None
     from edps_mlflow.store import store_error_line
 
