@@ -463,29 +463,40 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        cli.main(args=args, prog_name="edps", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("edps: interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("edps: interrupted; open runs were marked KILLED. Run the same command again to resume: "
-                   "finished trials and studies are reused, nothing is trained twice", err=True)
-        sys.exit(130)
-    except click.UsageError as error:
-        message = _usage_line(error)
-        click.echo(f"edps: error: {message}", err=True)
-        _mark_launcher_run(message)
-        sys.exit(2)
-    except EdpsError as error:
-        click.echo(f"edps: error: {error}{log_note()}", err=True)
-        _mark_launcher_run(str(error))
-        sys.exit(error.exit_code)
-    except Exception as error:
-        line = _store_error_line(error)
-        if line is None:
-            raise
-        click.echo(f"edps: error: {line}{log_note()}", err=True)
-        sys.exit(2)
+        try:
+            cli.main(args=args, prog_name="edps", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("edps: interrupted", err=True)
+            sys.exit(130)
+        except KeyboardInterrupt:
+            click.echo("edps: interrupted; open runs were marked KILLED. Run the same command again to resume: "
+                       "finished trials and studies are reused, nothing is trained twice", err=True)
+            sys.exit(130)
+        except click.UsageError as error:
+            message = _usage_line(error)
+            click.echo(f"edps: error: {message}", err=True)
+            _mark_launcher_run(message)
+            sys.exit(2)
+        except EdpsError as error:
+            click.echo(f"edps: error: {error}{log_note()}", err=True)
+            _mark_launcher_run(str(error))
+            sys.exit(error.exit_code)
+        except Exception as error:
+            line = _store_error_line(error)
+            if line is None:
+                raise
+            click.echo(f"edps: error: {line}{log_note()}", err=True)
+            sys.exit(2)
+    finally:
+        _restore_library_logs()
+
+
+def _restore_library_logs() -> None:
+    """MLflow's loggers as they were before the command routed them to its log file (store.route_library_logs),
+    for a command run inside another program (a test); a command that never opened the store changed nothing."""
+    store = sys.modules.get("edps_mlflow.store")
+    if store is not None:
+        store.restore_library_logs()
 
 
 def _usage_line(error: click.UsageError) -> str:

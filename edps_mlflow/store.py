@@ -437,13 +437,29 @@ def route_library_logs() -> None:
         return
     handler = next((h for h in logging.getLogger(_LIBRARY_LOGGERS[0]).handlers
                     if isinstance(h, _LogFile) and h.baseFilename == str(path.absolute())), None)
-    if handler is None:
-        handler = _LogFile(path, delay=True)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    if handler is not None:
+        return
+    handler = _LogFile(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
     for name in _LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
+        _routed.setdefault(name, (logger.handlers, logger.propagate))
         logger.handlers = [handler]
         logger.propagate = False
+
+
+_routed: dict[str, tuple[list[logging.Handler], bool]] = {}  # each routed logger's handlers before
+
+
+def restore_library_logs() -> None:
+    """Undo :func:`route_library_logs` (a command that ran inside another program, or a test, returns)."""
+    for name, (handlers, propagate) in _routed.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if isinstance(handler, _LogFile):
+                handler.close()
+        logger.handlers, logger.propagate = handlers, propagate
+    _routed.clear()
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
@@ -532,7 +548,8 @@ def _repair(path: Path, uri: str, tables: set[str], copies: list[str]) -> str:
         steps.append(f"remove the copies a stopped migration left (`sqlite3 {shlex.quote(str(path))} "
                      f"{shlex.quote(drops)}`)")
     steps.append(f"run `mlflow db upgrade {redact_uri(uri)}`")
-    return f"it holds {runs if runs is not None else 'perhaps some'} runs: {', then '.join(steps)}"
+    held = "perhaps runs" if runs is None else f"{runs} run{'' if runs == 1 else 's'}"
+    return f"it holds {held}: {', then '.join(steps)}"
 
 
 def _write_problem(path: Path, uri: str) -> str | None:
@@ -658,7 +675,9 @@ def mlflow_sqlite_store(store_uri: str, artifact_uri: str | None = None) -> Any:
         except EdpsError as error:
             raise MlflowException(str(error)) from None
         if created is not None:
-            print(f"edps-mlflow: created a new tracking store at {created}", file=sys.stderr, flush=True)
+            # On stderr: this may be any MLflow process, whose standard output is not ours to add to.
+            print(f"edps-mlflow: created a new tracking store at {created} (none was there; if you expected one, "
+                  "check MLFLOW_TRACKING_URI)", file=sys.stderr, flush=True)
     return _get_sqlalchemy_store(store_uri, artifact_uri)
 
 

@@ -277,22 +277,27 @@ def test_a_database_store_that_does_not_answer_fails_within_seconds(tmp_path):
     filler = socket.create_connection(silent.getsockname())  # fills the backlog of 0: later ones wait
     environment = clean_environment(PYTHONPATH=str(REPO))
     uris = [f"postgresql+psycopg2://edps:secret@127.0.0.1:{port}/mlflow" for port in (refused, silent.getsockname()[1])]
+    # `edps status`, timed from after its imports (on a loaded machine they take long, and are not the bound).
+    timed = ("import atexit, sys, time; import edps_mlflow.store, edps_mlflow.registry, psycopg2; "
+             "started = time.monotonic(); "
+             "atexit.register(lambda: print(f'{time.monotonic() - started:.1f}', flush=True)); "
+             "from edps_mlflow.cli import main; main(['status'])")
     try:
-        started = time.monotonic()
-        commands = [subprocess.Popen([*EDPS, "status"], cwd=tmp_path, env={**environment, "MLFLOW_TRACKING_URI": uri},
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for uri in uris]
-        outputs = [command.communicate(timeout=180) for command in commands]
-        seconds = time.monotonic() - started
+        commands = [subprocess.Popen([sys.executable, "-c", timed], cwd=tmp_path, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**environment, "MLFLOW_TRACKING_URI": uri})
+                    for uri in uris]
+        outputs = [command.communicate(timeout=300) for command in commands]
     finally:
         filler.close()
         silent.close()
-    for command, (_, stderr), reason in zip(commands, outputs, ("Connection refused", "timeout expired")):
+    for command, (stdout, stderr), reason in zip(commands, outputs, ("Connection refused", "timeout expired")):
         assert command.returncode == 2, stderr[-3000:]
         line = _one_line(stderr)
         assert line.startswith("edps: error: tracking store postgresql+psycopg2://***:***@127.0.0.1:"), line
         assert "did not answer within 15 s" in line and reason in line and "secret" not in line, line
-    assert seconds < 45, seconds
-    print(f"two database stores that do not answer: both lines in {seconds:.1f} s")
+        seconds = float(stdout.split()[-1])
+        assert seconds < 30, seconds  # MLflow alone: 100 s of retries, each as long as the driver waits
+        print(f"a database store that does not answer ({reason}): one line after {seconds:.1f} s")
 
 
 # ---- a store left half-migrated ------------------------------------------------------------------------
@@ -313,7 +318,7 @@ def test_a_half_migrated_store_with_runs_gets_the_repair_that_works(tmp_path):
     assert result.returncode == 2
     assert _one_line(result.stderr) == (
         f"edps: error: tracking store {uri} has a half-migrated MLflow schema (revision c8d9e0f1a2b3, expected "
-        f"{_head()}), probably left by a process stopped while creating or upgrading it; it holds 1 runs: back it "
+        f"{_head()}), probably left by a process stopped while creating or upgrading it; it holds 1 run: back it "
         f"up (`cp {database} {database}.backup`), then remove the copies a stopped migration left "
         f"(`sqlite3 {database} 'DROP TABLE _alembic_tmp_runs'`), then run `mlflow db upgrade {uri}`")
 
