@@ -26,7 +26,7 @@ import pandas as pd
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import configure_process
+from edps_mlflow.process_settings import configure_process, log_note
 
 
 class _Finite(click.FloatRange):
@@ -470,18 +470,41 @@ def _command_argv() -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    configure_process()
+    configure_process(program="edps-analyze")
     try:
-        cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
-    except click.exceptions.Abort:
-        click.echo("edps-analyze: interrupted", err=True)
-        sys.exit(130)
-    except click.UsageError as error:
-        click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
-        sys.exit(2)
-    except EdpsError as error:
-        click.echo(f"edps-analyze: error: {error}", err=True)
-        sys.exit(2)
+        try:
+            cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
+        except click.exceptions.Abort:
+            click.echo("edps-analyze: interrupted", err=True)
+            sys.exit(130)
+        except click.UsageError as error:
+            click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
+            sys.exit(2)
+        except EdpsError as error:
+            click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
+            sys.exit(2)
+        except Exception as error:
+            # A tracking-store error (or a full or read-only disk under the report's run) as one line.
+            if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
+                    and not isinstance(error, OSError):
+                raise
+            from edps_mlflow.store import store_error_line
+
+            line = store_error_line(error)
+            if line is None:
+                raise
+            click.echo(f"edps-analyze: error: {line}{log_note()}", err=True)
+            sys.exit(2)
+    finally:
+        _restore_library_logs()
+
+
+def _restore_library_logs() -> None:
+    """MLflow's loggers as they were before the command routed them to its log file (store.route_library_logs),
+    for a command run inside another program (a test); a command that never opened the store changed nothing."""
+    store = sys.modules.get("edps_mlflow.store")
+    if store is not None:
+        store.restore_library_logs()
 
 
 if __name__ == "__main__":

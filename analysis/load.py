@@ -111,9 +111,13 @@ def _client(tracking_uri: str | None):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient, get_tracking_uri
 
+    from edps_mlflow.store import require_database, route_library_logs
+
     uri = tracking_uri or get_tracking_uri()
     require_existing_store(uri)
     quiet_links_with_credentials(uri)
+    route_library_logs()  # MLflow's logged tracebacks to the command's log file, off the terminal
+    require_database(uri)  # a database that does not answer: one line within seconds, not 100 s of retries
     try:
         return MlflowClient(uri)
     except (MlflowException, ImportError) as error:

@@ -25,7 +25,7 @@ from edps_mlflow import __version__
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import executor_names
 from edps_mlflow.interrupts import raise_interrupt
-from edps_mlflow.process_settings import configure_process, launcher_run_id
+from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note
 from edps_mlflow.resources import training_environment_missing
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -478,29 +478,40 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        cli.main(args=args, prog_name="edps", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("edps: interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("edps: interrupted; open runs were marked KILLED. Run the same command again to resume: "
-                   "finished trials and studies are reused, nothing is trained twice", err=True)
-        sys.exit(130)
-    except click.UsageError as error:
-        message = _usage_line(error)
-        click.echo(f"edps: error: {message}", err=True)
-        _mark_launcher_run(message)
-        sys.exit(2)
-    except EdpsError as error:
-        click.echo(f"edps: error: {error}", err=True)
-        _mark_launcher_run(str(error))
-        sys.exit(error.exit_code)
-    except Exception as error:
-        line = _store_error_line(error)
-        if line is None:
-            raise
-        click.echo(f"edps: error: {line}", err=True)
-        sys.exit(2)
+        try:
+            cli.main(args=args, prog_name="edps", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("edps: interrupted", err=True)
+            sys.exit(130)
+        except KeyboardInterrupt:
+            click.echo("edps: interrupted; open runs were marked KILLED. Run the same command again to resume: "
+                       "finished trials and studies are reused, nothing is trained twice", err=True)
+            sys.exit(130)
+        except click.UsageError as error:
+            message = _usage_line(error)
+            click.echo(f"edps: error: {message}", err=True)
+            _mark_launcher_run(message)
+            sys.exit(2)
+        except EdpsError as error:
+            click.echo(f"edps: error: {error}{log_note()}", err=True)
+            _mark_launcher_run(str(error))
+            sys.exit(error.exit_code)
+        except Exception as error:
+            line = _store_error_line(error)
+            if line is None:
+                raise
+            click.echo(f"edps: error: {line}{log_note()}", err=True)
+            sys.exit(2)
+    finally:
+        _restore_library_logs()
+
+
+def _restore_library_logs() -> None:
+    """MLflow's loggers as they were before the command routed them to its log file (store.route_library_logs),
+    for a command run inside another program (a test); a command that never opened the store changed nothing."""
+    store = sys.modules.get("edps_mlflow.store")
+    if store is not None:
+        store.restore_library_logs()
 
 
 def _usage_line(error: click.UsageError) -> str:
@@ -521,8 +532,10 @@ def _usage_line(error: click.UsageError) -> str:
 
 
 def _store_error_line(error: Exception) -> str | None:
-    """A tracking-store error anywhere in a command is one line naming the store, not a traceback."""
-    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy"):
+    """A tracking-store error anywhere in a command is one line naming the store, not a traceback; so is a
+    file of the store's that a full or read-only disk refused (store.store_error_line)."""
+    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
+            and not isinstance(error, OSError):
         return None
     from edps_mlflow.store import store_error_line
 

@@ -173,17 +173,20 @@ class OwnedRun:
         """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs), if still ours; a run
         another process took over keeps what that process wrote."""
         self.stop_heartbeat()
+        # One try each, and none after a write that fails: a locked, full or read-only store would make
+        # every run wait out the retries again, and the lease marks what is left.
+        client = self.client.without_retries()
         try:
-            if not self.still_ours():
+            if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
                 return
         except Exception:  # noqa: BLE001 - the store is failing: marking is best effort, the lease covers the rest
             pass
         status = RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED)
         for run_id in [*(open_runs or []), self.run_id]:
             try:
-                self.client.set_terminated(run_id, status)
+                client.set_terminated(run_id, status)
             except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
-                pass
+                return
 
 
 @contextmanager

@@ -14,17 +14,22 @@ This module imports neither torch nor the engine.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import random
 import re
+import shlex
 import sqlite3
+import sys
 import time
 import uuid
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
 
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
@@ -33,6 +38,7 @@ from mlflow.tracking import MlflowClient
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.interrupts import store_call
 from edps_mlflow.names import MLFLOW_NOTE, default_experiment
+from edps_mlflow.process_settings import library_log_file
 from edps_mlflow.uris import (
     explain_store_error,
     quiet_links_with_credentials,
@@ -112,9 +118,29 @@ class StoreClient:
     are then written twice with the same values, which changes nothing that we read.
     """
 
-    def __init__(self, tracking_uri: str) -> None:
-        self._client = MlflowClient(tracking_uri)
+    def __init__(self, tracking_uri: str, attempts: int = STORE_ATTEMPTS, client: MlflowClient | None = None) -> None:
+        self._client = client or MlflowClient(tracking_uri)
         self.tracking_uri = tracking_uri
+        self.attempts = attempts
+
+    def without_retries(self) -> StoreClient:
+        """The same client, each call tried once: for best-effort writes after the store failed (an abort),
+        which must not wait out the retries once more per run."""
+        return StoreClient(self.tracking_uri, attempts=1, client=self._client)
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        """MlflowClient.log_artifact; a full or read-only disk names where the run's artifacts go (the OS's
+        error from the copy names no file)."""
+        try:
+            call_store(lambda: self._client.log_artifact(run_id, local_path, artifact_path), self.attempts)
+        except OSError as error:
+            if not is_disk_error(error) or error.filename:
+                raise
+            try:
+                where = self._client.get_run(run_id).info.artifact_uri
+            except Exception:  # noqa: BLE001 - the store failing too: the error as it was
+                raise error from None
+            raise OSError(error.errno, error.strerror, redact_uri(where)) from error
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._client, name)
@@ -122,7 +148,7 @@ class StoreClient:
             return attribute
 
         def retried(*args: Any, **kwargs: Any) -> Any:
-            return call_store(lambda: attribute(*args, **kwargs))
+            return call_store(lambda: attribute(*args, **kwargs), self.attempts)
 
         return retried
 
@@ -131,21 +157,25 @@ def connect(tracking_uri: str | None = None) -> StoreClient:
     """A client of the store, resolved once (see :func:`resolve_tracking_uri`), retrying blips.
 
     MLflow refuses an unknown scheme (``foo://``) or a retired backend when the client is made, and
-    a missing database driver surfaces as an ImportError: each becomes the one line the user sees.
+    a missing database driver surfaces as an ImportError: each becomes the one line the user sees. A
+    database that does not answer is given up within :data:`DATABASE_CONNECT_SECONDS`.
     """
     uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
+    route_library_logs()
+    require_database(uri)
     try:
         return StoreClient(uri)
     except (MlflowException, ImportError) as error:
         raise uri_error(uri, error) from None
 
 
-def open_store(tracking_uri: str | None = None) -> StoreClient:
-    """The store, checked once at the start of a command: created safely when new, reachable, usable;
-    else one line naming it."""
+def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreClient:
+    """The store, checked once at the start of a command: created safely when new, reachable, usable,
+    and (``writes``: for commands that record runs) writable now; else one line naming it."""
     uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
+    route_library_logs()
     # Before any client: making an MlflowClient of a sqlite store already creates and migrates it, which
     # initialise_store does safely (under a lock, in a temporary file moved into place).
     try:
@@ -156,11 +186,20 @@ def open_store(tracking_uri: str | None = None) -> StoreClient:
         # A typo in the URI would otherwise train into a store nobody will look at.
         print(f"created a new tracking store at {created} (none was there; if you expected one, check "
               "MLFLOW_TRACKING_URI)", flush=True)
+    elif writes and sqlite_path(uri) is not None:
+        # A read-only, full or locked store stops the command now, before data, training or any run.
+        problem = _write_problem(sqlite_path(uri).resolve(), uri)
+        if problem:
+            raise EdpsError(problem)
     return connect(uri)
 
 
 def describe_store_error(uri: str, error: BaseException) -> str:
-    """The one line a user sees for a store error: the store (without secrets) and the first line."""
+    """The one line a user sees for a store error: the store (without secrets) and the cause: locked (by
+    whom), read-only or full when it is one of those, else the error's first line."""
+    trouble = store_trouble(error)
+    if trouble is not None:
+        return trouble_line(uri, trouble, error)
     message = getattr(error, "message", None) or str(error) or type(error).__name__
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     # Redacted before it is cut: a cut through a password would leave its start unrecognised.
@@ -174,8 +213,9 @@ _STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "p
 
 
 def store_error_line(error: BaseException, tracking_uri: str | None = None) -> str | None:
-    """The one line for an error raised by the tracking store or its client libraries; None for others."""
-    if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES:
+    """The one line for an error raised by the tracking store or its client libraries, or for a file that
+    could not be written because its disk is full or read-only (the store's artifacts); None for others."""
+    if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES and not is_disk_error(error):
         return None
     return describe_store_error(tracking_uri or resolve_tracking_uri(), error)
 
@@ -194,6 +234,234 @@ def store_errors(client: Any) -> Iterator[None]:
         raise store_error(client, error) from None
 
 
+# ---- locked, read-only, full: what a store error means -------------------------------------------------
+class StoreTrouble(Enum):
+    LOCKED = "locked"  # another process holds the write lock past the busy timeout
+    READ_ONLY = "read-only"
+    FULL = "full"  # the disk (or the quota) of the database or of an artifact
+
+
+# Where each is written: sqlite's messages, the OS's (artifacts, journals), PostgreSQL's read-only server.
+_TROUBLE_MARKERS = {
+    StoreTrouble.LOCKED: ("database is locked", "database table is locked"),
+    StoreTrouble.READ_ONLY: ("attempt to write a readonly database", "read-only file system",
+                             "read-only transaction"),
+    StoreTrouble.FULL: ("database or disk is full", "no space left on device", "disk quota exceeded"),
+}
+_TROUBLE_ERRNOS = {errno.ENOSPC: StoreTrouble.FULL, errno.EDQUOT: StoreTrouble.FULL, errno.EROFS: StoreTrouble.READ_ONLY}
+LOCK_WAIT_SECONDS = 30.0  # how long a command waits for a sqlite store's lock at its start
+
+
+def is_disk_error(error: BaseException) -> bool:
+    """An OSError of a full or read-only disk (an artifact, a journal that could not be written)."""
+    return isinstance(error, OSError) and error.errno in _TROUBLE_ERRNOS
+
+
+def store_trouble(error: BaseException) -> StoreTrouble | None:
+    """Locked, read-only or full, when ``error`` (or an error it was raised from) says so: MLflow wraps
+    SQLAlchemy's error, which wraps sqlite's, and SQLAlchemy's first line may be a hint about autoflush."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _TROUBLE_ERRNOS:
+            return _TROUBLE_ERRNOS[current.errno]
+        text = str(current).lower()
+        for trouble, markers in _TROUBLE_MARKERS.items():
+            if any(marker in text for marker in markers):
+                return trouble
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def trouble_line(uri: str, trouble: StoreTrouble, error: BaseException | None = None, waited: str = "") -> str:
+    """The one line for a locked, read-only or full store: the cause, the store, and what to do."""
+    store = redact_uri(str(uri))
+    path = sqlite_path(str(uri))
+    if isinstance(error, OSError):  # a file of the store: an artifact (its folder), a journal
+        where = str(error.filename) if error.filename else "its files"
+    else:
+        where = str(path) if path is not None else "it"
+    if trouble is StoreTrouble.LOCKED:
+        holders = lock_holders(path.resolve()) if path is not None else []
+        stopped = [pid for pid in holders if _is_stopped(pid)]
+        who = (f"{'process' if len(holders) == 1 else 'processes'} "
+               f"{', '.join(_process_description(pid) for pid in holders)}" if holders else "another process")
+        advice = (f"resume it (`kill -CONT {' '.join(map(str, stopped))}`) or end it" if stopped else
+                  "wait for it to finish or end it")
+        return (f"tracking store {store} is locked: {who} holds its write lock and did not release it "
+                f"{f'within {waited}' if waited else 'while this process waited and tried again'}; {advice}, "
+                "then run the same command again")
+    if trouble is StoreTrouble.READ_ONLY:
+        return (f"tracking store {store} is read-only: {where} cannot be written ({_cause(error, trouble)}); make "
+                f"it writable (its folder too), or set MLFLOW_TRACKING_URI to a writable store, then run the same "
+                "command again")
+    return (f"tracking store {store}: no space left on the disk that holds {where} ({_cause(error, trouble)}); "
+            "free space there (or raise the quota), then run the same command again")
+
+
+def _cause(error: BaseException | None, trouble: StoreTrouble) -> str:
+    """The words of the error that say it (sqlite's, or the OS's), else the trouble's name."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).lower() if error is not None else ""
+    return next((marker for marker in _TROUBLE_MARKERS[trouble] if marker in text), trouble.value)
+
+
+# sqlite's locks are fcntl byte-range locks (os_unix.c): PENDING at 1 GiB, RESERVED after it, then 510 bytes
+# that readers share and the EXCLUSIVE writer takes whole. A write lock there stops writers (and readers,
+# while PENDING or EXCLUSIVE); a read lock there is a reader, which keeps a writer from committing.
+_PENDING_BYTE = 0x40000000
+_LAST_LOCK_BYTE = _PENDING_BYTE + 2 + 510 - 1
+
+
+def lock_holders(path: Path) -> list[int]:
+    """The processes (other than this one) that hold sqlite's write lock on the database file ``path``, else
+    those that hold its read lock; read from /proc/locks, so Linux only ([] elsewhere, or in WAL mode)."""
+    try:
+        stat = path.stat()
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    writers: set[int] = set()
+    readers: set[int] = set()
+    for line in lines:
+        fields = line.split()
+        # "1: POSIX  ADVISORY  WRITE 2155 fe:00:2171355 1073741824 1073742335"; "->" marks a waiter.
+        if len(fields) != 8 or fields[1] != "POSIX" or fields[5] != device:
+            continue
+        kind, pid, start = fields[3], int(fields[4]), int(fields[6])
+        end = _LAST_LOCK_BYTE if fields[7] == "EOF" else int(fields[7])
+        if pid == os.getpid() or end < _PENDING_BYTE or start > _LAST_LOCK_BYTE:
+            continue
+        (writers if kind == "WRITE" else readers).add(pid)
+    return sorted(writers or readers)
+
+
+def _process_description(pid: int) -> str:
+    """``1234 (python -m edps_mlflow.cli study ..., stopped)``: its command line, cut and without secrets."""
+    try:
+        words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+    except OSError:
+        return str(pid)
+    command = redact_uri(" ".join(" ".join(words).split()))  # one line, whatever the arguments hold
+    command = command if len(command) <= 100 else command[:100] + "..."
+    return f"{pid} ({command}{', stopped' if _is_stopped(pid) else ''})"
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (Ctrl-Z, SIGSTOP) or held by a debugger."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+# ---- database stores: a bounded first connection -------------------------------------------------------
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+DATABASE_CONNECT_SECONDS = 15.0  # the first connection of a command to a database store, retries included
+# A database restarting answers these for a few seconds; anything else (a wrong password) is an answer.
+_NOT_YET_MARKERS = ("connection refused", "timeout expired", "timed out", "could not connect", "starting up",
+                    "server closed the connection", "can't connect", "lost connection", "connection reset")
+_reached_databases: set[str] = set()
+
+
+def require_database(uri: str) -> None:
+    """For a database store (PostgreSQL, MySQL, SQL Server): one connection made within
+    :data:`DATABASE_CONNECT_SECONDS`, else one line naming the store. MLflow's own first connection
+    tries 10 times over about 100 s, each try bounded only by the driver (minutes on a filtered port)."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme not in _DATABASE_SCHEMES or uri in _reached_databases:
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+    except sqlalchemy.exc.ArgumentError as error:
+        raise uri_error(uri, error) from None
+    started = time.monotonic()
+    pause = 0.5
+    while True:
+        left = DATABASE_CONNECT_SECONDS - (time.monotonic() - started)
+        # libpq and the MySQL drivers take whole seconds, at least 2 for libpq.
+        timeout = {} if scheme == "mssql" or "connect_timeout" in url.query else {"connect_timeout": max(2, int(left))}
+        try:
+            engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=timeout)
+            try:
+                with engine.connect():
+                    _reached_databases.add(uri)
+                    return
+            finally:
+                engine.dispose()
+        except (ImportError, sqlalchemy.exc.NoSuchModuleError) as error:  # no driver installed
+            raise uri_error(uri, error) from None
+        except sqlalchemy.exc.DBAPIError as error:
+            if not any(marker in str(error).lower() for marker in _NOT_YET_MARKERS):
+                raise uri_error(uri, error) from None
+            if time.monotonic() - started + pause >= DATABASE_CONNECT_SECONDS:
+                first = redact_uri(str(error.orig or error).strip().splitlines()[0], uri)
+                raise EdpsError(f"tracking store {redact_uri(uri)}: the database did not answer within "
+                                f"{DATABASE_CONNECT_SECONDS:g} s ({first}); check that it runs and listens "
+                                "there") from None
+        time.sleep(pause)
+        pause = min(4.0, pause * 2)
+
+
+# ---- MLflow's and its libraries' log records: to the command's log file --------------------------------
+class _LogFile(logging.FileHandler):
+    """The command's log file, made when the first record comes; a failure to write it (the disk that is
+    full) is not printed on the terminal either."""
+
+    def _open(self):  # noqa: ANN202 - logging's own signature
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
+# MLflow gives these handlers of its own on stderr when imported (mlflow.utils.logging_utils); SQLAlchemy's
+# pool and dialects log under "sqlalchemy".
+_LIBRARY_LOGGERS = ("mlflow", "alembic", "sqlalchemy", "sqlalchemy.engine", "huey")
+
+
+def route_library_logs() -> None:
+    """MLflow's, alembic's and SQLAlchemy's log records to the command's log file instead of the terminal:
+    MLflow logs a traceback at every failed store call before it raises (dozens for one locked store),
+    and the command says one line, which names the file. Nothing changes outside a command (no
+    ``EDPS_LOG_FILE``: a library caller, a test) or when the file is already in place."""
+    path = library_log_file()
+    if path is None:
+        return
+    handler = next((h for h in logging.getLogger(_LIBRARY_LOGGERS[0]).handlers
+                    if isinstance(h, _LogFile) and h.baseFilename == str(path.absolute())), None)
+    if handler is not None:
+        return
+    handler = _LogFile(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    for name in _LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        _routed.setdefault(name, (logger.handlers, logger.propagate))
+        logger.handlers = [handler]
+        logger.propagate = False
+
+
+_routed: dict[str, tuple[list[logging.Handler], bool]] = {}  # each routed logger's handlers before
+
+
+def restore_library_logs() -> None:
+    """Undo :func:`route_library_logs` (a command that ran inside another program, or a test, returns)."""
+    for name, (handlers, propagate) in _routed.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if isinstance(handler, _LogFile):
+                handler.close()
+        logger.handlers, logger.propagate = handlers, propagate
+    _routed.clear()
+
+
 def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (None for any other store)."""
     if not tracking_uri.startswith("sqlite:///"):
@@ -209,35 +477,100 @@ def _schema_head() -> str:
     return _get_latest_schema_revision()
 
 
-def _sqlite_schema(path: Path) -> tuple[set[str], str | None]:
-    """(table names, alembic revision) of a sqlite file, read without writing to it."""
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+def _sqlite_connection(path: Path, read_only: bool) -> sqlite3.Connection:
+    """A connection to the sqlite file ``path`` that waits up to :data:`LOCK_WAIT_SECONDS` for its lock."""
+    mode = "?mode=ro" if read_only else ""
+    return sqlite3.connect(f"file:{quote(str(path))}{mode}", uri=True, timeout=LOCK_WAIT_SECONDS,
+                           isolation_level=None)
+
+
+def _sqlite_schema(path: Path, count_runs: bool = False) -> tuple[set[str], str | None, int | None]:
+    """(table names, alembic revision, number of runs when ``count_runs``) of a sqlite file, read without
+    writing to it."""
+    connection = _sqlite_connection(path, read_only=True)
     try:
         tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
         revision = None
         if "alembic_version" in tables:
             row = connection.execute("select version_num from alembic_version").fetchone()
             revision = row[0] if row else None
-        return tables, revision
+        runs = None
+        if count_runs:
+            runs = connection.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
+        return tables, revision, runs
     finally:
         connection.close()
 
 
 def _unusable_store(path: Path, uri: str) -> str | None:
-    """Why the sqlite file at ``path`` cannot be used as it is, or None when it is fully migrated."""
+    """Why the sqlite file at ``path`` cannot be used as it is, with the repair that works; None when it is
+    fully migrated. A lock held past :data:`LOCK_WAIT_SECONDS` is an EdpsError that says so (not a
+    broken file: the file is fine, another process is writing it)."""
     try:
-        tables, revision = _sqlite_schema(path)
+        tables, revision, _ = _sqlite_schema(path)
     except sqlite3.DatabaseError as error:
+        if store_trouble(error) is StoreTrouble.LOCKED:
+            raise EdpsError(trouble_line(uri, StoreTrouble.LOCKED, error, f"{LOCK_WAIT_SECONDS:g} s")) from None
         return f"{path} is not a usable sqlite database ({error}); move it away"
     head = _schema_head()
-    if revision == head and "runs" in tables and "experiments" in tables:
+    # sqlite migrations copy a table to _alembic_tmp_<table>, drop it and rename the copy: a migration
+    # that stopped half-way leaves copies behind, on which `mlflow db upgrade` fails ("already exists").
+    copies = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+    if revision == head and {"runs", "experiments"} <= tables and not copies:
         return None
-    holds_runs = "runs" in tables
-    state = ("is empty" if not tables else f"has a half-migrated MLflow schema (revision {revision or 'none'}, "
-             f"expected {head})")
-    repair = (f"back it up and run `mlflow db upgrade {redact_uri(uri)}`" if holds_runs and revision
-              else "it holds no usable runs: remove it (and its -journal/-wal files) and run again")
-    return f"tracking store {redact_uri(uri)} {state}, probably left by a process killed while creating it; {repair}"
+    complete = bool(revision) and {"runs", "experiments"} <= tables and not copies
+    state = ("is empty" if not tables else
+             f"has MLflow schema revision {revision}, not this MLflow's {head} (another MLflow version made it)"
+             if complete else
+             f"has a half-migrated MLflow schema (revision {revision or 'none'}, expected {head}), probably left by "
+             "a process stopped while creating or upgrading it")
+    return f"tracking store {redact_uri(uri)} {state}; {_repair(path, uri, tables, copies)}"
+
+
+def _repair(path: Path, uri: str, tables: set[str], copies: list[str]) -> str:
+    """The repair of a store that is not fully migrated, as commands to run (tried on such files)."""
+    try:
+        runs = _sqlite_schema(path, count_runs=True)[2]
+    except sqlite3.DatabaseError:
+        runs = None  # unreadable: it may hold runs
+    if runs == 0:
+        files = [path, *(path.with_name(path.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+        present = [str(f) for f in files if f == path or f.exists()]
+        return f"it holds no runs: remove it (`rm {shlex.join(present)}`) and run the command again"
+    orphans = [c for c in copies if c.removeprefix("_alembic_tmp_") not in tables]
+    if orphans:
+        # The table itself is gone and its rows are in the copy: only a backup brings the store back.
+        return (f"it holds runs, but a stopped migration left {', '.join(orphans)} without its table: restore "
+                "it from a backup")
+    steps = [f"back it up (`cp {shlex.quote(str(path))} {shlex.quote(str(path) + '.backup')}`)"]
+    if copies:
+        drops = "; ".join(f"DROP TABLE {c}" for c in copies)
+        steps.append(f"remove the copies a stopped migration left (`sqlite3 {shlex.quote(str(path))} "
+                     f"{shlex.quote(drops)}`)")
+    steps.append(f"run `mlflow db upgrade {redact_uri(uri)}`")
+    held = "perhaps runs" if runs is None else f"{runs} run{'' if runs == 1 else 's'}"
+    return f"it holds {held}: {', then '.join(steps)}"
+
+
+def _write_problem(path: Path, uri: str) -> str | None:
+    """Why nothing can be written to the sqlite store at ``path`` now (locked past
+    :data:`LOCK_WAIT_SECONDS`, read-only, full), or None. It begins a write and rolls it back: the
+    write lock is taken and the rollback journal written beside the file, as for any write."""
+    try:
+        connection = _sqlite_connection(path, read_only=False)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("UPDATE alembic_version SET version_num = version_num")
+        finally:
+            connection.close()  # rolls the write back
+    except sqlite3.OperationalError as error:
+        trouble = store_trouble(error)
+        if trouble is None and not os.access(path.parent, os.W_OK):
+            trouble = StoreTrouble.READ_ONLY  # sqlite cannot create its journal: "unable to open database file"
+        if trouble is None:
+            return describe_store_error(uri, error)
+        return trouble_line(uri, trouble, error, f"{LOCK_WAIT_SECONDS:g} s")
+    return None
 
 
 _SETTLE_SECONDS = 10.0  # a file another process is still migrating changes within this time
@@ -257,23 +590,25 @@ def _quiet_loggers(*names: str) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def initialise_store(tracking_uri: str) -> Path | None:
+def initialise_store(tracking_uri: str, artifact_uri: str | None = None) -> Path | None:
     """Make sure the store exists and has MLflow's full schema before anything else opens it.
 
     MLflow migrates a new database in place, one step at a time (many seconds on a loaded machine):
-    several processes doing that at once crash ("duplicate column name"), and a process killed
-    half-way leaves a file that no later process can open. So a new sqlite store is built in a
-    temporary file beside the target, under a file lock, and moved into place in one step: the
-    target either does not exist or is complete. Other stores (servers, PostgreSQL) are touched once.
+    several processes doing that at once crash ("duplicate column name", "table ... already exists") and
+    leave a half-migrated file, and a process killed half-way leaves one too. So a new sqlite store is
+    built in a temporary file beside the target, under a file lock, and moved into place in one step:
+    the target either does not exist or is complete. Other stores (servers, databases) are touched once.
+    ``artifact_uri``: the artifact root of the store's Default experiment (MLflow's default when None).
     Returns the path of the sqlite file when this call created it, else None.
     """
     path = sqlite_path(tracking_uri)
     if path is None:
+        require_database(tracking_uri)
         # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
         MlflowClient(tracking_uri).search_experiments(max_results=1)
         return None
     path = path.resolve()
-    if path.exists() and path.stat().st_size > 0:
+    if _has_content(path):
         problem = _settled_problem(path, tracking_uri)
         if problem:
             raise EdpsError(problem)
@@ -282,7 +617,7 @@ def initialise_store(tracking_uri: str) -> Path | None:
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
         try:
-            if path.exists():
+            if _has_content(path):
                 problem = _settled_problem(path, tracking_uri)
                 if problem:
                     raise EdpsError(problem)
@@ -292,12 +627,7 @@ def initialise_store(tracking_uri: str) -> Path | None:
                 leftover.unlink(missing_ok=True)
             temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
             try:
-                # MLflow creates and migrates the schema here. Its progress lines ("Creating initial
-                # MLflow database tables...") are not for the user: a refused command says one line.
-                with _quiet_loggers("mlflow.store.db.utils", "alembic"):
-                    builder = MlflowClient(f"sqlite:///{temporary}")
-                    builder.search_experiments(max_results=1)
-                _close_engine(builder)
+                _build_sqlite_store(temporary, artifact_uri)
                 problem = _unusable_store(temporary, f"sqlite:///{temporary}")
                 if problem:
                     raise EdpsError(problem)
@@ -309,16 +639,51 @@ def initialise_store(tracking_uri: str) -> Path | None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _close_engine(client: MlflowClient) -> None:
-    # The builder's connections point at the file that is about to become the store: close them.
-    engine = getattr(getattr(getattr(client, "_tracking_client", None), "store", None), "engine", None)
-    if engine is not None:
-        engine.dispose()
+def _has_content(path: Path) -> bool:
+    # An empty file is what sqlite leaves when it only opened a path: nothing to keep.
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _build_sqlite_store(database: Path, artifact_uri: str | None) -> None:
+    """MLflow's schema in a new sqlite file, made by MLflow's own store class directly: a client would go
+    through MLflow's store registry, that is, through :func:`mlflow_sqlite_store`, back here."""
+    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+
+    # MLflow's progress lines ("Creating initial MLflow database tables...") are not for the user: a
+    # refused command says one line.
+    with _quiet_loggers("mlflow.store.db.utils", "alembic"):
+        store = _get_sqlalchemy_store(f"sqlite:///{database}", artifact_uri)
+    # Its connections point at the file that is about to become the store: close them.
+    store.engine.dispose()
+
+
+def mlflow_sqlite_store(store_uri: str, artifact_uri: str | None = None) -> Any:
+    """MLflow's tracking store of a ``sqlite:`` URI, the database built safely first when there is none
+    (:func:`initialise_store`). This is edps-mlflow's plugin for MLflow's ``mlflow.tracking_store`` entry
+    points (edps_mlflow/store_plugin.py): every process where the package is installed (``mlflow run``,
+    ``mlflow server``/``ui``, any MlflowClient) opens sqlite stores through it, so that several of them
+    starting at once on a new store make one migration between them. An existing store costs one stat."""
+    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+
+    path = sqlite_path(store_uri)
+    if path is not None and not _has_content(path.resolve()):
+        try:
+            created = initialise_store(store_uri, artifact_uri)
+        except EdpsError as error:
+            raise MlflowException(str(error)) from None
+        if created is not None:
+            # On stderr: this may be any MLflow process, whose standard output is not ours to add to.
+            print(f"edps-mlflow: created a new tracking store at {created} (none was there; if you expected one, "
+                  "check MLFLOW_TRACKING_URI)", file=sys.stderr, flush=True)
+    return _get_sqlalchemy_store(store_uri, artifact_uri)
 
 
 def _settled_problem(path: Path, uri: str) -> str | None:
     """What is wrong with an existing sqlite store, after giving a process that is still creating it
-    (``mlflow`` itself, which takes no lock of ours) time to finish: None when it is usable."""
+    (an ``mlflow`` without our plugin, which takes no lock of ours) time to finish: None when it is usable."""
     deadline = time.monotonic() + _SETTLE_SECONDS
     last = None
     while True:
@@ -326,6 +691,8 @@ def _settled_problem(path: Path, uri: str) -> str | None:
         if problem is None:
             return None
         stat = path.stat()
+        if time.time() - stat.st_mtime > _SETTLE_SECONDS:
+            return problem  # nobody has written it for a while: nobody is migrating it
         state = (stat.st_size, stat.st_mtime_ns)
         if state != last:
             last, deadline = state, time.monotonic() + _SETTLE_SECONDS

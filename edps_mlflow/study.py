@@ -257,7 +257,8 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
     # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
     # starting against an unreachable store does.
-    client = connect(options.tracking_uri) if options.parent_run_id else open_store(options.tracking_uri)
+    client = (connect(options.tracking_uri) if options.parent_run_id else
+              open_store(options.tracking_uri, writes=True))
     with store_errors(client):
         launcher = launcher_run(client, spec.study_key) if options.adopt_launcher_run else None
         # Under `mlflow run` the study goes to the experiment of the run it made for us.

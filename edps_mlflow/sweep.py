@@ -131,7 +131,7 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
     `mlflow run` made a run for this command (that run must become the sweep run)."""
     if launcher_run_id():
         return None
-    client = open_store()
+    client = open_store(writes=True)
     with store_errors(client):
         found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
         if found is None:
@@ -165,7 +165,7 @@ def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | N
     """The sweep's run, live and ours (ownership.claim): the earlier run of this sweep when its owner is gone
     (a resume), else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited
     for. ``key`` and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
-    client = open_store()
+    client = open_store(writes=True)
     tracking_uri = client.tracking_uri
     key = key or spec.sweep_key
     name = name or f"sweep {spec.workload} {len(spec.studies())} studies"

@@ -1,0 +1,347 @@
+"""A store that cannot take a write now: locked by another process, read-only, full; a database that does not
+answer. Each is one line that names the cause and the store (never "move it away" for a lock), MLflow's own
+logged tracebacks go to the command's log file, the exit code is 2 and nothing is left RUNNING.
+
+Real parts: a real process holding sqlite's write lock (stopped with SIGSTOP, as a paused command would be),
+real small filesystems (tmpfs mounts: full, or remounted read-only; skipped where mounting is not allowed),
+`chattr +i`, a real PostgreSQL URI with nothing listening and one whose port accepts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, clean_environment, fresh_store, run_edps
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.store import LOCK_WAIT_SECONDS, StoreTrouble, lock_holders, open_store, trouble_line
+
+EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
+SMALL_STUDY = ["study", "--trials", "2", "--goal-error", "0.06", "--max-steps", "300", "--check-interval", "10",
+               "--workers", "1", "--log-interval", "1"]
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+def _hold_lock(database: Path, how: str = "EXCLUSIVE", seconds: float = 600) -> subprocess.Popen:
+    """Another process that takes sqlite's write lock on ``database`` (BEGIN EXCLUSIVE: readers wait too;
+    BEGIN IMMEDIATE: writers only), says so, holds it ``seconds`` and commits."""
+    script = (f"import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+              f"c.execute('BEGIN {how}'); print('held', flush=True); time.sleep({seconds}); c.execute('COMMIT')")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(database)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGSTOP, and wait until the process is seen stopped."""
+    os.kill(process.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _end(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.communicate()
+
+
+@contextmanager
+def _small_filesystem(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``folder`` (made), unmounted afterwards; skips where mounting is not allowed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(folder)], capture_output=True)
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Fill the filesystem of ``folder`` to its last byte."""
+    with open(folder / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def _remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+
+def _store_files_size() -> int:
+    """The size of a new, empty store (the session's template)."""
+    from conftest import _StoreTemplate
+
+    return _StoreTemplate.get().stat().st_size
+
+
+def _statuses(uri: str) -> list[str]:
+    database = uri.removeprefix("sqlite:///")
+    connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in connection.execute("select status from runs")]
+    finally:
+        connection.close()
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+# ---- a lock held by another process --------------------------------------------------------------------
+def test_the_holder_of_the_write_lock_is_named(tmp_path):
+    """/proc/locks names the process that holds the lock, its command line and that it is stopped."""
+    uri = fresh_store(tmp_path / "mlflow.db")
+    holder = _hold_lock(tmp_path / "mlflow.db", "IMMEDIATE")
+    try:
+        assert lock_holders(tmp_path / "mlflow.db") == [holder.pid]
+        _stop(holder)
+        error = sqlite3.OperationalError("database is locked")
+        line = trouble_line(uri, StoreTrouble.LOCKED, error, "30 s")
+        assert f"tracking store {uri} is locked: process {holder.pid} ({sys.executable} -c import sqlite3" in line
+        assert ", stopped)" in line and f"kill -CONT {holder.pid}" in line and "within 30 s" in line
+        assert "\n" not in line and "move it away" not in line
+    finally:
+        _end(holder)
+    assert lock_holders(tmp_path / "mlflow.db") == []
+
+
+def test_a_lock_released_within_the_wait_is_waited_for(tmp_path):
+    uri = fresh_store(tmp_path / "mlflow.db")
+    holder = _hold_lock(tmp_path / "mlflow.db", "EXCLUSIVE", seconds=3)
+    try:
+        started = time.monotonic()
+        result = run_edps(["doctor"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert holder.wait(timeout=30) == 0
+    finally:
+        _end(holder)
+    print(f"doctor waited for a 3 s lock and ran: {time.monotonic() - started:.1f} s in all")
+
+
+@pytest.mark.slow
+def test_a_store_locked_by_a_stopped_process_is_one_line_naming_it(tmp_path):
+    """A paused process holds the write lock: `edps status` and `edps study` wait the bounded time, then say
+    it is locked and by whom, exit 2, and leave no run behind (the study is refused before it makes one)."""
+    uri = fresh_store(tmp_path / "mlflow.db")
+    holder = _hold_lock(tmp_path / "mlflow.db", "EXCLUSIVE")
+    _stop(holder)
+    environment = clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri)
+    try:
+        started = time.monotonic()
+        commands = [subprocess.Popen([*EDPS, *args], cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                    for args in (["status"], [*SMALL_STUDY, "--bs", "64", "--experiment", "locked"])]
+        outputs = [command.communicate(timeout=300) for command in commands]
+        seconds = time.monotonic() - started
+    finally:
+        _end(holder)
+    for command, (_, stderr) in zip(commands, outputs):
+        assert command.returncode == 2, stderr[-3000:]
+        line = _one_line(stderr)
+        assert f"tracking store {uri} is locked: process {holder.pid} (" in line, line
+        assert "stopped" in line and f"kill -CONT {holder.pid}" in line and "usable" not in line, line
+    assert LOCK_WAIT_SECONDS <= seconds < LOCK_WAIT_SECONDS + 120, seconds
+    assert _statuses(uri) == []
+    print(f"locked by a stopped process: both commands said so in {seconds:.1f} s (wait {LOCK_WAIT_SECONDS:g} s)")
+
+
+# ---- read-only and full stores ---------------------------------------------------------------------------
+def test_a_store_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """A command that records runs checks at its start that the store takes a write (begun, rolled back);
+    a command that only reads does not need to."""
+    with _small_filesystem(tmp_path / "small", "8m") as small:
+        read_only_uri = fresh_store(small / "read-only" / "mlflow.db")
+        full_uri = fresh_store(small / "mlflow.db")
+        _fill(small)
+        with pytest.raises(EdpsError) as full:
+            open_store(full_uri, writes=True)
+        assert str(full.value) == (f"tracking store {full_uri}: no space left on the disk that holds {small}/mlflow.db "
+                                   "(database or disk is full); free space there (or raise the quota), then run "
+                                   "the same command again")
+        (small / "filler").unlink()
+        _remount_read_only(small)
+        with pytest.raises(EdpsError) as read_only:
+            open_store(read_only_uri, writes=True)
+        assert str(read_only.value).startswith(f"tracking store {read_only_uri} is read-only: {small}/read-only/"
+                                               "mlflow.db cannot be written (attempt to write a readonly database)")
+        assert open_store(read_only_uri).search_experiments()  # reading it is fine
+    # Root ignores permissions; an immutable file (or folder) is refused to root too.
+    immutable_uri = fresh_store(tmp_path / "immutable" / "mlflow.db")
+    for target in (tmp_path / "immutable" / "mlflow.db", tmp_path / "immutable"):
+        if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not allowed here")
+        try:
+            with pytest.raises(EdpsError, match="is read-only: .* cannot be written"):
+                open_store(immutable_uri, writes=True)
+        finally:
+            subprocess.run(["chattr", "-i", str(target)], check=True)
+
+
+def test_a_read_only_store_written_anyway_says_read_only_and_logs_off_the_terminal(tmp_path):
+    """A write that reaches a read-only store (a store made read-only after the command's start): MLflow logs a
+    traceback and raises an error whose first line is SQLAlchemy's hint about autoflush; the line says
+    read-only, the traceback is in the command's log file and not on the terminal."""
+    with _small_filesystem(tmp_path / "small", "8m") as small:
+        uri = fresh_store(small / "mlflow.db")
+        _remount_read_only(small)
+        log = tmp_path / "logs" / "edps.log"
+        script = ("import sys; from edps_mlflow.store import connect, describe_store_error\n"
+                  "client = connect(sys.argv[1])\n"
+                  "try:\n    client.create_experiment('written-anyway')\n"
+                  "except Exception as error:\n    print(describe_store_error(sys.argv[1], error))\n")
+        result = subprocess.run([sys.executable, "-c", script, uri], cwd=tmp_path, capture_output=True, text=True,
+                                env=clean_environment(PYTHONPATH=str(REPO), EDPS_LOG_FILE=str(log)), timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+    assert result.stdout.strip().startswith(f"tracking store {uri} is read-only: {small}/mlflow.db cannot be written "
+                                            "(attempt to write a readonly database)"), result.stdout
+    assert "Traceback" in log.read_text() and "readonly database" in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_artifacts_and_a_full_database_are_one_line_each(tmp_path):
+    """The studies fill the disk while they run: the artifacts' disk (a mask, at a trial's start), then the
+    database's own (metrics). One line each, naming the cause, the store and where; MLflow's tracebacks in
+    the log file the line names; exit 2; every run ends FAILED (the store still takes that small write)."""
+    # The artifacts go beside the database, in <stem>-artifacts: a full filesystem mounted there.
+    artifacts_uri = fresh_store(tmp_path / "artifacts-full" / "mlflow.db")
+    with _small_filesystem(tmp_path / "artifacts-full" / "mlflow-artifacts", "64k") as artifacts:
+        _fill(artifacts)
+        result = run_edps([*SMALL_STUDY, "--bs", "32", "--sparsity", "0.5", "--experiment", "full"], cwd=tmp_path,
+                          MLFLOW_TRACKING_URI=artifacts_uri, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith(f"edps: error: tracking store {artifacts_uri}: no space left on the disk that holds "
+                           f"file://{artifacts}/full/"), line
+    assert "(No space left on device)" in line, line
+    statuses = _statuses(artifacts_uri)
+    assert statuses and set(statuses) == {"FAILED"}, statuses
+
+    # The database's own disk: a filesystem with room for the new store and little more.
+    with _small_filesystem(tmp_path / "database-full", f"{_store_files_size() // 1024 + 64}k") as small:
+        database_uri = fresh_store(small / "mlflow.db")
+        result = run_edps([*SMALL_STUDY, "--bs", "32", "--experiment", "full"], cwd=tmp_path,
+                          MLFLOW_TRACKING_URI=database_uri, timeout=600)
+        statuses = _statuses(database_uri)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith(f"edps: error: tracking store {database_uri}: no space left on the disk that holds "
+                           f"{small}/mlflow.db (database or disk is full)"), line
+    log = Path(line.split("(MLflow's log: ", 1)[1].rstrip(")"))
+    assert "Traceback" in log.read_text()
+    assert statuses and "RUNNING" not in statuses, statuses
+
+
+# ---- a database store that does not answer -----------------------------------------------------------
+def _port_with_nothing_listening() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_database_store_that_does_not_answer_fails_within_seconds(tmp_path):
+    """PostgreSQL URIs: a port with nothing listening (refused at once) and a port whose listening socket
+    accepts nothing more (its backlog full: a connection waits, as behind a firewall that drops packets).
+    Both `edps status` at once: one line each within the bound (MLflow alone tries for 100 s and more)."""
+    import socket
+
+    refused = _port_with_nothing_listening()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    filler = socket.create_connection(silent.getsockname())  # fills the backlog of 0: later ones wait
+    environment = clean_environment(PYTHONPATH=str(REPO))
+    uris = [f"postgresql+psycopg2://edps:secret@127.0.0.1:{port}/mlflow" for port in (refused, silent.getsockname()[1])]
+    # `edps status`, timed from after its imports (on a loaded machine they take long, and are not the bound).
+    timed = ("import atexit, sys, time; import edps_mlflow.store, edps_mlflow.registry, psycopg2; "
+             "started = time.monotonic(); "
+             "atexit.register(lambda: print(f'{time.monotonic() - started:.1f}', flush=True)); "
+             "from edps_mlflow.cli import main; main(['status'])")
+    try:
+        commands = [subprocess.Popen([sys.executable, "-c", timed], cwd=tmp_path, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**environment, "MLFLOW_TRACKING_URI": uri})
+                    for uri in uris]
+        outputs = [command.communicate(timeout=300) for command in commands]
+    finally:
+        filler.close()
+        silent.close()
+    for command, (stdout, stderr), reason in zip(commands, outputs, ("Connection refused", "timeout expired")):
+        assert command.returncode == 2, stderr[-3000:]
+        line = _one_line(stderr)
+        assert line.startswith("edps: error: tracking store postgresql+psycopg2://***:***@127.0.0.1:"), line
+        assert "did not answer within 15 s" in line and reason in line and "secret" not in line, line
+        seconds = float(stdout.split()[-1])
+        assert seconds < 30, seconds  # MLflow alone: 100 s of retries, each as long as the driver waits
+        print(f"a database store that does not answer ({reason}): one line after {seconds:.1f} s")
+
+
+# ---- a store left half-migrated ------------------------------------------------------------------------
+def test_a_half_migrated_store_with_runs_gets_the_repair_that_works(tmp_path):
+    """A migration stopped half-way leaves _alembic_tmp_ copies, on which `mlflow db upgrade` fails; the line
+    says to back up, drop them, then upgrade (tried on such a file: docs/reliability.md). Without runs: remove
+    the file and its companions."""
+    database = tmp_path / "mlflow.db"
+    uri = fresh_store(database)
+    MlflowClient(uri).create_run("0")
+    connection = sqlite3.connect(database)
+    with connection:
+        connection.execute("create table _alembic_tmp_runs as select * from runs")
+        connection.execute("update alembic_version set version_num = 'c8d9e0f1a2b3'")
+    connection.close()
+    _age(database)
+    result = run_edps(["status"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert result.returncode == 2
+    assert _one_line(result.stderr) == (
+        f"edps: error: tracking store {uri} has a half-migrated MLflow schema (revision c8d9e0f1a2b3, expected "
+        f"{_head()}), probably left by a process stopped while creating or upgrading it; it holds 1 run: back it "
+        f"up (`cp {database} {database}.backup`), then remove the copies a stopped migration left "
+        f"(`sqlite3 {database} 'DROP TABLE _alembic_tmp_runs'`), then run `mlflow db upgrade {uri}`")
+
+    empty = tmp_path / "empty" / "mlflow.db"
+    empty.parent.mkdir()
+    connection = sqlite3.connect(empty)
+    connection.executescript("create table alembic_version (version_num varchar(32) not null);"
+                             "insert into alembic_version values ('451aebb31d03');"
+                             "create table experiments (experiment_id integer primary key, name text);")
+    connection.close()
+    _age(empty)
+    (empty.parent / "mlflow.db-journal").write_bytes(b"")
+    result = run_edps(["status"], cwd=tmp_path, MLFLOW_TRACKING_URI=f"sqlite:///{empty}")
+    assert _one_line(result.stderr).endswith(f"it holds no runs: remove it (`rm {empty} {empty}-journal`) and run "
+                                             "the command again")
+
+
+def _age(database: Path) -> None:
+    """Last written a minute ago: no process is still migrating it, so it is judged at once."""
+    os.utime(database, (time.time() - 60, time.time() - 60))
+
+
+def _head() -> str:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
