@@ -264,14 +264,19 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
         relative_axis.plot(relative["batch_size"], relative["relative_to_dense"], **style)
         shape_axis.plot(valid["batch_size"], valid["normalised_by_first"], **style)
     _log2_axes(steps_axis, "steps to result")
-    steps_axis.set_title("steps to reach the goal", fontsize=9)
+    _log2_axes(shape_axis, "steps / steps at the smallest batch size")
     relative_axis.set_xscale("log", base=2)
+    for axis in (steps_axis, relative_axis, shape_axis):
+        drawn = [y for line in axis.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
+        if not any(np.isfinite(y) and y > 0 for y in drawn):  # nothing reached the goal: nothing to put on a log axis
+            axis.set_xscale("linear")
+            axis.set_yscale("linear")
+    steps_axis.set_title("steps to reach the goal", fontsize=9)
     relative_axis.set_xlabel("batch size (examples per step)")
     relative_axis.set_ylabel("steps relative to the dense network")
     relative_axis.axhline(1.0, color="grey", linewidth=0.8)
     relative_axis.grid(True, alpha=0.3)
     relative_axis.set_title("cost of each method at each batch size", fontsize=9)
-    _log2_axes(shape_axis, "steps / steps at the smallest batch size")
     shape_axis.set_title("normalised curves (same shape: same scaling)", fontsize=9)
     shape_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     figure.suptitle(f"{workload}, {optimizer}, sparsity {sparsity:g}: pruning methods against the dense network "

@@ -135,7 +135,8 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
                             f"differs: x{math.exp(deviation[worst]):.2f} at batch size {int(both['batch_size'].iloc[worst])}")
         else:
             row.update({"shape_deviation": math.nan, "same_shape": None,
-                        "shape": f"{len(both)} batch size(s) measured with the dense curve: too few to compare"})
+                        "shape": f"{len(both)} batch size(s) where it and the dense curve both have a result: too few "
+                                 f"to compare"})
         row["b_crit_overlaps_dense"] = _overlap(fit, dense_fit)
         row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, family, sparsity, pruning)
         rows.append(row)

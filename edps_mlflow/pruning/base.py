@@ -9,8 +9,8 @@ A method has two parts (OpenLTH's ``pruning/base.py`` strategy, split so that th
 - ``mask(scores, shapes, sparsity, init_seed)``: the cut of those scores at one sparsity, cheap.
 
 Counts are exact: a global cut keeps k = round(N (1 - sparsity)) of the N prunable entries, a per-tensor
-cut keeps each tensor's own count; ties at the threshold are settled by ``torch.topk`` (the same way on the
-same scores), never by keeping every tied entry.
+cut keeps each tensor's own count; ties at the threshold are settled by position (a stable sort; SNIP's by
+``torch.topk``, as before methods existed), never by keeping every tied entry.
 """
 
 from __future__ import annotations
@@ -85,12 +85,16 @@ def kept_count(total: int, sparsity: float) -> int:
     return int(round(total * (1.0 - sparsity)))
 
 
-def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False) -> dict[str, Tensor]:
+def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False, stable: bool = False
+                 ) -> dict[str, Tensor]:
     """Keep the ``keep`` highest scores over every tensor together: a {0, 1} float tensor per name.
 
     ``normalise`` divides the concatenated scores by their sum first (when positive), as SNIP's original does;
     it changes no ranking except where two scores become equal floats, and is kept so that SNIP's masks are
-    the same, bit for bit, as before methods existed.
+    the same, bit for bit, as before methods existed (SNIP's ties fall as ``torch.topk`` puts them). ``stable``:
+    of scores tied at the threshold, the first in parameter order is kept (a stable sort), a rule a plain
+    computation can state; the methods added after SNIP cut so (SynFlow's scores tie exactly, e.g. weights
+    of one channel on its all-ones input).
     """
     names = list(scores)
     flat = torch.cat([scores[name].flatten() for name in names])
@@ -99,7 +103,10 @@ def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False) 
         if total > 0:
             flat = flat / total
     selected = torch.zeros_like(flat)
-    selected[torch.topk(flat, keep, sorted=False).indices] = 1.0
+    if stable:
+        selected[torch.sort(flat, descending=True, stable=True).indices[:keep]] = 1.0
+    else:
+        selected[torch.topk(flat, keep, sorted=False).indices] = 1.0
     tensors, offset = {}, 0
     for name in names:
         size = scores[name].numel()
@@ -109,12 +116,12 @@ def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False) 
 
 
 def layerwise_top_k(scores: dict[str, Tensor], counts: dict[str, int]) -> dict[str, Tensor]:
-    """Keep ``counts[name]`` highest scores within each tensor."""
+    """Keep ``counts[name]`` highest scores within each tensor (of tied ones, the first: a stable sort)."""
     tensors = {}
     for name, score in scores.items():
         flat = score.flatten()
         selected = torch.zeros(flat.numel(), dtype=torch.float32)
-        selected[torch.topk(flat, counts[name], sorted=False).indices] = 1.0
+        selected[torch.sort(flat, descending=True, stable=True).indices[:counts[name]]] = 1.0
         tensors[name] = selected.reshape(score.shape)
     return tensors
 

@@ -85,7 +85,8 @@ def grasp_cut(scores: dict[str, Tensor], sparsity: float) -> dict[str, Tensor]:
     """Step 4's cut: normalise by |sum| + eps, keep the k lowest."""
     norm = torch.cat([score.flatten() for score in scores.values()]).sum().abs() + EPSILON
     total = sum(score.numel() for score in scores.values())
-    return global_top_k({name: -(score / norm) for name, score in scores.items()}, kept_count(total, sparsity))
+    return global_top_k({name: -(score / norm) for name, score in scores.items()}, kept_count(total, sparsity),
+                        stable=True)
 
 
 class GraSP(Method):

@@ -19,4 +19,4 @@ class Magnitude(Method):
 
     def mask(self, scores: dict[str, Tensor], shapes: Shapes, sparsity: float, init_seed: int) -> Mask:
         total = sum(score.numel() for score in scores.values())
-        return assemble(shapes, global_top_k(scores, kept_count(total, sparsity)))
+        return assemble(shapes, global_top_k(scores, kept_count(total, sparsity), stable=True))

@@ -53,7 +53,7 @@ def synflow_masks(model: nn.Module, names: list[str], input_shape: tuple[int, ..
                                     torch.tensor(-1.0, dtype=torch.float64))
                   for name, gradient in zip(names, gradients)}
         keep = kept_count(total, sparsity) if round_index == rounds else int(round(total * density ** (round_index / rounds)))
-        masks = {name: mask.to(torch.float64) for name, mask in global_top_k(scores, keep).items()}
+        masks = {name: mask.to(torch.float64) for name, mask in global_top_k(scores, keep, stable=True).items()}
     return {name: mask.to(torch.float32) for name, mask in masks.items()}
 
 
@@ -68,5 +68,5 @@ class SynFlow(Method):
 
     def mask(self, scores: dict[str, Tensor], shapes: Shapes, sparsity: float, init_seed: int) -> Mask:
         total = sum(score.numel() for score in scores.values())
-        kept = global_top_k(scores, kept_count(total, sparsity))
+        kept = global_top_k(scores, kept_count(total, sparsity), stable=True)
         return assemble(shapes, kept)
