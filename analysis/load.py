@@ -448,7 +448,8 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
         tags = run.data.tags
         base = {"workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
                 "sparsity": float(tags.get(n.TAG_SPARSITY, "nan")),
-                "pruning": tags.get(n.TAG_PRUNING, TAG_DEFAULTS["pruning"]), "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
+                "pruning": tags.get(n.TAG_PRUNING, TAG_DEFAULTS["pruning"]),
+                "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
                 "trial_run_id": run.info.run_id, "study_key": tags.get(n.TAG_STUDY_KEY)}
         if history:
             for point in client.get_metric_history(run.info.run_id, metric):

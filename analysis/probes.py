@@ -21,7 +21,8 @@ def lipschitz_by_study(values: pd.DataFrame) -> pd.DataFrame:
     rows = []
     keys = [*CURVE_AXES, "batch_size"]
     for key, group in _with_axes(values).groupby(keys, sort=True):
-        rows.append({**dict(zip(keys, key)), "lipschitz_median": float(group["value"].median()), "lipschitz_max": float(group["value"].max()),
+        rows.append({**dict(zip(keys, key)), "lipschitz_median": float(group["value"].median()),
+                     "lipschitz_max": float(group["value"].max()),
                      "probe_steps": len(group), "first_step": int(group["step"].min()),
                      "last_step": int(group["step"].max()), "trials_used": int(group["trial_run_id"].nunique()),
                      "source": "; ".join(sorted(set(group["source"])))})
@@ -33,7 +34,8 @@ def lipschitz_table(by_study: pd.DataFrame) -> pd.DataFrame:
     along its best trial's run, the range of those medians and the largest value seen."""
     rows = []
     for key, group in _with_axes(by_study).groupby(list(CURVE_AXES), sort=True):
-        rows.append({**dict(zip(CURVE_AXES, key)), "batch_sizes": len(group), "trials_used": int(group["trials_used"].sum()),
+        rows.append({**dict(zip(CURVE_AXES, key)), "batch_sizes": len(group),
+                     "trials_used": int(group["trials_used"].sum()),
                      "lipschitz_median": float(group["lipschitz_median"].median()),
                      "lowest_study_median": float(group["lipschitz_median"].min()),
                      "highest_study_median": float(group["lipschitz_median"].max()),

@@ -131,8 +131,8 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
             worst = int(np.argmax(np.abs(deviation)))
             row["shape_deviation"] = float(np.exp(deviation[worst]))
             row["same_shape"] = bool(np.all(np.abs(deviation) <= math.log1p(tolerance)))
-            row["shape"] = ("same shape" if row["same_shape"] else
-                            f"differs: x{math.exp(deviation[worst]):.2f} at batch size {int(both['batch_size'].iloc[worst])}")
+            row["shape"] = ("same shape" if row["same_shape"] else f"differs: x{math.exp(deviation[worst]):.2f} at "
+                                                                   f"batch size {int(both['batch_size'].iloc[worst])}")
         else:
             row.update({"shape_deviation": math.nan, "same_shape": None,
                         "shape": f"{len(both)} batch size(s) where it and the dense curve both have a result: too few "
@@ -156,7 +156,8 @@ def _relative_to_shuffle(comparison: pd.DataFrame, head: dict, family: list[str]
         return math.nan
     same = pd.Series(True, index=comparison.index)
     for column, value in head.items():
-        same &= comparison[column].isna() if isinstance(value, float) and math.isnan(value) else comparison[column] == value
+        missing = isinstance(value, float) and math.isnan(value)
+        same &= comparison[column].isna() if missing else comparison[column] == value
     same &= np.isclose(comparison["sparsity"].astype(float), float(sparsity))
     mine = comparison[same & (comparison["pruning"] == pruning)].set_index("batch_size")["steps_to_result"]
     theirs = comparison[same & (comparison["pruning"] == shuffled(pruning))].set_index("batch_size")["steps_to_result"]

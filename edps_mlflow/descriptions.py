@@ -57,7 +57,8 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
               if best else "**no trial reached the goal**")
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
     return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
-            f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from earlier runs). "
+            f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
+            f"earlier runs). "
             f"Goal: validation error <= {spec.goal_error:g}, checked every {spec.check_interval} steps; "
             f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all."
             + (f"\n\n{probed.sentence()}" if probed else ""))

@@ -1,7 +1,8 @@
 """``edps status``: the grid of an experiment from the tracking store alone.
 
 One table per (workload, optimizer, pruning method) (a curve's axes, curves.CurveId, but the sparsity): batch
-sizes down, sparsities across, the dense column (pruned by no method) in each table of its workload and optimizer; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
+sizes down, sparsities across, the dense column (pruned by no method) in each table of its workload and
+optimizer; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
 ``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)`` when
 none does.
 It reads the store through the registry and imports neither torch nor the engine.
@@ -17,6 +18,7 @@ from edps_mlflow import registry
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.ownership import lease_seconds
+from edps_mlflow.pruning import DEFAULT_METHOD
 
 # A table's identity: the curve's axes but the sparsity, which runs across it.
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
@@ -89,9 +91,11 @@ def tables_of(rows: list[registry.StudyRow]) -> dict[tuple, pd.DataFrame]:
 
 
 def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
+    """The tables, each titled by its family; the pruning method is named when another than SNIP is there."""
     parts = []
+    named = {family[TABLE_AXES.index("pruning")] for family in tables} != {DEFAULT_METHOD}
     for family, grid in sorted(tables.items()):
         title = " / ".join(f"pruned by {value}" if axis == "pruning" else str(value)
-                           for axis, value in zip(TABLE_AXES, family))
+                           for axis, value in zip(TABLE_AXES, family) if axis != "pruning" or named)
         parts.append(f"{title}: steps-to-result (or trials finished)\n{grid.to_string()}")
     return "\n\n".join(parts)

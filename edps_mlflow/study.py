@@ -455,8 +455,8 @@ def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device:
                 out: TextIO) -> None:
     layout = plan.layout
     print(f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g}"
-          f"{pruned_by(spec)} goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in experiment "
-          f"{tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
+          f"{pruned_by(spec)} goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in "
+          f"experiment {tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
     if plan.reused:
         print(f"reusing {len(plan.reused)} finished trials from earlier runs (same trial keys); training "
               f"{len(plan.to_train)}", file=out)

@@ -62,6 +62,8 @@ def test_status_never_shares_a_cell_between_curves():
     assert set(tables) == {(DIGITS, "sgd", "snip"), (DIGITS, "momentum", "snip")}
     assert tables[(DIGITS, "sgd", "snip")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "300"}
     assert tables[(DIGITS, "momentum", "snip")].loc[64].to_dict() == {"sparsity 0": "50"}
+    # SNIP alone (every store made before methods existed): titled as it always was.
+    assert "digits-simple-cnn / sgd: steps-to-result" in status.format_status(tables)
 
 
 def test_status_shows_a_grid_per_method_each_with_the_dense_column():

@@ -338,3 +338,40 @@ def test_a_sweep_spans_methods_with_one_dense_study():
     snip_only = SweepSpec.build("digits-simple-cnn", ("sgd",), (16, 64), (0.0, 0.9))
     assert snip_only.sweep_key == replace(snip_only, prunings=("snip",)).sweep_key != grid.sweep_key
     assert grid.params()["pruning"] == "snip,random,shuffle(snip)"
+
+
+# ---- the comparison of methods (analysis, no training) -----------------------------------------------------
+def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_path):
+    import pandas as pd
+
+    from analysis.load import read_csv
+    from analysis.pruning_methods import pruning_comparison, pruning_summary, summary_for_people
+    from analysis.regimes import fit_table
+
+    sizes = (16, 64, 256, 1024)
+    dense = {b: 1000.0 * (1 + 64 / b) for b in sizes}
+    curves = {("snip", 0.0): dense, ("snip", 0.9): {b: 2 * s for b, s in dense.items()},
+              ("shuffle(snip)", 0.9): {b: 2.2 * s for b, s in dense.items()},
+              ("magnitude", 0.9): {b: s * (1 + 2 * (b >= 256)) for b, s in dense.items()}}
+    rows = [{"workload": "digits-simple-cnn", "optimizer": "sgd", "sparsity": s, "pruning": m, "batch_size": b,
+             "steps_to_result": v} for (m, s), steps in curves.items() for b, v in steps.items()]
+    path = tmp_path / "studies.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    table = read_csv(path)
+    comparison = pruning_comparison(table)
+    snip = comparison[comparison["pruning"] == "snip"]
+    assert list(snip["relative_to_dense"]) == pytest.approx([2.0] * 4)
+    summary = pruning_summary(table, fit_table(table, None, repeats=0)).set_index("pruning")
+    assert summary.loc["snip", "same_shape"] and summary.loc["shuffle(snip)", "same_shape"]
+    assert not summary.loc["magnitude", "same_shape"] and summary.loc["magnitude", "shape"].startswith("differs: x3")
+    assert summary.loc["snip", "relative_to_shuffle"] == pytest.approx(1 / 1.1)
+    assert summary.loc["snip", "b_crit"] == pytest.approx(summary.loc["snip", "dense_b_crit"], rel=1e-3)
+    assert list(summary_for_people(summary.reset_index())["method"]) == ["magnitude", "shuffle(snip)", "snip"]
+    # A CSV written before methods existed is SNIP's; a name that is no method is refused with its row.
+    legacy = tmp_path / "legacy.csv"
+    pd.DataFrame(rows).drop(columns="pruning").to_csv(legacy, index=False)
+    assert set(read_csv(legacy)["pruning"]) == {"snip"}
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame(rows).assign(pruning="prune-it").to_csv(bad, index=False)
+    with pytest.raises(EdpsError, match="column pruning, row 2: unknown pruning method 'prune-it'"):
+        read_csv(bad)

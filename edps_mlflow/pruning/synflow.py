@@ -52,7 +52,8 @@ def synflow_masks(model: nn.Module, names: list[str], input_shape: tuple[int, ..
         scores = {name: torch.where(masks[name] > 0, (gradient * parameters[name]).detach().abs(),
                                     torch.tensor(-1.0, dtype=torch.float64))
                   for name, gradient in zip(names, gradients)}
-        keep = kept_count(total, sparsity) if round_index == rounds else int(round(total * density ** (round_index / rounds)))
+        keep = (kept_count(total, sparsity) if round_index == rounds
+                else int(round(total * density ** (round_index / rounds))))
         masks = {name: mask.to(torch.float64) for name, mask in global_top_k(scores, keep, stable=True).items()}
     return {name: mask.to(torch.float32) for name, mask in masks.items()}
 
