@@ -40,6 +40,26 @@ class _Finite(click.FloatRange):
         return number
 
 
+class _Experiment(click.ParamType):
+    """An experiment name or glob pattern, by the rule ``edps`` applies to the names it creates
+    (edps_mlflow.experiment_names): refused in one line before any store is opened."""
+
+    name = "name|pattern"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from edps_mlflow.experiment_names import experiment_name_problem
+
+        text = str(value)
+        problem = experiment_name_problem(text)
+        if problem is not None:
+            if not text.strip():
+                problem += " (leave the option out for every experiment with study runs)"
+            self.fail(problem, param, ctx)
+        return text
+
+
+EXPERIMENT = _Experiment()
+
 # A regime tolerance is a fraction such as 0.2 (20%); 10 (1000%) would make every curve one regime.
 TOLERANCE = _Finite(min=0, max=10, min_open=True, max_open=True)
 SEED = click.IntRange(0, 2**32 - 1)  # what numpy's generators take as a plain seed
@@ -49,7 +69,7 @@ BOOTSTRAP = click.IntRange(0, 100_000)
 
 def _source_options(command: Callable) -> Callable:
     @click.option("--tracking-uri", default=None, help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db).")
-    @click.option("--experiment", "experiments", multiple=True,
+    @click.option("--experiment", "experiments", multiple=True, type=EXPERIMENT,
                   help="Experiment name or glob pattern (repeatable; default: every experiment with study runs).")
     @click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead.")
     @click.option("--workload", default=None, help="Only this workload.")
@@ -107,7 +127,9 @@ def _trials(table: pd.DataFrame, tracking_uri: str | None, trials_csv: str | Non
 
 def _emit(frame: pd.DataFrame, output_format: str, human: str) -> None:
     if output_format == "csv":
-        click.echo(frame.to_csv(index=False), nl=False)
+        from analysis.load import csv_text
+
+        click.echo(csv_text(frame), nl=False)
     elif output_format == "json":
         click.echo(json.dumps(json.loads(frame.to_json(orient="records")), indent=2))
     else:
@@ -397,7 +419,7 @@ def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
 
 @cli.command()
 @click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
-@click.option("--experiment", "experiments", multiple=True,
+@click.option("--experiment", "experiments", multiple=True, type=EXPERIMENT,
               help="Experiment name or pattern (repeatable; default: every experiment with study runs).")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
 @click.option("--out-dir", default=None, type=click.Path(), help="Also draw the constant against sparsity here.")
@@ -422,7 +444,7 @@ def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
 
 @cli.command("noise-scale")
 @click.option("--tracking-uri", default=None, help="Tracking store (default: as training).")
-@click.option("--experiment", "experiments", multiple=True,
+@click.option("--experiment", "experiments", multiple=True, type=EXPERIMENT,
               help="Experiment name or pattern (repeatable; default: every experiment with study runs).")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
 def noise_scale(tracking_uri, experiments, output_format) -> None:

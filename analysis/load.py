@@ -2,7 +2,7 @@
 
 The study table has one row per study (the latest finished study run per study key). Columns:
 
-    workload, optimizer, sparsity, pruning, batch_size,
+    workload, optimizer, sparsity, batch_size, pruning,
     goal_error                                              what was measured (pruning: the method; a
                                                             run or CSV row without one was SNIP's)
     check_interval, max_steps                               the study's protocol (from its spec params)
@@ -19,9 +19,11 @@ The study table has one row per study (the latest finished study run per study k
 A CSV needs at least ``workload, optimizer, sparsity, batch_size, steps_to_result``; the other
 columns are optional. Every cell is checked when the file is read (numbers finite and in range,
 batch sizes positive integers, statuses known), and the first bad one is named by file, line and
-column in one line. The trial table (for the bootstrap) has ``study_key, trial_index, status,
-steps_to_result, steps_trained`` and is read from each study run's ``trials.csv`` artifact, so a
-fit that needs only study runs never pages through the trial runs.
+column in one line. A text cell that a spreadsheet would run as a formula is written with a
+leading ``'`` (see :func:`spreadsheet_text`), and read back without it. The trial table (for the
+bootstrap) has ``study_key, trial_index, status, steps_to_result, steps_trained`` and is read from
+each study run's ``trials.csv`` artifact, so a fit that needs only study runs never pages through the
+trial runs.
 
 This is the only module of the analysis that reads MLflow.
 """
@@ -34,6 +36,7 @@ import functools
 import io
 import math
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,7 +54,7 @@ from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, 
 T = TypeVar("T")
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "pruning", "batch_size", "goal_error", "check_interval",
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal_error", "check_interval",
                  "max_steps",
                  "steps_to_result", "trials_total", "trials_reached", "trials_not_reached", "trials_diverged",
                  "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step", "pack_size", "device",
@@ -335,6 +338,8 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
                 raise EdpsError(f"{path}: column {column} needs a value in every row; row {_line(empty)} has none")
         if column in _RANGES:
             table[column] = _checked_numbers(path, table, column)
+        else:
+            table[column] = table[column].map(unquoted_text)
     if "status" in table.columns:
         known = {status.value for status in TrialStatus}
         bad = table["status"].notna() & ~table["status"].isin(known)
@@ -349,8 +354,6 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
         for column in STUDY_COLUMNS:
             if column not in table.columns:
                 table[column] = None
-        # A study table written before pruning methods existed measured SNIP (curves.TAG_DEFAULTS).
-        table["pruning"] = table["pruning"].fillna(TAG_DEFAULTS["pruning"])
     return table
 
 
@@ -425,13 +428,54 @@ def _checked_numbers(path: str | Path, table: pd.DataFrame, column: str) -> pd.S
     return numbers
 
 
+# What a spreadsheet (Excel, LibreOffice, Google Sheets) runs as a formula when a cell starts with it
+# (OWASP, CSV injection): '=', '+', '-', '@', a tab, a carriage return. A number such as -0.5 or +3e2 starts
+# with a sign but is read as a number, never run.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _quoted_for_spreadsheets(text: str) -> bool:
+    """Whether ``text`` is written with a leading "'": it would run as a formula, or it starts with "'"s
+    before such a text (so that reading back, which removes one "'", gives every text back as it was)."""
+    rest = text.lstrip("'")
+    return rest.startswith(_FORMULA_STARTS) and not _NUMBER.fullmatch(rest)
+
+
+def spreadsheet_text(value: Any) -> Any:
+    """A cell as the analysis writes it to CSV: text that a spreadsheet would run as a formula gets a
+    leading "'", the spreadsheets' own mark of a text cell (``=HYPERLINK(...)`` becomes
+    ``'=HYPERLINK(...)``); numbers and every other value are left as they are."""
+    return "'" + value if isinstance(value, str) and _quoted_for_spreadsheets(value) else value
+
+
+def unquoted_text(value: Any) -> Any:
+    """The inverse of :func:`spreadsheet_text`, applied to the text cells :func:`read_csv` reads."""
+    if isinstance(value, str) and value.startswith("'") and _quoted_for_spreadsheets(value[1:]):
+        return value[1:]
+    return value
+
+
+def csv_text(table: pd.DataFrame) -> str:
+    """``table`` as the analysis writes every CSV (export, --format csv, the analysis run's tables): text
+    cells quoted (a newline, a carriage return or a ';' stays inside its cell in every reader) and made
+    inert for spreadsheets (:func:`spreadsheet_text`); numbers as numbers."""
+    return table.map(spreadsheet_text).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
+
+
 def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:
-    buffer = io.StringIO()
+    """The study table's columns as CSV (:func:`csv_text`), which :func:`read_csv` reads back as the same
+    table; written to ``path`` when given."""
     columns = [c for c in STUDY_COLUMNS if c in table.columns]
-    table[columns].to_csv(buffer, index=False)
+    text = csv_text(table[columns])
     if path is not None:
-        Path(path).write_text(buffer.getvalue())
-    return buffer.getvalue()
+        try:
+            # newline="": the text's line ends are written as they are (a "\r" inside a quoted cell too).
+            with open(path, "w", encoding="utf-8", newline="") as file:
+                file.write(text)
+        except OSError as error:
+            raise EdpsError(f"cannot write {path}: {error.strerror or error}") from None
+    return text
 
 
 @_with_http_limits

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.filenames import file_stem  # noqa: E402
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
     curve_columns,
@@ -23,6 +24,13 @@ from analysis.regimes import (  # noqa: E402
 from analysis.report import curve_words, several_methods  # noqa: E402
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
+
+
+def _literal(value: object) -> str:
+    """A value read from the store or a CSV (a workload, an optimizer, a device) as text for a title or a
+    legend: a '$' in it is a dollar sign, not the start of matplotlib's math mode (where a stray '^' or
+    '\\frac' would fail the whole figure)."""
+    return str(value).replace("$", r"\$")
 
 
 def _log2_axes(axis: plt.Axes, ylabel: str) -> None:
@@ -157,7 +165,8 @@ def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[
 def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2,
                  fits: pd.DataFrame | None = None) -> list[Path]:
     """The figure of :func:`draw_steps`, as PNG and SVG in ``directory``."""
-    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory, f"steps_{workload}_{optimizer}")
+    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory,
+                 file_stem("steps", workload, optimizer))
 
 
 def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: float = 0.2,
@@ -185,7 +194,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
-        label = " ".join([curve_words(key[2], key[3], several)] + [f"{columns[i]} {key[i]}" for i in varying])
+        label = " ".join([curve_words(key[2], _literal(key[3]), several)]
+                         + [f"{columns[i]} {_literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         heights += list(s[valid])
         row = _fit_row(fits, columns, key)
@@ -197,8 +207,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
     axis.set_xlim(*limits)
     if heights:
         axis.set_ylim(min(heights) / AXIS_MARGIN, max(heights) * AXIS_MARGIN)
-    axis.set_title(f"{workload}, {optimizer}: steps to reach the goal\n(dashed: fitted S_min (1 + B_crit / B); "
-                   f"shading: regimes of the densest curve)", fontsize=9)
+    axis.set_title(f"{_literal(workload)}, {_literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
+                   f"S_min (1 + B_crit / B); shading: regimes of the densest curve)", fontsize=9)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     return figure
 
@@ -214,7 +224,8 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     several = several_methods(group)
     for colour, (key, curve) in zip(colours, lines):
-        label = " ".join([curve_words(key[0], key[1], several)] + [f"{c} {v}" for c, v in zip(keys[2:], key[2:])])
+        label = " ".join([curve_words(key[0], _literal(key[1]), several)]
+                         + [f"{c} {_literal(v)}" for c, v in zip(keys[2:], key[2:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
@@ -228,14 +239,9 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     right.set_title("cost of sparsity at each batch size", fontsize=9)
     for axis in (left, right):
         axis.legend(fontsize=8, framealpha=0.9)
-    figure.suptitle(f"{workload}, {optimizer}", fontsize=10)
+    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}", fontsize=10)
     figure.tight_layout()
-    return _save(figure, directory, f"sparsity_{workload}_{optimizer}")
-
-
-def _stem(text: str) -> str:
-    """A file name's stem from a label: letters, digits, '.', '-' and '_' only (``shuffle(snip)``: shuffle_snip_)."""
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
+    return _save(figure, directory, file_stem("sparsity", workload, optimizer))
 
 
 def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, sparsity: float,
@@ -256,7 +262,8 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
     for method, curve in group.groupby("pruning", sort=True):
         shuffle = method.startswith("shuffle(")
         colour = palette[method[len("shuffle("):-1] if shuffle else method]
-        style = dict(color=colour, linestyle="--" if shuffle else "-", marker="s" if shuffle else "o", label=method)
+        style = dict(color=colour, linestyle="--" if shuffle else "-", marker="s" if shuffle else "o",
+                     label=_literal(method))
         curve = curve.sort_values("batch_size")
         valid = curve.dropna(subset=["steps_to_result"])
         steps_axis.plot(valid["batch_size"], valid["steps_to_result"], **style)
@@ -279,10 +286,10 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
     relative_axis.set_title("cost of each method at each batch size", fontsize=9)
     shape_axis.set_title("normalised curves (same shape: same scaling)", fontsize=9)
     shape_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-    figure.suptitle(f"{workload}, {optimizer}, sparsity {sparsity:g}: pruning methods against the dense network "
-                    f"(dashed: the method's mask shuffled within each tensor)", fontsize=10)
+    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
+                    f"dense network (dashed: the method's mask shuffled within each tensor)", fontsize=10)
     figure.tight_layout()
-    return _save(figure, directory, _stem(f"pruning_{workload}_{optimizer}_sp{sparsity:g}"))
+    return _save(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"))
 
 
 def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
@@ -296,7 +303,8 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
-                      capsize=3, label=f"{workload}, {optimizer}, {curve_words(sparsity, pruning, several)}")
+                      capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, "
+                                        f"{curve_words(sparsity, _literal(pruning), several)}")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("batch size")
@@ -321,11 +329,11 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
         spread = np.vstack([median - group["b_simple_p25"].to_numpy(dtype=float),
                             group["b_simple_p75"].to_numpy(dtype=float) - median])
         line = axis.errorbar(group["sparsity"], median, yerr=np.clip(spread, 0, None), fmt="o-", capsize=3,
-                             label=f"B_simple, {workload}, {optimizer}{method}")
+                             label=f"B_simple, {_literal(workload)}, {_literal(optimizer)}{_literal(method)}")
         b_crit = group["b_crit"].to_numpy(dtype=float)
         if np.isfinite(b_crit).any():
             axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(),
-                      label=f"fitted B_crit, {optimizer}{method}")
+                      label=f"fitted B_crit, {_literal(optimizer)}{_literal(method)}")
     axis.set_yscale("log", base=2)
     axis.set_xlabel("sparsity (fraction of parameters pruned)")
     axis.set_ylabel("batch size (examples)")
@@ -369,12 +377,14 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
         axis.grid(True, which="major", alpha=0.3)
         devices = curve["device"].dropna()
         measured = devices.iloc[0] if len(devices) else "an unrecorded device"
-        method = f" {head['pruning']}" if float(head["sparsity"]) > 0 and head.get("pruning", "snip") != "snip" else ""
-        axis.set_title(f"{head['workload']}, {head['optimizer']}, sparsity {float(head['sparsity']):g}{method}: "
-                       f"time to reach the goal (star: the fastest batch size)\none device: measured on {measured}"
-                       f"\nmore devices: {cost}", fontsize=8)
+        method = head.get("pruning", "snip") if float(head["sparsity"]) > 0 else "snip"
+        named = f" {_literal(method)}" if method != "snip" else ""
+        axis.set_title(f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
+                       f"{float(head['sparsity']):g}{named}: time to reach the goal (star: the fastest batch size)\n"
+                       f"one device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
         axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-        stem = f"time_{head['workload']}_{head['optimizer']}_sp{float(head['sparsity']):g}{method.replace(' ', '_')}"
+        stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}",
+                         *([method] if method != "snip" else []))
         if stem in stems:  # a second protocol of the same sparsity
             stem += f"_{len(stems)}"
         stems.add(stem)

@@ -10,9 +10,11 @@ from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
 
 def _with_axes(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with every curve axis as a column (a table without the pruning method measured SNIP)."""
-    missing = {axis: default for axis, default in TAG_DEFAULTS.items() if axis not in frame.columns}
-    return frame.assign(**missing) if missing else frame
+    """``frame`` with every curve axis as a column (a row without the pruning method measured SNIP)."""
+    filled = {axis: frame[axis].fillna(default) if axis in frame.columns else default
+              for axis, default in TAG_DEFAULTS.items()
+              if axis not in frame.columns or frame[axis].isna().any()}
+    return frame.assign(**filled) if filled else frame
 
 
 def lipschitz_by_study(values: pd.DataFrame) -> pd.DataFrame:

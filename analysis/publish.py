@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.load import csv_text
 from analysis.regimes import PROTOCOL_KEYS
 from edps_mlflow import names as n
 from edps_mlflow.pruning import DEFAULT_METHOD
@@ -138,7 +139,7 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
             path = Path(scratch) / f"{name}.csv"
-            table.to_csv(path, index=False)
+            path.write_text(csv_text(table), encoding="utf-8", newline="")
             client.log_artifact(run_id, str(path))
         listing = Path(scratch) / n.ARTIFACT_USED_STUDY_RUNS
         listing.write_text("\n".join(used) + "\n")

@@ -36,10 +36,12 @@ CURVE_KEYS = CURVE_AXES
 
 
 def with_curve_axes(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with every curve axis as a column: one made before an axis existed (a CSV or a frame
-    without ``pruning``) measured at its default (curves.TAG_DEFAULTS: SNIP)."""
-    missing = {axis: default for axis, default in TAG_DEFAULTS.items() if axis not in table.columns}
-    return table.assign(**missing) if missing else table
+    """``table`` with every curve axis as a column: a row made before an axis existed (a CSV or a frame
+    without ``pruning``, or with the cell empty) was measured at its default (curves.TAG_DEFAULTS: SNIP)."""
+    filled = {axis: table[axis].fillna(default) if axis in table.columns else default
+              for axis, default in TAG_DEFAULTS.items()
+              if axis not in table.columns or table[axis].isna().any()}
+    return table.assign(**filled) if filled else table
 # Studies measured under another protocol do not lie on one curve: a different goal, trial count,
 # check interval or step cap changes steps-to-result itself. When a table holds such columns, their
 # values are part of a curve's identity, and a (workload, optimizer, sparsity) measured under two

@@ -113,14 +113,27 @@ class _FiniteRange(click.FloatRange):
 
 
 class _ExperimentName(click.ParamType):
-    """A non-empty experiment name (empty would silently mean the default experiment)."""
+    """An experiment name by experiment_names' rule, checked before any store is touched: not empty (empty
+    would silently mean ``omitted``), not longer than a store holds, no control character. When the value
+    came from the option's environment variable, the error says so."""
 
     name = "name"
 
+    def __init__(self, omitted: str = "the default experiment") -> None:
+        self.omitted = omitted
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from edps_mlflow.experiment_names import experiment_name_problem
+
         text = str(value)
-        if not text.strip():
-            self.fail("must not be empty (leave the option out for the default experiment)", param, ctx)
+        problem = experiment_name_problem(text)
+        if problem is not None:
+            if not text.strip():
+                problem += f" (leave the option out for {self.omitted})"
+            variable = getattr(param, "envvar", None)
+            if isinstance(variable, str) and os.environ.get(variable) == text:
+                problem += f" (the value of ${variable})"
+            self.fail(problem, param, ctx)
         return text
 
 
@@ -167,7 +180,8 @@ protocol_options = _options(
     click.option("--full-trials", type=click.BOOL, default=False, show_default=True,
                  help="true: run every trial to its own end instead of exact early stopping (same result)."),
     click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
-    click.option("--experiment", type=_ExperimentName(), default=None,
+    # The variable is read here so that its value meets the same rule, before any store is created.
+    click.option("--experiment", type=_ExperimentName(), default=None, envvar="MLFLOW_EXPERIMENT_NAME",
                  help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
     click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=None,
                  help="Seconds between progress lines when not on a terminal (default: 10 for a study, 30 for a sweep)."),
@@ -336,7 +350,8 @@ def status(experiment: str | None) -> None:
 
 
 @cli.command()
-@click.option("--experiment", default=None, help="MLflow experiment name (default: every experiment).")
+@click.option("--experiment", type=_ExperimentName(omitted="every experiment"), default=None,
+              help="MLflow experiment name (default: every experiment).")
 @click.option("--repair", is_flag=True, help="Mark runs left RUNNING by dead processes FAILED.")
 def doctor(experiment: str | None, repair: bool) -> None:
     """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""

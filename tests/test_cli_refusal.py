@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import unicodedata
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
 from edps_mlflow.cli import main
+from edps_mlflow.experiment_names import MAX_EXPERIMENT_NAME_LENGTH, experiment_name_problem
 
 from conftest import REPO, clean_environment
 
@@ -108,3 +112,61 @@ def test_under_mlflow_run_the_hint_names_the_mlproject_parameter(sqlite_store, m
         lines = capsys.readouterr().err.strip().splitlines()
         assert exit_info.value.code == 2 and len(lines) == 1 and message in lines[0], lines
     assert "did you mean --batch-sizes" in client.get_run(run.info.run_id).data.tags["edps.error"]
+
+
+# ---- experiment names: refused before any store is created or opened -------------------------------------
+LONG_NAME = "e" * 600
+EDPS = "from edps_mlflow.cli import main; main()"
+ANALYZE = "from analysis.cli import main; main()"
+BAD_EXPERIMENTS = [
+    # (program, arguments, extra environment, what the line says)
+    (EDPS, ["study", "--experiment", LONG_NAME], {}, "must be at most 256 characters"),
+    (EDPS, ["study", "--experiment", "edps/a\nb"], {}, "must not hold a control character"),
+    (EDPS, ["sweep", "--experiment", "tab\there"], {}, "character 4 is '\\t'"),
+    (EDPS, ["study"], {"MLFLOW_EXPERIMENT_NAME": "edps/a\nb"}, "(the value of $MLFLOW_EXPERIMENT_NAME)"),
+    (EDPS, ["sweep"], {"MLFLOW_EXPERIMENT_NAME": LONG_NAME}, "must be at most 256 characters"),
+    (EDPS, ["status", "--experiment", "a\rb"], {}, "must not hold a control character"),
+    (EDPS, ["doctor", "--experiment", LONG_NAME], {}, "must be at most 256 characters"),
+    (ANALYZE, ["table", "--experiment", LONG_NAME], {}, "must be at most 256 characters"),
+    (ANALYZE, ["fit", "--experiment", "edps/*", "--experiment", "x\x1b[2J"], {}, "character 2 is '\\x1b'"),
+]
+
+
+@pytest.mark.parametrize("program,arguments,environment,message", BAD_EXPERIMENTS,
+                         ids=[f"{'edps' if p == EDPS else 'analyze'}-{a[0]}-{i}"
+                              for i, (p, a, _, _) in enumerate(BAD_EXPERIMENTS)])
+def test_a_bad_experiment_name_is_refused_before_any_store_exists(program, arguments, environment, message,
+                                                                  tmp_path):
+    """The tester's cases: a 600-character name was refused only after the store was created, a newline
+    was accepted. The real command in its own process (study and sweep start again with the training
+    environment first, as they do for a user), a sqlite store that does not exist: it still does not."""
+    store = tmp_path / "mlflow.db"
+    result = subprocess.run([sys.executable, "-c", program, *arguments], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120,
+                            env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=f"sqlite:///{store}",
+                                                  **environment))
+    lines = result.stderr.strip().splitlines()
+    prefix = "edps: error: " if program == EDPS else "edps-analyze: error: "
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(prefix + "Invalid value for '--experiment': ") and message in lines[0], lines
+    assert len(lines[0]) < 300  # the name is not printed back whole
+    assert not store.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_experiment_name_rule():
+    assert experiment_name_problem("edps/digits-simple-cnn") is None
+    assert experiment_name_problem("edps/*") is None and experiment_name_problem("it's [a] \"test\"*") is None
+    assert experiment_name_problem("é" * MAX_EXPERIMENT_NAME_LENGTH) is None
+    assert "at most 256" in experiment_name_problem("é" * (MAX_EXPERIMENT_NAME_LENGTH + 1))
+    for name in ("", " ", "\t"):
+        assert experiment_name_problem(name) == "must not be empty"
+    for character in ("\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\u2029"):
+        assert "control character" in experiment_name_problem(f"a{character}b"), ascii(character)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(max_size=300))
+def test_a_name_is_refused_exactly_when_it_is_blank_too_long_or_holds_a_control_character(name):
+    control = any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name)
+    refused = not name.strip() or len(name) > MAX_EXPERIMENT_NAME_LENGTH or control
+    assert (experiment_name_problem(name) is not None) == refused

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from edps_mlflow.executors import EXECUTORS
-from tests.conftest import REPO, run_edps
+from conftest import REPO, run_edps
 
 
 def test_the_command_line_of_a_job_makes_the_study_the_sweep_planned(monkeypatch):
@@ -33,9 +33,9 @@ def test_the_command_line_of_a_job_makes_the_study_the_sweep_planned(monkeypatch
 @pytest.mark.slow
 def test_a_sweep_of_plain_process_jobs_claims_each_study_once(sqlite_store, tmp_path, monkeypatch):
     from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep
-    from tests.process_backend import ProcessExecutor
+    from process_backend import ProcessExecutor
 
-    monkeypatch.setitem(EXECUTORS, "processes", "tests.process_backend:ProcessExecutor")
+    monkeypatch.setitem(EXECUTORS, "processes", "process_backend:ProcessExecutor")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     spec = SweepSpec.build("digits-simple-cnn", ("sgd",), (64, 128), trials=4)
     options = SweepOptions(experiment="queued", executor="processes", workers=2)

@@ -43,6 +43,7 @@ from edps_mlflow.ownership import (
     create_submitted_run,
     expired_reason,
     lease_seconds,
+    live_runs,
     mark_dead,
     renew_heartbeat,
     yield_run,
@@ -273,6 +274,14 @@ class _JobQueue:
         if run.state is RunState.RUNNING:
             mark_dead(sweep.client, [entry.run_id], f"its submitted run ended ({entry.job.describe_end()}) "
                                                     f"without finishing the study")
+        live = live_runs(registry.keyed_runs(sweep.client, sweep.experiment_id, KIND_STUDY, entry.spec.study_key),
+                         self.lease)
+        if live:
+            # The job was stalled past its lease and another process took the study over (the job then stops,
+            # exit code 3, writing nothing): that run is watched like any live run of the key.
+            self.progress.running = max(0, self.progress.running - 1)
+            self._watch(entry.spec, live[0].run_id)
+            return
         tail = entry.job.log_tail()
         lines = "\n".join(f"    {line}" for line in tail)
         self._fail(f"{entry.label}: submitted run {entry.run_id} failed ({entry.job.describe_end()})"
