@@ -15,10 +15,6 @@ from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
 
 
-def sparsity_tag(sparsity: float) -> str:
-    return repr(float(sparsity))
-
-
 # Run names put what varies first, so that they still read when the UI truncates them.
 _SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end"}
 
