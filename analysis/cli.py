@@ -10,6 +10,7 @@
     edps-analyze lipschitz   --experiment edps/digits-simple-cnn/sgd
     edps-analyze noise-scale --experiment edps/digits-simple-cnn
     edps-analyze time   --experiment edps/digits-simple-cnn --devices 1,2,4,8 --bandwidth 10 --latency 10
+    edps-analyze compare-pruning --experiment edps/digits-simple-cnn --out-dir figures
 """
 
 from __future__ import annotations
@@ -280,8 +281,9 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     directory = path.parent / f"{path.stem}_figures"
     figures = _figures(studies, directory, tolerance, fits)
     time_sections, time_tables = _time_sections(studies, model, directory)
+    pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory)
     probe_sections = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, directory)
-    extra = time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
+    extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
     for _, _, paths in extra:
         figures.setdefault(("sections", ""), []).extend(paths)
     write_report(path, steps_grids(studies), fits, figures, source, tolerance, extra=extra)
@@ -291,9 +293,58 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         probe_tables = {name: table for name, _, table, _ in probe_sections}
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
-                  **time_tables, **probe_tables}, files,
+                  **pruning_tables, **time_tables, **probe_tables}, files,
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
                   "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})
+
+
+@cli.command("compare-pruning")
+@_source_options
+@_fit_options
+@click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where figures go.")
+@click.option("--format", "output_format", type=click.Choice(["table", "csv", "json"]), default="table")
+def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
+                    trials_csv, out_dir, output_format) -> None:
+    """Per sparsity, each pruning method against the dense network: its steps relative to dense at every batch
+    size, S_min and B_crit with intervals, whether its normalised curve has the dense one's shape, its steps
+    over its shuffle's; a figure per (workload, optimizer, sparsity)."""
+    from analysis.plots import pruning_figure
+    from analysis.pruning_methods import comparison_keys, pruning_comparison, pruning_summary, summary_for_people
+    from analysis.regimes import with_curve_axes
+
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    studies = with_curve_axes(studies)
+    if not (studies["sparsity"] == 0.0).any() or not (studies["sparsity"] > 0).any():
+        raise EdpsError("compare-pruning needs the dense curve (sparsity 0) and at least one pruned curve; "
+                        "measure both, e.g. edps sweep --sparsities 0,0.9 --pruning snip,random")
+    fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
+    comparison = pruning_comparison(studies)
+    summary = pruning_summary(studies, fits, tolerance)
+    paths = [p for w, o, s in comparison_keys(studies) for p in pruning_figure(comparison, w, o, s, Path(out_dir))]
+    human = summary_for_people(summary).to_string(index=False)
+    human += "\n\nsteps relative to dense, per batch size:\n" + comparison.pivot_table(
+        index=["optimizer", "sparsity", "batch_size"], columns="pruning", values="relative_to_dense").to_string(
+        float_format=lambda v: f"{v:.3g}")
+    human += "\n\nfigures:\n" + "\n".join(str(p) for p in paths if p.suffix == ".png")
+    _emit(summary, output_format, human)
+
+
+def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: float, directory: Path
+                      ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
+    """The report's comparison of pruning methods (none when the pruned curves are all SNIP's) and its tables."""
+    from analysis.plots import pruning_figure
+    from analysis.pruning_methods import comparison_keys, pruning_comparison, pruning_summary, summary_for_people
+    from analysis.regimes import with_curve_axes
+
+    table = with_curve_axes(studies)
+    if set(table.loc[table["sparsity"] > 0, "pruning"]) <= {"snip"}:
+        return [], {}
+    comparison = pruning_comparison(table)
+    summary = pruning_summary(table, fits, tolerance)
+    paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory)]
+    title = (f"Pruning methods at each sparsity, against the dense network (shape: the normalised curves agree "
+             f"within {tolerance:.0%} at every batch size both measured)")
+    return [(title, summary_for_people(summary), paths)], {"pruning_summary": summary, "pruning_comparison": comparison}
 
 
 def _time_sections(studies: pd.DataFrame, model, directory: Path

@@ -2,7 +2,9 @@
 
 The study table has one row per study (the latest finished study run per study key). Columns:
 
-    workload, optimizer, sparsity, batch_size, goal_error   what was measured
+    workload, optimizer, sparsity, batch_size, pruning,
+    goal_error                                              what was measured (pruning: the method; a
+                                                            run or CSV row without one was SNIP's)
     check_interval, max_steps                               the study's protocol (from its spec params)
     steps_to_result                                         empty when no trial reached the goal
     trials_total, trials_reached, trials_not_reached,
@@ -43,7 +45,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pandas as pd
 
 from edps_mlflow import names as n
-from edps_mlflow.curves import CurveId
+from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialStatus
@@ -52,7 +54,8 @@ from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, 
 T = TypeVar("T")
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "goal_error", "check_interval", "max_steps",
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal_error", "check_interval",
+                 "max_steps",
                  "steps_to_result", "trials_total", "trials_reached", "trials_not_reached", "trials_diverged",
                  "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step", "pack_size", "device",
                  "model_parameters", "model_parameter_bytes", "experiment", "study_run_id", "study_key",
@@ -348,12 +351,30 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
             row = _line(bad)
             raise EdpsError(f"{path}: column status must be one of {', '.join(sorted(known))}; "
                             f"row {row} has {table['status'].iloc[row - 2]!r}")
+    if "pruning" in table.columns:
+        table["pruning"] = _checked_methods(path, table["pruning"])
     if "batch_size" in table.columns:
         table["batch_size"] = table["batch_size"].astype(int)
         for column in STUDY_COLUMNS:
             if column not in table.columns:
                 table[column] = None
     return table
+
+
+def _checked_methods(path: str | Path, column: pd.Series) -> pd.Series:
+    """Each pruning method named in its canonical spelling; an unknown one is an EdpsError naming the row."""
+    from edps_mlflow.pruning import parse_method
+
+    names = []
+    for row, value in enumerate(column, 2):
+        if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip():
+            names.append(None)
+            continue
+        try:
+            names.append(parse_method(str(value)))
+        except EdpsError as error:
+            raise EdpsError(f"{path}: column pruning, row {row}: {error}") from None
+    return pd.Series(names, index=column.index, dtype=object)
 
 
 def _read_text(path: Path) -> str:
@@ -474,7 +495,9 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
     for run in runs:
         tags = run.data.tags
         base = {"workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
-                "sparsity": float(tags.get(n.TAG_SPARSITY, "nan")), "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
+                "sparsity": float(tags.get(n.TAG_SPARSITY, "nan")),
+                "pruning": tags.get(n.TAG_PRUNING, TAG_DEFAULTS["pruning"]),
+                "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
                 "trial_run_id": run.info.run_id, "study_key": tags.get(n.TAG_STUDY_KEY)}
         if history:
             for point in client.get_metric_history(run.info.run_id, metric):
@@ -506,8 +529,7 @@ def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_u
         if not params.get(n.PARAM_SPEC_PREFIX + "probes"):
             continue
         try:
-            base = {"workload": tags[n.TAG_WORKLOAD], "optimizer": tags[n.TAG_OPTIMIZER],
-                    "sparsity": float(tags[n.TAG_SPARSITY]), "batch_size": int(tags[n.TAG_BATCH_SIZE]),
+            base = {**CurveId.from_tags(tags).as_dict(), "batch_size": int(tags[n.TAG_BATCH_SIZE]),
                     "study_run_id": run.info.run_id}
         except (KeyError, ValueError):
             continue

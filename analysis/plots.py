@@ -19,7 +19,9 @@ from analysis.regimes import (  # noqa: E402
     fit_table,
     is_degenerate,
     unbounded,
+    with_curve_axes,
 )
+from analysis.report import curve_words, several_methods  # noqa: E402
 
 REGIME_COLOURS = {"perfect scaling": "#d9ead3", "diminishing returns": "#fff2cc", "maximal data parallelism": "#f4cccc"}
 
@@ -181,8 +183,9 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
     # One line per curve as the fits see it: studies of another protocol (goal, trials, check
     # interval, step cap) are another line, never joined to these.
     lines = curves(group)
-    columns = curve_columns(group)
+    columns = curve_columns(with_curve_axes(group))
     varying = [i for i in range(len(CURVE_KEYS), len(columns)) if len({str(k[i]) for k in lines}) > 1]
+    several = several_methods(with_curve_axes(group))
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     limits = _x_limits(group["batch_size"].to_numpy(dtype=float))
     heights: list[float] = []
@@ -191,7 +194,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         b = curve["batch_size"].to_numpy(dtype=float)
         s = curve["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
-        label = " ".join([f"sparsity {key[2]:g}"] + [f"{columns[i]} {_literal(key[i])}" for i in varying])
+        label = " ".join([curve_words(key[2], _literal(key[3]), several)]
+                         + [f"{columns[i]} {_literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         heights += list(s[valid])
         row = _fit_row(fits, columns, key)
@@ -213,13 +217,15 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     """Curves normalised by their first point, and steps relative to the dense curve."""
     group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.2))
-    # One line per sparsity and protocol (the protocol columns that sparsity_comparison kept).
-    keys = ["sparsity"] + [c for c in curve_columns(group)[len(CURVE_KEYS):] if group[c].nunique(dropna=False) > 1]
+    # One line per sparsity, pruning method and protocol (the protocol columns that sparsity_comparison kept).
+    keys = ["sparsity", "pruning"] + [c for c in curve_columns(group)[len(CURVE_KEYS):]
+                                      if group[c].nunique(dropna=False) > 1]
     lines = list(group.groupby(keys, sort=True, dropna=False))
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
+    several = several_methods(group)
     for colour, (key, curve) in zip(colours, lines):
-        key = key if isinstance(key, tuple) else (key,)
-        label = " ".join([f"sparsity {key[0]:g}"] + [f"{c} {_literal(v)}" for c, v in zip(keys[1:], key[1:])])
+        label = " ".join([curve_words(key[0], _literal(key[1]), several)]
+                         + [f"{c} {_literal(v)}" for c, v in zip(keys[2:], key[2:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
@@ -238,16 +244,67 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     return _save(figure, directory, file_stem("sparsity", workload, optimizer))
 
 
+def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, sparsity: float,
+                   directory: Path) -> list[Path]:
+    """The methods at one sparsity beside the dense curve (analysis.pruning_methods): steps-to-result against
+    batch size, steps relative to dense, and each curve normalised by its first point (a shuffled mask dashed,
+    in its method's colour)."""
+    group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)
+                       & np.isclose(comparison["sparsity"].astype(float), sparsity)]
+    figure, (steps_axis, relative_axis, shape_axis) = plt.subplots(1, 3, figsize=(14.5, 4.4))
+    dense = group.drop_duplicates("batch_size").sort_values("batch_size").dropna(subset=["dense_steps_to_result"])
+    steps_axis.plot(dense["batch_size"], dense["dense_steps_to_result"], "o-", color="black", linewidth=2,
+                    label="dense")
+    shape_axis.plot(dense["batch_size"], dense["dense_normalised_by_first"], "o-", color="black", linewidth=2,
+                    label="dense")
+    bases = sorted({m[len("shuffle("):-1] if m.startswith("shuffle(") else m for m in group["pruning"]})
+    palette = dict(zip(bases, plt.cm.tab10(np.arange(len(bases)) % 10)))
+    for method, curve in group.groupby("pruning", sort=True):
+        shuffle = method.startswith("shuffle(")
+        colour = palette[method[len("shuffle("):-1] if shuffle else method]
+        style = dict(color=colour, linestyle="--" if shuffle else "-", marker="s" if shuffle else "o",
+                     label=_literal(method))
+        curve = curve.sort_values("batch_size")
+        valid = curve.dropna(subset=["steps_to_result"])
+        steps_axis.plot(valid["batch_size"], valid["steps_to_result"], **style)
+        relative = valid.dropna(subset=["relative_to_dense"])
+        relative_axis.plot(relative["batch_size"], relative["relative_to_dense"], **style)
+        shape_axis.plot(valid["batch_size"], valid["normalised_by_first"], **style)
+    _log2_axes(steps_axis, "steps to result")
+    _log2_axes(shape_axis, "steps / steps at the smallest batch size")
+    relative_axis.set_xscale("log", base=2)
+    for axis in (steps_axis, relative_axis, shape_axis):
+        drawn = [y for line in axis.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
+        if not any(np.isfinite(y) and y > 0 for y in drawn):  # nothing reached the goal: nothing to put on a log axis
+            axis.set_xscale("linear")
+            axis.set_yscale("linear")
+    steps_axis.set_title("steps to reach the goal", fontsize=9)
+    relative_axis.set_xlabel("batch size (examples per step)")
+    relative_axis.set_ylabel("steps relative to the dense network")
+    relative_axis.axhline(1.0, color="grey", linewidth=0.8)
+    relative_axis.grid(True, alpha=0.3)
+    relative_axis.set_title("cost of each method at each batch size", fontsize=9)
+    shape_axis.set_title("normalised curves (same shape: same scaling)", fontsize=9)
+    shape_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
+    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
+                    f"dense network (dashed: the method's mask shuffled within each tensor)", fontsize=10)
+    figure.tight_layout()
+    return _save(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"))
+
+
 def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
     """The Lipschitz constant along each study's best trial's run against batch size, one line per
     sparsity (markers: the median over probe steps; bars reach the maximum)."""
     figure, axis = plt.subplots(figsize=(6.4, 4.4))
-    for (workload, optimizer, sparsity), group in by_study.groupby(["workload", "optimizer", "sparsity"], sort=True):
+    by_study = with_curve_axes(by_study)
+    several = several_methods(by_study)
+    for (workload, optimizer, sparsity, pruning), group in by_study.groupby(list(CURVE_KEYS), sort=True):
         group = group.sort_values("batch_size")
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
-                      capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}")
+                      capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, "
+                                        f"{curve_words(sparsity, _literal(pruning), several)}")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("batch size")
@@ -263,17 +320,20 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
     """The measured noise scale B_simple (median and quartiles over trials) beside the fitted B_crit,
     against sparsity: McCandlish et al. predict B_crit ~ B_simple."""
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
+    table = with_curve_axes(table)
+    several = several_methods(table)
+    for (workload, optimizer, pruning), group in table.groupby(["workload", "optimizer", "pruning"], sort=True):
         group = group.sort_values("sparsity")
+        method = f", {pruning}" if several else ""
         median = group["b_simple_median"].to_numpy(dtype=float)
         spread = np.vstack([median - group["b_simple_p25"].to_numpy(dtype=float),
                             group["b_simple_p75"].to_numpy(dtype=float) - median])
         line = axis.errorbar(group["sparsity"], median, yerr=np.clip(spread, 0, None), fmt="o-", capsize=3,
-                             label=f"B_simple, {_literal(workload)}, {_literal(optimizer)}")
+                             label=f"B_simple, {_literal(workload)}, {_literal(optimizer)}{_literal(method)}")
         b_crit = group["b_crit"].to_numpy(dtype=float)
         if np.isfinite(b_crit).any():
             axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(),
-                      label=f"fitted B_crit, {_literal(optimizer)}")
+                      label=f"fitted B_crit, {_literal(optimizer)}{_literal(method)}")
     axis.set_yscale("log", base=2)
     axis.set_xlabel("sparsity (fraction of parameters pruned)")
     axis.set_ylabel("batch size (examples)")
@@ -317,11 +377,14 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
         axis.grid(True, which="major", alpha=0.3)
         devices = curve["device"].dropna()
         measured = devices.iloc[0] if len(devices) else "an unrecorded device"
+        method = head.get("pruning", "snip") if float(head["sparsity"]) > 0 else "snip"
+        named = f" {_literal(method)}" if method != "snip" else ""
         axis.set_title(f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
-                       f"{float(head['sparsity']):g}: time to reach the goal (star: the fastest batch size)\n"
+                       f"{float(head['sparsity']):g}{named}: time to reach the goal (star: the fastest batch size)\n"
                        f"one device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
         axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-        stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}")
+        stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}",
+                         *([method] if method != "snip" else []))
         if stem in stems:  # a second protocol of the same sparsity
             stem += f"_{len(stems)}"
         stems.add(stem)

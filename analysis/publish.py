@@ -3,7 +3,7 @@
 The run (``edps.kind=analysis``) is named after what it analysed and carries:
 - params: the analysis settings (tolerance, bootstrap resamples, seed, experiments);
 - metrics per curve: S_min and B_crit with their interval ends, R^2 of the fit, and the two regime
-  boundaries, under ``fit/<optimizer>/sp<sparsity>/...`` (see ``curve_metrics``);
+  boundaries, under ``fit/<optimizer>/sp<sparsity>[/<pruning>]/...`` (see ``curve_metrics``);
 - a description (shown on the run page) with the fit table;
 - tags with the study runs it used (``edps.analysis.study_runs``, full list in ``used_study_runs.txt``)
   and the sweep runs they belong to; when they all belong to one sweep of the same experiment, the
@@ -31,6 +31,7 @@ import pandas as pd
 from analysis.load import csv_text
 from analysis.regimes import PROTOCOL_KEYS
 from edps_mlflow import names as n
+from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
@@ -41,13 +42,16 @@ _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_c
 
 
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
-    """``fit/<optimizer>/sp<sparsity>/<quantity>`` (prefixed by the workload when several are analysed)."""
+    """``fit/<optimizer>/sp<sparsity>/<quantity>`` (prefixed by the workload when several are analysed; a
+    pruning method other than SNIP's after the sparsity: ``fit/sgd/sp0.9/random/b_crit``)."""
     several = fits["workload"].nunique() > 1 if len(fits) else False
     # Curves that differ only in their protocol (goal, trials, ...) get it in their names too.
     varying = [c for c in PROTOCOL_KEYS if c in fits.columns and fits[c].nunique(dropna=True) > 1]
     metrics: dict[str, float] = {}
     for _, row in fits.iterrows():
-        curve = f"{row['optimizer']}/sp{row['sparsity']:g}" + "".join(f"/{c}{row[c]:g}" for c in varying)
+        method = row.get("pruning", DEFAULT_METHOD)
+        curve = (f"{row['optimizer']}/sp{row['sparsity']:g}" + (f"/{method}" if method != DEFAULT_METHOD else "")
+                 + "".join(f"/{c}{row[c]:g}" for c in varying))
         if several:
             curve = f"{row['workload']}/{curve}"
         for column in _FIT_METRICS:

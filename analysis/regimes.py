@@ -28,11 +28,20 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from edps_mlflow.curves import CURVE_AXES
+from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
 MIN_POINTS = 3
-# What identifies a curve (edps_mlflow.curves.CurveId: workload, optimizer, sparsity): declared there once.
+# What identifies a curve (edps_mlflow.curves.CurveId: workload, optimizer, sparsity, pruning): declared there once.
 CURVE_KEYS = CURVE_AXES
+
+
+def with_curve_axes(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with every curve axis as a column: a row made before an axis existed (a CSV or a frame
+    without ``pruning``, or with the cell empty) was measured at its default (curves.TAG_DEFAULTS: SNIP)."""
+    filled = {axis: table[axis].fillna(default) if axis in table.columns else default
+              for axis, default in TAG_DEFAULTS.items()
+              if axis not in table.columns or table[axis].isna().any()}
+    return table.assign(**filled) if filled else table
 # Studies measured under another protocol do not lie on one curve: a different goal, trial count,
 # check interval or step cap changes steps-to-result itself. When a table holds such columns, their
 # values are part of a curve's identity, and a (workload, optimizer, sparsity) measured under two
@@ -178,6 +187,7 @@ def curve_columns(table: pd.DataFrame) -> list[str]:
 
 def curves(table: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     """Study rows grouped per curve (the values of :func:`curve_columns`), sorted by batch size."""
+    table = with_curve_axes(table)
     groups = table.groupby(curve_columns(table), sort=True, dropna=False)
     return {key: group.sort_values("batch_size") for key, group in groups}
 
@@ -185,6 +195,7 @@ def curves(table: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
 def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance: float = 0.2,
               repeats: int = 200, seed: int = 0) -> pd.DataFrame:
     """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
+    table = with_curve_axes(table)
     rows = []
     columns = curve_columns(table)
     grouped = curves(table)
@@ -194,7 +205,7 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
         siblings = [other for other in grouped if other[:base] == key[:base]]
         if len(siblings) > 1:
             differing = [c for i, c in enumerate(columns[base:], base) if len({str(k[i]) for k in siblings}) > 1]
-            row["note"] = (f"one of {len(siblings)} curves of this workload, optimizer and sparsity: "
+            row["note"] = (f"one of {len(siblings)} curves of this workload, optimizer, sparsity and pruning method: "
                            f"the studies differ in {', '.join(differing)}")
         b, s = group["batch_size"].to_numpy(), group["steps_to_result"].to_numpy(dtype=float)
         fit = None
@@ -309,17 +320,19 @@ def is_degenerate(row: pd.Series | dict) -> bool:
 
 
 def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (workload, optimizer, batch size): steps relative to the dense curve, and each curve
-    normalised by its own first (smallest batch size) point."""
+    """Per curve and batch size: steps relative to the dense curve of its (workload, optimizer), and each
+    curve normalised by its own first (smallest batch size) point."""
+    table = with_curve_axes(table)
     rows = []
     # Compared only within one protocol (see PROTOCOL_KEYS) and one curve family (every curve axis but the
-    # sparsity); a batch size measured twice counts once.
+    # sparsity and the pruning method: the dense curve, pruned by none, is every method's reference); a batch
+    # size measured twice counts once.
     protocol = curve_columns(table)[len(CURVE_KEYS):]
-    family = [axis for axis in CURVE_KEYS if axis != "sparsity"]
+    family = [axis for axis in CURVE_KEYS if axis not in ("sparsity", "pruning")]
     for _, group in table.groupby([*family, *protocol], sort=True, dropna=False):
         dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
         dense = dense_rows.set_index("batch_size")["steps_to_result"]
-        for sparsity, curve in group.groupby("sparsity", sort=True):
+        for (sparsity, pruning), curve in group.groupby(["sparsity", "pruning"], sort=True):
             curve = curve.sort_values("batch_size")
             valid = curve["steps_to_result"].dropna()
             first = float(valid.iloc[0]) if len(valid) else math.nan
@@ -328,7 +341,7 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
                 steps = math.nan if steps is None or pd.isna(steps) else float(steps)
                 reference = dense.get(batch_size, math.nan)
                 rows.append({**{axis: group[axis].iloc[0] for axis in family}, "sparsity": sparsity,
-                             **{column: group[column].iloc[0] for column in protocol},
+                             "pruning": pruning, **{column: group[column].iloc[0] for column in protocol},
                              "batch_size": int(batch_size), "steps_to_result": steps,
                              "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
                              "normalised_by_first": steps / first if first and not math.isnan(first) else math.nan})

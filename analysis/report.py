@@ -20,13 +20,29 @@ def _number(value: object, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def curve_words(sparsity: float, pruning: str, several_methods: bool) -> str:
+    """``sparsity 0.9``, or ``sparsity 0.9 random`` beside other methods (the dense curve names none)."""
+    return f"sparsity {sparsity:g}" + (f" {pruning}" if several_methods and sparsity > 0 else "")
+
+
+def several_methods(table: pd.DataFrame) -> bool:
+    """Whether ``table``'s pruned curves come from more than one pruning method."""
+    return "pruning" in table.columns and table.loc[table["sparsity"] > 0, "pruning"].nunique() > 1
+
+
 def steps_grids(table: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (workload, optimizer): batch size down, sparsity across, steps-to-result in the cells."""
+    """Per (workload, optimizer): batch size down, sparsity (and pruning method, when several) across,
+    steps-to-result in the cells."""
+    from analysis.regimes import with_curve_axes
+
+    table = with_curve_axes(table)
     grids = {}
     for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
-        grid = group.pivot_table(index="batch_size", columns="sparsity", values="steps_to_result", aggfunc="min")
+        grid = group.pivot_table(index="batch_size", columns=["sparsity", "pruning"], values="steps_to_result",
+                                 aggfunc="min")
         grid = grid.reindex(sorted(group["batch_size"].unique()))
-        grid.columns = [f"sparsity {c:g}" for c in grid.columns]
+        several = several_methods(group)
+        grid.columns = [curve_words(s, m, several) for s, m in grid.columns]
         grid.index.name = "batch size"
         grids[(workload, optimizer)] = grid.map(_number)
     return grids
@@ -43,9 +59,11 @@ def _with_interval(row: pd.Series, name: str) -> str:
 def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
     """The fit table for people: values with their 95% intervals in brackets."""
     rows = []
+    several = several_methods(fits)
     for _, row in fits.iterrows():
         rows.append({
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
+            **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
             "perfect_scaling_end": _with_interval(row, "perfect_scaling_end"),

@@ -4,7 +4,7 @@
 
 Adaptivity chooses only *where* to measure. Every point is an ordinary exact study with its ordinary
 key (the same trials, goal, cap and check interval as any sweep's), so the registry reuses it like any
-other. The rule, per curve (curves.CurveId: optimizer x sparsity), on the fit of the points measured so far
+other. The rule, per curve (curves.CurveId: optimizer x sparsity x pruning), on the fit of the points measured so far
 (``analysis.regimes.fit_table``: hyperbola, bootstrap intervals, model-free regime boundaries):
 
 - B_crit: its 95% interval must lie within a factor ``target`` of the estimate. Its excess is
@@ -353,7 +353,7 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     return Decision(picks, None, tuple(states))
 
 
-# The curve's columns are its axes within the sweep's workload (optimizer, sparsity).
+# The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning).
 DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "workload"), "batch_size", "reason",
                     "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 

@@ -353,8 +353,9 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
              + ".",
              _markdown(result_rows(result)),
              f"Decisions (also `{n.ARTIFACT_ADAPTIVE_DECISIONS}`):",
-             _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "batch_size", "reason",
-                                          "uncertainty_before")} for r in result.decisions.to_dict("records")])]
+             _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "pruning", "batch_size",
+                                          "reason", "uncertainty_before")}
+                        for r in result.decisions.to_dict("records")])]
     return "\n\n".join(parts)
 
 

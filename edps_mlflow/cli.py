@@ -3,6 +3,7 @@
     edps study --bs 256
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
     edps sweep --batch-sizes 2..1024 --sparsities 0,0.5,0.9
+    edps sweep --batch-sizes 16..256 --sparsities 0,0.9 --pruning 'snip,random,shuffle(snip)'
     edps status --experiment edps/digits-simple-cnn
     edps doctor --experiment edps/digits-simple-cnn --repair
     edps workloads
@@ -205,7 +206,11 @@ def cli() -> None:
 @cli.command()
 @click.option("--bs", "batch_size", type=int, default=256, show_default=True, help="Batch size.")
 @click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum or nesterov.")
-@click.option("--sparsity", type=float, default=0.0, show_default=True, help="Fraction pruned by SNIP, in [0, 1).")
+@click.option("--sparsity", type=float, default=0.0, show_default=True,
+              help="Fraction pruned at initialisation (by --pruning), in [0, 1).")
+@click.option("--pruning", default="snip", show_default=True,
+              help="Pruning method at initialisation: snip, random, random-erk, magnitude, grasp, synflow, or "
+                   "shuffle(<method>) (docs/pruning.md).")
 @protocol_options
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available).")
 @click.option("--workers", type=OPTIONAL_COUNT, default=None,
@@ -223,7 +228,7 @@ def cli() -> None:
 # Set by `edps sweep --executor mlflow-project` through the MLproject: the study is that sweep's child.
 @click.option("--sweep-run", default="", hidden=True, help="The sweep run that submitted this study.")
 @click.option("--sweep-key", default="", hidden=True, help="The key of that sweep.")
-def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trials: int | None,
+def study(batch_size: int, optimizer: str, sparsity: float, pruning: str, workload: str, trials: int | None,
           goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
           data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int | None, probe_trials: str, allow_tf32: bool, device: str | None, workers: int | None,
@@ -235,7 +240,7 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
     if bool(sweep_run.strip()) != bool(sweep_key.strip()):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
     spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
-                           seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
+                           seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials, pruning)
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
     from edps_mlflow.study import ExecutionOptions, run_study
 
@@ -254,6 +259,9 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
 @click.option("--batch-sizes", type=_BatchSizes(), default=None,
               help="2..1024 (powers of two) or 16,64,256; default 2..largest that fits the training split.")
 @click.option("--sparsities", type=_NumberList(), default=None, help="Comma-separated, each in [0, 1); default 0.")
+@click.option("--pruning", "prunings", default="snip", show_default=True,
+              help="Pruning methods, comma-separated (an axis beside the sparsities): snip, random, random-erk, "
+                   "magnitude, grasp, synflow, shuffle(<method>). Sparsity 0 is one dense study for them all.")
 @click.option("--grid", type=click.Choice(["none", "paper"]), default="none", show_default=True,
               help="paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the largest that fits "
                    "the training split (instead of --batch-sizes / --sparsities).")
@@ -284,8 +292,8 @@ def study(batch_size: int, optimizer: str, sparsity: float, workload: str, trial
 @click.option("--budget", default=None,
               help="Adaptive: stop when the measured studies' trial-steps (e.g. 2e6steps) or this command's wall "
                    "clock (e.g. 90s, 30m, 2h) is spent; checked before each round.")
-def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, grid: str,
-          workload: str,
+def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, prunings: str,
+          grid: str, workload: str,
           trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None,
@@ -295,6 +303,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
     With --adaptive, measure only the batch sizes that pin B_crit and the regime boundaries."""
     from edps_mlflow.config import parse_probes
     from edps_mlflow.mlproject import ProjectLaunch
+    from edps_mlflow.pruning import parse_methods
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
     from edps_mlflow.workloads import get_workload
 
@@ -309,7 +318,8 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
         batch_sizes, sparsities = get_workload(workload).paper_grid()
     spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes,
                            sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
-                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials)
+                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials,
+                           parse_methods(prunings))
     options = SweepOptions(
         experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device or None,
         data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait,
@@ -333,7 +343,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
 @click.option("--experiment", type=_ExperimentName(), default=None,
               help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
 def status(experiment: str | None) -> None:
-    """The grid of an experiment (batch size x sparsity per optimizer) from the tracking store."""
+    """The grid of an experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
     from edps_mlflow.status import default_experiment, format_status, status_tables
 
     click.echo(format_status(status_tables(experiment or default_experiment())))

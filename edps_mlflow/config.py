@@ -20,6 +20,7 @@ import numpy as np
 
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.fields import key_fields
+from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
 
 
 class Schedule(str, Enum):
@@ -160,10 +161,14 @@ class StudySpec:
     # sweeps always set it, so two different copies of a dataset never share keys; a spec without
     # it has the key that runs made before fingerprints had (still readable by the analysis).
     data_fingerprint: str | None = None
+    # The pruning method at initialisation (pruning/: its registry). "snip", the paper's, is left out of the
+    # keys, so every study measured before methods existed keeps its key. Nothing is pruned at sparsity 0,
+    # whatever the method: the dense study is spelled "snip" there, one study for every method's curve.
+    pruning: str = DEFAULT_METHOD
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
-        from edps_mlflow.workloads import get_workload
+        from edps_mlflow.workloads import InputLayout, get_workload
 
         # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
         # positive integer no larger than the workload's training split.
@@ -197,6 +202,11 @@ class StudySpec:
         if not self.probes:  # the choice means nothing without probes: one spelling of the plain study
             object.__setattr__(self, "probe_trials", ProbeTrials.ALL)
         object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
+        pruning = parse_method(self.pruning)
+        object.__setattr__(self, "pruning", DEFAULT_METHOD if self.sparsity == 0.0 else pruning)
+        if method_info(pruning).needs_continuous_inputs and workload.input_layout is InputLayout.TOKENS:
+            raise EdpsError(f"{pruning} feeds the network an all-ones input; workload {workload.name} takes token "
+                            f"ids: choose another pruning method")
         if self.data_fingerprint is not None and not (
                 isinstance(self.data_fingerprint, str) and len(self.data_fingerprint) == 64
                 and all(c in "0123456789abcdef" for c in self.data_fingerprint)):
@@ -207,7 +217,7 @@ class StudySpec:
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
               check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
               probe_interval: int | None = None, allow_tf32: bool = False,
-              probe_trials: ProbeTrials | str = ProbeTrials.BEST) -> "StudySpec":
+              probe_trials: ProbeTrials | str = ProbeTrials.BEST, pruning: str = DEFAULT_METHOD) -> "StudySpec":
         """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
         value is None."""
         from edps_mlflow.workloads import get_workload
@@ -220,7 +230,7 @@ class StudySpec:
                    max_steps if max_steps is not None else item.max_steps,
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
                    probe_interval if probe_interval is not None else item.probe_interval,
-                   allow_tf32=allow_tf32, probe_trials=probe_trials)
+                   allow_tf32=allow_tf32, probe_trials=probe_trials, pruning=pruning)
 
     def key_fields(self) -> dict[str, Any]:
         """The fields hashed into the keys (fields.STUDY_FIELDS: those at their key default are left out,
@@ -264,7 +274,8 @@ class StudySpec:
         return replace(self, probes=(), probe_trials=ProbeTrials.ALL).study_key
 
     def trial_seed(self, trial_index: int) -> int:
-        """Each trial has its own initialisation seed (hence its own SNIP mask)."""
+        """Each trial has its own initialisation seed (hence its own mask, and pruning scores shared by every
+        study of the grid: pruning/cache.py)."""
         return int(np.random.SeedSequence([self.seed, trial_index]).generate_state(1)[0])
 
 

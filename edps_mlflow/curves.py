@@ -1,6 +1,6 @@
 """The identity of a steps-to-result curve: the study fields a curve is measured at, all but the batch size.
 
-A curve is the studies of one (workload, optimizer, sparsity) measured along the batch size. ``CurveId``
+A curve is the studies of one (workload, optimizer, sparsity, pruning method) measured along the batch size. ``CurveId``
 names it, and every part that groups studies into curves asks it: ``edps status`` (a table per curve
 family), the neighbour hint (a study's trials ordered by the best point of its own curve), the adaptive
 sweep (its rule runs per curve) and the analysis (``analysis.regimes.CURVE_KEYS`` are :data:`CURVE_AXES`).
@@ -20,7 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from edps_mlflow.names import TAG_OPTIMIZER, TAG_SPARSITY, TAG_WORKLOAD
+from edps_mlflow.names import TAG_OPTIMIZER, TAG_PRUNING, TAG_SPARSITY, TAG_WORKLOAD
+from edps_mlflow.pruning import DEFAULT_METHOD
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +31,9 @@ class CurveId:
     workload: str
     optimizer: str
     sparsity: float
+    # Last, so that the axes before it keep their positions. At sparsity 0 it is "snip" (StudySpec): the one
+    # dense curve that every method's curves are compared with.
+    pruning: str = DEFAULT_METHOD
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", getattr(self.optimizer, "value", self.optimizer))
@@ -71,8 +75,12 @@ class CurveId:
                 if next(name for name, t in CURVE_TAGS.items() if t == tag) not in TAG_DEFAULTS}
 
     def label(self) -> str:
-        """``nesterov sparsity=0.9``: the curve among those of its workload (progress lines, decisions)."""
-        return _label(self.within_workload())
+        """``nesterov sparsity=0.9 pruning=random``: the curve among those of its workload (progress lines,
+        decisions); the dense curve, pruned by nothing, names no method."""
+        parts = self.within_workload()
+        if self.sparsity == 0.0:
+            parts.pop("pruning")
+        return _label(parts)
 
 
 def _label(parts: dict[str, Any]) -> str:
@@ -90,9 +98,10 @@ def _label(parts: dict[str, Any]) -> str:
 CURVE_AXES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CurveId))
 _AXIS_TYPES = {f.name: f.type for f in dataclasses.fields(CurveId)}
 # The tag each axis is written under on study and trial runs (tracking writes them; names.py has the names).
-CURVE_TAGS: dict[str, str] = {"workload": TAG_WORKLOAD, "optimizer": TAG_OPTIMIZER, "sparsity": TAG_SPARSITY}
-# The value a run without an axis' tag was measured at (none yet: every axis so far has always been tagged).
-TAG_DEFAULTS: dict[str, Any] = {}
+CURVE_TAGS: dict[str, str] = {"workload": TAG_WORKLOAD, "optimizer": TAG_OPTIMIZER, "sparsity": TAG_SPARSITY,
+                              "pruning": TAG_PRUNING}
+# The value a run without an axis' tag was measured at: runs made before pruning methods existed were SNIP's.
+TAG_DEFAULTS: dict[str, Any] = {"pruning": DEFAULT_METHOD}
 
 
 def _read_tag(name: str, tags: Mapping[str, str]) -> Any:

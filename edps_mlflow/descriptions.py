@@ -10,28 +10,31 @@ from __future__ import annotations
 from edps_mlflow import __version__, provenance
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family
+from edps_mlflow.curves import CurveId
+from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
-
-
-def sparsity_tag(sparsity: float) -> str:
-    return repr(float(sparsity))
 
 
 # Run names put what varies first, so that they still read when the UI truncates them.
 _SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end"}
 
 
+def pruning_words(spec: StudySpec) -> str:
+    """``sp=0.9 random``: the sparsity and the method that pruned it (none named when nothing is pruned)."""
+    return f"sp={spec.sparsity:g}" + (f" {spec.pruning}" if spec.sparsity > 0 else "")
+
+
 def study_run_name(spec: StudySpec) -> str:
-    """``bs=16 sp=0.9 sgd digits-simple-cnn``."""
-    return f"bs={spec.batch_size} sp={spec.sparsity:g} {spec.optimizer.value} {spec.workload}"
+    """``bs=16 sp=0.9 snip sgd digits-simple-cnn``."""
+    return f"bs={spec.batch_size} {pruning_words(spec)} {spec.optimizer.value} {spec.workload}"
 
 
 def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
-    """``t001 reached@400 lr=0.1 bs=16 sp=0.9``: the UI's run-name column shows about 20 characters, so
+    """``t001 reached@400 lr=0.1 bs=16 sp=0.9 snip``: the UI's run-name column shows about 20 characters, so
     the name leads with what tells a study's trials apart (the index) and how it ended (the reached trial
     stays findable by ``reached``), then its metaparameters, then the study (the same for every sibling)."""
     values = " ".join(f"{_SHORT.get(k, k)}={v:.3g}" for k, v in trial.metaparameters.items())
-    study = f"bs={trial.study.batch_size} sp={trial.study.sparsity:g}"
+    study = f"bs={trial.study.batch_size} {pruning_words(trial.study)}"
     probed = "probed" if trial.study.probes else None
     return " ".join(part for part in (f"t{trial.index:03d}", outcome, probed, values, study) if part)
 
@@ -49,8 +52,9 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
               + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items()) + ")"
               if best else "**no trial reached the goal**")
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
-    return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}: "
-            f"{result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from earlier runs). "
+    return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
+            f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
+            f"earlier runs). "
             f"Goal: validation error <= {spec.goal_error:g}, checked every {spec.check_interval} steps; "
             f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all."
             + (f"\n\n{probed.sentence()}" if probed else ""))
@@ -77,8 +81,20 @@ def provenance_tags(launched_by_mlflow: bool = False) -> dict[str, str]:
     return tags
 
 
+def pruned_by(spec: StudySpec) -> str:
+    """`` (pruned by snip: weights and biases)``, or nothing for the dense network."""
+    if spec.sparsity == 0.0:
+        return ""
+    return f" (pruned by {spec.pruning}: {method_info(spec.pruning).prunes.value})"
+
+
+def pruning_params(spec: StudySpec) -> dict[str, str]:
+    """The method and what it may prune, as study and trial runs log them."""
+    return {n.PARAM_PRUNING: spec.pruning, n.PARAM_PRUNING_PRUNES: method_info(spec.pruning).prunes.value}
+
+
 def study_tags(spec: StudySpec) -> dict[str, str]:
+    """A study run's identifying tags: its kind, keys, its curve's axes (curves.CurveId) and batch size."""
     return {n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: spec.study_key, n.TAG_STUDY_FAMILY: study_family(spec),
-            n.TAG_WORKLOAD: spec.workload, n.TAG_OPTIMIZER: spec.optimizer.value,
-            n.TAG_SPARSITY: sparsity_tag(spec.sparsity), n.TAG_BATCH_SIZE: str(spec.batch_size),
+            **CurveId.of(spec).tags(), n.TAG_BATCH_SIZE: str(spec.batch_size),
             n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key}

@@ -70,7 +70,7 @@ def _run(name: str, type_: str, default: str | None, help_: str, through_mlproje
 STUDY_FIELDS: tuple[StudyField, ...] = (
     _spec("workload", "str", "digits-simple-cnn", "the workload (dataset and network, edps workloads)"),
     _spec("optimizer", "OptimizerKind", "sgd", "sgd, momentum or nesterov"),
-    _spec("sparsity", "float", "0.0", "fraction of the weights pruned by SNIP at initialisation, in [0, 1)"),
+    _spec("sparsity", "float", "0.0", "fraction of the parameters pruned at initialisation (by --pruning), in [0, 1)"),
     _spec("batch_size", "int", "256", "the batch size", option="--bs", parameter="bs"),
     _spec("trials", "int", "default", "quasi-random trials per study (Sobol order); default: the workload's"),
     _spec("goal_error", "float", "default", "goal validation error; default: the workload's"),
@@ -89,6 +89,10 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
     # Set from the data a study or sweep loads (data/fingerprint.py), never typed.
     _spec("data_fingerprint", "str | None", None, "sha256 of the data loaded", key_default=None,
           on_command_line=False),
+    # Studies made before methods existed were pruned by SNIP: "snip" is the value their keys lack. At sparsity 0
+    # every method is the dense network, spelled "snip" (StudySpec), so one dense study serves them all.
+    _spec("pruning", "str", "snip", "the pruning method at initialisation: snip, random, random-erk, magnitude, "
+          "grasp, synflow, or shuffle(<method>) (docs/pruning.md)", key_default="snip"),
     # How a study runs (ExecutionOptions): never part of a key.
     _run("full_trials", "bool", "false", "every trial to its own end instead of exact early stopping (same result)",
          through_mlproject=True),

@@ -285,7 +285,7 @@ def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_di
         "full_trials": _flag(full_trials), "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else "",
         "probes": ",".join(spec.probes),
         "probe_interval": str(spec.probe_interval), "probe_trials": spec.probe_trials.value,
-        "allow_tf32": _flag(spec.allow_tf32),
+        "allow_tf32": _flag(spec.allow_tf32), "pruning": spec.pruning,
         "device": device or "", "workers": str(workers) if workers else "default",
         "sweep_run": sweep_run_id, "sweep_key": sweep_key,
     }

@@ -10,11 +10,13 @@ Layout in the tracking store:
   parent of its study runs. An adaptive sweep's run (``edps sweep --adaptive``) adds the tag
   ``edps.adaptive.stop``, metrics ``adaptive/*`` and the artifact ``adaptive_decisions.csv``.
 - Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
-  ``edps.optimizer``, ``edps.sparsity``, ``edps.batch_size``, ``edps.run.*`` (execution settings, which
-  do not change the result); params ``spec.*`` (the resolved study) and ``best.*`` (the best trial's
+  ``edps.optimizer``, ``edps.sparsity``, ``edps.pruning``, ``edps.batch_size``, ``edps.run.*`` (execution
+  settings, which do not change the result); params ``spec.*`` (the resolved study), ``pruning.method``
+  and ``pruning.prunes`` (the method and what it may prune) and ``best.*`` (the best trial's
   metaparameters); metrics ``steps_to_result`` (absent when no trial reached), ``trials/<status>``,
   ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``.
-- Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status``;
+- Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status`` (and the
+  study's axes); params ``pruning.method``, ``pruning.prunes``, ``pruning.scores`` (computed or cached);
   metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check, ``train/seconds_per_step`` and
   ``train/pack_size`` at the end (param ``device``); artifacts under ``mask/``.
 - Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
@@ -46,6 +48,9 @@ TAG_WORKLOAD = "edps.workload"
 TAG_OPTIMIZER = "edps.optimizer"
 TAG_SPARSITY = "edps.sparsity"
 TAG_BATCH_SIZE = "edps.batch_size"
+# The pruning method at initialisation (pruning/: "snip", "random", "shuffle(snip)", ...). Runs made before
+# methods existed lack it: they were SNIP's (curves.TAG_DEFAULTS).
+TAG_PRUNING = "edps.pruning"
 TAG_VERSION = "edps.version"
 TAG_CODE_VERSION = "edps.code_version"  # the version with the git commit, and .dirty for uncommitted changes
 TAG_GIT_DIRTY = "edps.git_dirty"
@@ -92,6 +97,12 @@ PARAM_BATCH_SIZE = "batch_size"
 PARAM_SPARSITY = "sparsity"
 PARAM_OPTIMIZER = "optimizer"
 PARAM_WORKLOAD = "workload"
+# Of study and trial runs: the pruning method and what it may prune ("weights and biases", or "weights"). Not
+# "pruning": under `mlflow run` that is the MLproject's parameter, which MLflow logs on the study run as typed.
+PARAM_PRUNING = "pruning.method"
+PARAM_PRUNING_PRUNES = "pruning.prunes"
+# Of a trial run: where its pruning scores came from (results.ScoreSource: computed, cached, none).
+PARAM_PRUNING_SCORES = "pruning.scores"
 # The device a trial's training time was measured on ("cuda:0 (NVIDIA H200)", "cpu (<model>, 1 thread)"); on a
 # study run, the device of its best trial's measurement.
 PARAM_DEVICE = "device"  # of a trial run: where its time per step was measured
@@ -109,6 +120,10 @@ METRIC_TRAIN_LOSS = "train/loss"
 METRIC_LEARNING_RATE = "learning_rate"
 METRIC_TRIAL_SECONDS = "trial/seconds"
 METRIC_PROBE_SECONDS = "probe/seconds"
+# Seconds spent on pruning scores (computing them, or waiting for and loading them from the score cache), and
+# what the cache saved (the kept entries' computing seconds less those): a trial's, summed on its study run.
+METRIC_PRUNING_SECONDS = "pruning/seconds"
+METRIC_PRUNING_SECONDS_SAVED = "pruning/seconds_saved"
 # Measured training seconds per step (no checks, evaluation or probes): a trial's own, and on a study run its
 # best trial's. A packed trial's steps were shared with others: the metric is its share of each lockstep step
 # (the step's seconds divided by the trials in it), and METRIC_PACK_SIZE says how many shared them on average.

@@ -22,12 +22,14 @@ _ALIASES: dict[str, dict[str, str]] = {
         "sparsities": "sparsity", "optimizers": "optimizer", "opt": "optimizer",
         "steps": "max-steps", "max-step": "max-steps", "n-trials": "trials", "num-trials": "trials",
         "goal": "goal-error", "target-error": "goal-error",
+        "pruning-method": "pruning", "method": "pruning", "pruner": "pruning", "prunings": "pruning",
     },
     "sweep": {
         "batch-size": "batch-sizes", "batch": "batch-sizes", "batchsize": "batch-sizes", "bs": "batch-sizes",
         "b": "batch-sizes", "sparsity": "sparsities", "optimizer": "optimizers", "opt": "optimizers",
         "steps": "max-steps", "max-step": "max-steps", "n-trials": "trials", "num-trials": "trials",
         "goal": "goal-error", "target-error": "goal-error",
+        "pruning-methods": "pruning", "methods": "pruning", "pruners": "pruning", "prunings": "pruning",
     },
 }
 _TUNED = ("each trial of a study draws it from the workload's search space and the study keeps the "

@@ -42,6 +42,35 @@ class RunState(str, Enum):
         return self is RunState.FINISHED
 
 
+class ScoreSource(str, Enum):
+    """Where a trial's pruning scores came from."""
+
+    NONE = "none"  # nothing pruned (sparsity 0): no scores at all
+    COMPUTED = "computed"  # scored in this trial's process
+    CACHED = "cached"  # kept from an earlier computation for the same data, method and initialisation
+
+
+@dataclass(frozen=True)
+class PruningRecord:
+    """How one trial was pruned at initialisation: the method, what it may prune, where its scores came from,
+    the seconds this trial spent on them (computing; or waiting for and loading them), and for cached scores
+    the seconds their computation took less those: the time the cache saved this trial."""
+
+    method: str
+    prunes: str
+    source: ScoreSource
+    seconds: float = 0.0
+    seconds_saved: float = 0.0
+
+
+def pruning_summary(records: Iterable[PruningRecord]) -> dict[str, object]:
+    """What a study spent on pruning scores and what the cache saved it (``study.json``'s ``pruning.scores``)."""
+    records = list(records)
+    counts = {source.value: sum(1 for r in records if r.source is source) for source in ScoreSource}
+    return {**counts, "seconds": round(sum(r.seconds for r in records), 3),
+            "seconds_saved": round(sum(r.seconds_saved for r in records if r.source is ScoreSource.CACHED), 3)}
+
+
 @dataclass(frozen=True)
 class Check:
     """One validation check of one trial."""

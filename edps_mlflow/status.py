@@ -1,7 +1,8 @@
 """``edps status``: the grid of an experiment from the tracking store alone.
 
-One table per (workload, optimizer) (a curve's axes, curves.CurveId, but the sparsity): batch sizes down,
-sparsities across; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
+One table per (workload, optimizer, pruning method) (a curve's axes, curves.CurveId, but the sparsity): batch
+sizes down, sparsities across, the dense column (pruned by no method) in each table of its workload and
+optimizer; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
 ``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)`` when
 none does.
 It reads the store through the registry and imports neither torch nor the engine.
@@ -17,6 +18,7 @@ from edps_mlflow import registry
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.ownership import lease_seconds
+from edps_mlflow.pruning import DEFAULT_METHOD
 
 # A table's identity: the curve's axes but the sparsity, which runs across it.
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
@@ -37,8 +39,9 @@ def default_experiment(tracking_uri: str | None = None) -> str:
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
-    """One table per curve family (the curve's axes but the sparsity: workload, optimizer), keyed by their
-    values; batch sizes down, sparsities across. Studies on different curves never share a cell."""
+    """One table per curve family (the curve's axes but the sparsity: workload, optimizer, pruning method),
+    keyed by their values; batch sizes down, sparsities across. Studies on different curves never share a
+    cell."""
     rows = registry.study_rows(experiment, lease_seconds(), tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
@@ -63,7 +66,21 @@ def tables_of(rows: list[registry.StudyRow]) -> dict[tuple, pd.DataFrame]:
             state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
             cell = f"{latest.finished_trials}/{latest.trials} trials ({state})"
         cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": cell})
-    table = pd.DataFrame(cells)
+    # The dense study is every method's sparsity 0 (StudySpec names its method snip): its column goes into the
+    # table of each method measured beside it.
+    siblings = [axis for axis in TABLE_AXES if axis != "pruning"]
+    methods: dict[tuple, set[str]] = {}
+    for cell in cells:
+        if cell["sparsity"] != 0.0:
+            methods.setdefault(tuple(cell[axis] for axis in siblings), set()).add(cell["pruning"])
+    shown = []
+    for cell in cells:
+        if cell["sparsity"] == 0.0:
+            beside = methods.get(tuple(cell[axis] for axis in siblings), {cell["pruning"]})
+            shown += [{**cell, "pruning": method} for method in sorted(beside)]
+        else:
+            shown.append(cell)
+    table = pd.DataFrame(shown)
     tables = {}
     for family, group in table.groupby(TABLE_AXES):
         grid = group.pivot(index="batch_size", columns="sparsity", values="cell").fillna("")
@@ -74,7 +91,11 @@ def tables_of(rows: list[registry.StudyRow]) -> dict[tuple, pd.DataFrame]:
 
 
 def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
+    """The tables, each titled by its family; the pruning method is named when another than SNIP is there."""
     parts = []
+    named = {family[TABLE_AXES.index("pruning")] for family in tables} != {DEFAULT_METHOD}
     for family, grid in sorted(tables.items()):
-        parts.append(f"{' / '.join(map(str, family))}: steps-to-result (or trials finished)\n{grid.to_string()}")
+        title = " / ".join(f"pruned by {value}" if axis == "pruning" else str(value)
+                           for axis, value in zip(TABLE_AXES, family) if axis != "pruning" or named)
+        parts.append(f"{title}: steps-to-result (or trials finished)\n{grid.to_string()}")
     return "\n\n".join(parts)

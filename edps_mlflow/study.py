@@ -20,7 +20,8 @@ from edps_mlflow.data.fingerprint import splits_fingerprint
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
-from edps_mlflow.pruning import Mask
+from edps_mlflow.pruning.cache import default_score_cache
+from edps_mlflow.pruning.mask import Mask
 from edps_mlflow import registry
 from edps_mlflow.names import KIND_STUDY
 from edps_mlflow.ownership import (
@@ -45,14 +46,16 @@ from edps_mlflow.resources import (
 from edps_mlflow.results import (
     Check,
     ProbedTrials,
+    PruningRecord,
     StudyOutcome,
     TrialRecord,
     TrialResult,
     TrialStatus,
     best_reached_step,
+    pruning_summary,
     training_limit,
 )
-from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
+from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
 from edps_mlflow.store import (
     StoreClient,
     connect,
@@ -282,7 +285,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
             "training": (data.train_images.numpy(), data.train_labels.numpy()),
             "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
         _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
-        records = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial, on_steps)
+        records, pruned = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial, on_steps)
         outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
                                             time.perf_counter() - started)
         probed = None
@@ -292,9 +295,14 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         elif spec.probes:
             best = outcome.best_record()
             probed = ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
-        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size)
+        scores = pruning_summary(pruned.values())
+        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size,
+                               scores)
         tracker.finish_study()
     _print_outcome(outcome, out)
+    if pruned and spec.sparsity > 0:
+        print(f"pruning scores ({spec.pruning}): {scores['computed']} computed, {scores['cached']} from the score "
+              f"cache, {scores['seconds']:.1f} s spent, {scores['seconds_saved']:.1f} s saved", file=out, flush=True)
     if probed is not None:
         print(probed.sentence(), file=out, flush=True)
     print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)
@@ -311,7 +319,7 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
     it is not used it gives up its kind, as a run that gave way does.
     """
     label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
-            f"sparsity={spec.sparsity:g})"
+            f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
     rules = ClaimRules(
         kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
         finished=lambda: registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
@@ -341,9 +349,12 @@ class _Recorder:
                  device: str) -> None:
         self.tracker, self.trials, self.progress, self.device = tracker, trials, progress, device
         self.records: dict[int, TrialRecord] = {}
+        self.pruning: dict[int, PruningRecord] = {}  # how each trial trained here was pruned
 
-    def trial_started(self, trial_index: int, mask: Mask | None) -> None:
-        self.tracker.start_trial(self.trials[trial_index], mask)
+    def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
+        self.tracker.start_trial(self.trials[trial_index], mask, pruning)
+        if pruning is not None:
+            self.pruning[trial_index] = pruning
         self.progress.trial_started(trial_index)
 
     def on_check(self, trial_index: int, check: Check) -> None:
@@ -369,14 +380,17 @@ class _Recorder:
 def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings, device: str,
            options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
            on_trial: Callable[[str, int | None], None] | None = None,
-           on_steps: Callable[[int, int], None] | None = None) -> dict[int, TrialRecord]:
-    """Train the plan's chunks here or in worker processes; every trial's record, reused ones included."""
+           on_steps: Callable[[int, int], None] | None = None
+           ) -> tuple[dict[int, TrialRecord], dict[int, PruningRecord]]:
+    """Train the plan's chunks here or in worker processes; every trial's record, reused ones included, and
+    how each trial trained here was pruned."""
     progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
                              on_trial=on_trial, on_steps=on_steps)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
     job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
-                      exact_early_stopping=not options.full_trials, schedule=plan.schedule)
+                      exact_early_stopping=not options.full_trials, schedule=plan.schedule,
+                      score_cache=default_score_cache())
     best_known = plan.best_known if not options.full_trials else None
     if plan.chunks and plan.layout.workers == 1:
         bound = LocalStepBound(settings.max_steps, settings.check_interval, not options.full_trials, best_known)
@@ -391,7 +405,7 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
             steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error,
             run_id=stored.run_id, reused=True, seconds_per_step=stored.seconds_per_step,
             pack_size=stored.pack_size, device=stored.device)
-    return records
+    return records, dict(recorder.pruning)
 
 
 def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: Any, device: str,
@@ -425,7 +439,7 @@ def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload,
     space = workload.search_space(spec.optimizer.value)
     job = TrainingJob(spec=probe_spec, points=tuple(space.points(spec.trials)), settings=settings,
                       data_dir=options.data_dir, device=device, threads=layout.threads, exact_early_stopping=False,
-                      schedule=Schedule.DEPTH_FIRST)
+                      schedule=Schedule.DEPTH_FIRST, score_cache=default_score_cache())
     train_inline(job, [[trial.index]], data.to(device),
                  LocalStepBound(settings.max_steps, settings.check_interval, False, None), recorder)
     progress.close()
@@ -441,9 +455,9 @@ def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload,
 def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device: str, full_trials: bool,
                 out: TextIO) -> None:
     layout = plan.layout
-    print(f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g} "
-          f"goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in experiment "
-          f"{tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
+    print(f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g}"
+          f"{pruned_by(spec)} goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in "
+          f"experiment {tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
     if plan.reused:
         print(f"reusing {len(plan.reused)} finished trials from earlier runs (same trial keys); training "
               f"{len(plan.to_train)}", file=out)

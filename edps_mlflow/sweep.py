@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
+from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
@@ -44,6 +45,7 @@ from edps_mlflow.ownership import (
     yield_run,
 )
 from edps_mlflow.process_settings import launcher_run_id
+from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.resources import cuda_devices
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
@@ -218,18 +220,22 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 
 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
-    """The sweep run's description: the grid and its steps-to-result, one Markdown table per optimizer."""
+    """The sweep run's description: the grid and its steps-to-result, one Markdown table per optimizer and
+    pruning method (the dense column, pruned by none, is in each)."""
     p = spec.protocol
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
              f"reached the goal); each study is a child run."]
-    steps = {(s.spec.optimizer.value, s.spec.sparsity, s.spec.batch_size): s.steps_to_result for s in plan}
-    for optimizer in spec.optimizers:
+    steps = {(s.spec.optimizer.value, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result
+             for s in plan}
+    for optimizer, pruning in ((o, m) for o in spec.optimizers for m in spec.prunings):
         header = "| batch size | " + " | ".join(f"sparsity {s:g}" for s in spec.sparsities) + " |"
         rule = "|---|" + "---|" * len(spec.sparsities)
-        rows = [f"| {b} | " + " | ".join(str(steps.get((optimizer.value, s, b)) or "-") for s in spec.sparsities)
-                + " |" for b in spec.batch_sizes]
-        parts.append("\n".join([f"**{optimizer.value}**", "", header, rule, *rows]))
+        rows = [f"| {b} | " + " | ".join(
+            str(steps.get((optimizer.value, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-")
+            for s in spec.sparsities) + " |" for b in spec.batch_sizes]
+        title = optimizer.value + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
+        parts.append("\n".join([f"**{title}**", "", header, rule, *rows]))
     return "\n\n".join(parts)
 
 
@@ -241,7 +247,7 @@ def _trials_to_train(plan: list[PlannedStudy]) -> int:
 def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
     """The progress line of the plan's studies still to train, with the results of those already done."""
     pending = [p for p in plan if p.state is not PlanState.DONE]
-    studies = [SweepStudy(study_label(p.spec), f"{p.spec.workload} {p.spec.optimizer.value} {p.spec.sparsity:g}",
+    studies = [SweepStudy(study_label(p.spec), f"{p.spec.workload} {CurveId.of(p.spec).label()}",
                           p.spec.batch_size, 0 if p.state is PlanState.DONE else p.spec.trials - p.finished_trials,
                           p.spec.max_steps, p.steps_to_result) for p in plan]
     return SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out, interval, studies)

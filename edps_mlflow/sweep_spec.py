@@ -1,5 +1,5 @@
 """What a sweep is and how it runs, validated on construction: the grid (``SweepSpec``: optimizers x
-sparsities x batch sizes of one study protocol) and the execution options (``SweepOptions``).
+sparsities x pruning methods x batch sizes of one study protocol) and the execution options (``SweepOptions``).
 
 Importing this module imports neither torch nor MLflow (only the specs, the workloads and the launch
 settings), so that `edps sweep` refuses a bad value in a moment, before the sweep's machinery is loaded
@@ -15,19 +15,21 @@ from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
 
 # The StudySpec fields a grid spans (the sweep key lists their values instead of the protocol's).
-GRID_AXES = ("optimizer", "sparsity", "batch_size")
+GRID_AXES = ("optimizer", "sparsity", "pruning", "batch_size")
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """The grid of one sweep: optimizers x sparsities x batch sizes of one study protocol.
+    """The grid of one sweep: optimizers x sparsities x pruning methods x batch sizes of one study protocol.
 
     ``protocol`` is a study of the sweep's workload with its trials, goal, cap, check interval, seed and
-    probes; every study of the grid is that study at one grid point. Validated on construction, with
+    probes; every study of the grid is that study at one grid point. Sparsity 0 prunes nothing, so it is
+    one dense study whatever the methods (StudySpec names its method snip). Validated on construction, with
     every study it holds.
     """
 
@@ -35,11 +37,13 @@ class SweepSpec:
     optimizers: tuple[OptimizerKind, ...]
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
+    prunings: tuple[str, ...] = (DEFAULT_METHOD,)
 
     def __post_init__(self) -> None:
         workload = get_workload(self.workload)
+        object.__setattr__(self, "prunings", tuple(parse_method(m) for m in self.prunings))
         for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
-                             ("sparsities", self.sparsities)):
+                             ("sparsities", self.sparsities), ("pruning methods", self.prunings)):
             if not values:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
@@ -57,7 +61,7 @@ class SweepSpec:
               sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
               max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
               probes: tuple[str, ...] = (), probe_interval: int | None = None, allow_tf32: bool = False,
-              probe_trials: str = "best") -> "SweepSpec":
+              probe_trials: str = "best", prunings: tuple[str, ...] = (DEFAULT_METHOD,)) -> "SweepSpec":
         """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
         powers of two from 2 to the largest that fits the training split."""
         if batch_sizes is None:
@@ -65,15 +69,18 @@ class SweepSpec:
         first = optimizers[0] if optimizers else "sgd"
         protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
                                    max_steps, check_interval, seed, probes, probe_interval, allow_tf32, probe_trials)
-        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities)
+        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities, prunings)
 
     @property
     def workload(self) -> str:
         return self.protocol.workload
 
     def studies(self) -> list[StudySpec]:
-        return [replace(self.protocol, optimizer=optimizer, sparsity=sparsity, batch_size=batch_size)
-                for optimizer in self.optimizers for sparsity in self.sparsities for batch_size in self.batch_sizes]
+        """Every study of the grid once (the dense study once, whatever the methods)."""
+        return list(dict.fromkeys(
+            replace(self.protocol, optimizer=optimizer, sparsity=sparsity, pruning=pruning, batch_size=batch_size)
+            for optimizer in self.optimizers for sparsity in self.sparsities for pruning in self.prunings
+            for batch_size in self.batch_sizes))
 
     def _protocol_fields(self) -> dict[str, Any]:
         p = self.protocol
@@ -85,15 +92,18 @@ class SweepSpec:
         # The protocol's key fields (with their omissions: fields.STUDY_FIELDS) but for the axes the grid
         # spans, which the protocol holds only as placeholders.
         protocol = {k: v for k, v in self.protocol.key_fields().items() if k not in GRID_AXES}
+        # SNIP alone is every sweep's grid before methods existed: those sweeps keep their keys.
+        methods = {} if self.prunings == (DEFAULT_METHOD,) else {"prunings": list(self.prunings)}
         return content_key({
             "kind": "sweep", "optimizers": [o.value for o in self.optimizers], "batch_sizes": list(self.batch_sizes),
-            "sparsities": list(self.sparsities), **protocol})
+            "sparsities": list(self.sparsities), **methods, **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
         p = self.protocol
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
+                "pruning": ",".join(self.prunings),
                 **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
                 "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}

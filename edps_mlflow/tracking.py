@@ -30,9 +30,10 @@ from mlflow.exceptions import MlflowException
 from edps_mlflow import __version__
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family
+from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import (
     provenance_tags,
-    sparsity_tag,
+    pruning_params,
     study_description,
     study_run_name,
     study_tags,
@@ -41,9 +42,12 @@ from edps_mlflow.descriptions import (
 )
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.ownership import OwnedRun, heartbeat_tags
+from edps_mlflow.pruning import method_info
 from edps_mlflow.results import (
     Check,
     ProbedTrials,
+    PruningRecord,
+    ScoreSource,
     StudyOutcome,
     TrialResult,
     TrialStatus,
@@ -118,10 +122,19 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
     return metrics
 
 
+def pruning_json(spec: StudySpec, scores: dict[str, Any] | None) -> dict[str, Any]:
+    """``study.json``'s ``pruning``: the method, what it may prune and how, and (``scores``,
+    results.pruning_summary) what the study's trials spent on their scores and what the score cache saved."""
+    info = method_info(spec.pruning)
+    return {"method": spec.pruning, "prunes": info.prunes.value, "scope": info.scope.value, "data": info.data,
+            "definition": info.summary, "sparsity": spec.sparsity, **({"scores": scores} if scores else {})}
+
+
 def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
                allowed_errors: int, probed: ProbedTrials | None = None,
-               model_size: tuple[int, int] | None = None) -> dict[str, Any]:
-    """``study.json``: the study, its result and how it was run, in one document."""
+               model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``study.json``: the study, its result and how it was run, in one document (``pruning``: the trials'
+    score use, results.pruning_summary)."""
     best = outcome.best_record()
     return {
         **({"probed_trials": {"mode": probed.mode, "best_trial_index": probed.best_trial_index,
@@ -134,6 +147,7 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
                                                   "seconds_per_step": best.seconds_per_step,
                                                   "pack_size": best.pack_size, "device": best.device},
         "model": None if model_size is None else {"parameters": model_size[0], "parameter_bytes": model_size[1]},
+        "pruning": pruning_json(spec, pruning),
         "counts": {status.value: outcome.count(status) for status in TrialStatus},
         "reused": outcome.reused, "trained": outcome.trained, "trial_steps": outcome.trial_steps,
         "trial_steps_lower_bound": trial_steps_lower_bound(outcome.records),
@@ -201,7 +215,7 @@ class StudyTracker:
         self.owned.stop_heartbeat()
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
-        params = {n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}
+        params = {**{n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}, **pruning_params(spec)}
         # Execution settings are tags, not params: a resumed study may run with other settings.
         tags = {n.TAG_RUN_SETTING_PREFIX + k: str(v) for k, v in settings.items()}
         tags.update(study_tags(spec))
@@ -215,10 +229,11 @@ class StudyTracker:
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
                        allowed_errors: int, probed: ProbedTrials | None = None,
-                       model_size: tuple[int, int] | None = None) -> None:
+                       model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> None:
         """The study's summary metrics, the best trial's metaparameters (and the device its time per step
-        was measured on), which trials probed, the network's size ``(parameters, bytes)`` and the two
-        artifacts. Written only while the study run is still ours."""
+        was measured on), which trials probed, the network's size ``(parameters, bytes)``, what its trials
+        spent on pruning scores (``pruning``: results.pruning_summary) and the two artifacts. Written only
+        while the study run is still ours."""
         self.owned.require()
         best = outcome.best_record()
         params: dict[str, Any] = {n.PARAM_BEST_PREFIX + k: v
@@ -228,6 +243,9 @@ class StudyTracker:
             params[n.PARAM_TIMING_DEVICE] = best.device
         if model_size is not None:
             metrics.update({n.METRIC_MODEL_PARAMETERS: model_size[0], n.METRIC_MODEL_PARAMETER_BYTES: model_size[1]})
+        if pruning:
+            metrics.update({n.METRIC_PRUNING_SECONDS: pruning["seconds"],
+                            n.METRIC_PRUNING_SECONDS_SAVED: pruning["seconds_saved"]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
         if probed is not None:
             tags[n.TAG_PROBED_TRIALS] = probed.mode
@@ -240,8 +258,8 @@ class StudyTracker:
         trials_table(outcome).to_csv(buffer, index=False)
         (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
         (self._scratch / n.ARTIFACT_STUDY_JSON).write_text(
-            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed, model_size), indent=2,
-                       sort_keys=True))
+            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed, model_size, pruning),
+                       indent=2, sort_keys=True))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_TRIALS_CSV))
         self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
 
@@ -258,13 +276,13 @@ class StudyTracker:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ---- trials ----------------------------------------------------------------------------
-    def start_trial(self, trial: TrialSpec, mask: Mask | None) -> None:
-        """Create the nested trial run; ``mask`` is None for a trial superseded before it was pruned."""
+    def start_trial(self, trial: TrialSpec, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
+        """Create the nested trial run; ``mask`` (and ``pruning``, how it was made) is None for a trial
+        superseded before it was pruned."""
         self.owned.require_fresh()  # a woken process whose heartbeat found the study taken over stops here
         spec = trial.study
         tags = {n.TAG_KIND: n.KIND_TRIAL, n.TAG_TRIAL_KEY: trial.trial_key, n.TAG_STUDY_KEY: spec.study_key,
-                n.TAG_STUDY_FAMILY: study_family(spec), n.TAG_WORKLOAD: spec.workload,
-                n.TAG_OPTIMIZER: spec.optimizer.value, n.TAG_SPARSITY: sparsity_tag(spec.sparsity),
+                n.TAG_STUDY_FAMILY: study_family(spec), **CurveId.of(spec).tags(),
                 n.TAG_BATCH_SIZE: str(spec.batch_size), n.TAG_VERSION: __version__}
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
@@ -276,9 +294,15 @@ class StudyTracker:
         self.trial_specs[trial.index] = trial
         params = {**trial.metaparameters, n.PARAM_SEED: trial.init_seed, n.PARAM_TRIAL_INDEX: trial.index,
                   n.PARAM_BATCH_SIZE: spec.batch_size, n.PARAM_SPARSITY: spec.sparsity,
-                  n.PARAM_OPTIMIZER: spec.optimizer.value, n.PARAM_WORKLOAD: spec.workload}
+                  n.PARAM_OPTIMIZER: spec.optimizer.value, n.PARAM_WORKLOAD: spec.workload, **pruning_params(spec)}
         metrics = {n.METRIC_HP_PREFIX + k: v for k, v in trial.metaparameters.items()}
         metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
+        if pruning is not None:
+            params[n.PARAM_PRUNING_SCORES] = pruning.source.value
+            if pruning.source is not ScoreSource.NONE:
+                metrics[n.METRIC_PRUNING_SECONDS] = pruning.seconds
+            if pruning.source is ScoreSource.CACHED:
+                metrics[n.METRIC_PRUNING_SECONDS_SAVED] = pruning.seconds_saved
         self._log(run_id, params=params, metrics=metrics)
         if mask is None:
             return

@@ -26,14 +26,15 @@ from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, Pace, StepBound, interleave
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int, shared_ints
 from edps_mlflow.resources import configure_training_process, device_type
-from edps_mlflow.results import Check, TrialResult
-from edps_mlflow.pruning import Mask
+from edps_mlflow.results import Check, PruningRecord, TrialResult
+from edps_mlflow.pruning.cache import ScoreCache
+from edps_mlflow.pruning.mask import Mask
 from edps_mlflow.trials import prepare_trial
 from edps_mlflow.workloads import get_workload
 
 
 class TrainingSink(Protocol):
-    def trial_started(self, trial_index: int, mask: Mask | None) -> None: ...
+    def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None: ...
 
     def on_check(self, trial_index: int, check: Check) -> None: ...
 
@@ -54,6 +55,8 @@ class TrainingJob:
     threads: int
     exact_early_stopping: bool
     schedule: Schedule = Schedule.BREADTH_FIRST
+    # The pruning score cache's directory (pruning/cache.py); None: every trial computes its own scores.
+    score_cache: str | None = None
 
 
 class SharedStepBound(LocalStepBound):
@@ -84,8 +87,8 @@ class SharedStepBound(LocalStepBound):
 
 
 class _Chunk:
-    """One chunk of trials that prepares them (seeded init + SNIP) only when it first trains, so that a
-    chunk the study's best step rules out before its turn skips SNIP too."""
+    """One chunk of trials that prepares them (seeded init + pruning) only when it first trains, so that a
+    chunk the study's best step rules out before its turn skips the pruning scores too."""
 
     def __init__(self, job: TrainingJob, indices: Sequence[int], data: DataSplits, sink: TrainingSink) -> None:
         self.job, self.indices, self.data, self.sink = job, indices, data, sink
@@ -114,10 +117,11 @@ class _Chunk:
             return
         if self.run is None:
             workload = get_workload(self.job.spec.workload)
-            setups = [prepare_trial(workload, self.data, TrialSpec(self.job.spec, index, self.job.points[index]))
-                      for index in self.indices]
+            cache = ScoreCache(self.job.score_cache) if self.job.score_cache else None
+            setups = [prepare_trial(workload, self.data, TrialSpec(self.job.spec, index, self.job.points[index]),
+                                    cache) for index in self.indices]
             for setup in setups:
-                self.sink.trial_started(setup.index, setup.mask)
+                self.sink.trial_started(setup.index, setup.mask, setup.pruning)
             self.run = ChunkRun(workload, self.data, setups, self.job.settings, self.sink)
         self.run.advance(bound)
 
@@ -169,9 +173,9 @@ class _QueueSink:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
-    def trial_started(self, trial_index: int, mask: Mask | None) -> None:
+    def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
         arrays = None if mask is None else {n: t.numpy().astype(bool) for n, t in mask.tensors.items()}
-        self.worker.send(("started", trial_index, arrays))
+        self.worker.send(("started", trial_index, arrays, pruning))
 
     def on_check(self, trial_index: int, check: Check) -> None:
         self.worker.send(("check", trial_index, check))
@@ -202,7 +206,7 @@ def _record(event: tuple[Any, ...], sink: TrainingSink) -> None:
         arrays = event[2]
         mask = None if arrays is None else Mask(
             {n: torch.from_numpy(a.astype(np.float32)) for n, a in arrays.items()})
-        sink.trial_started(event[1], mask)
+        sink.trial_started(event[1], mask, event[3])
     elif kind == "check":
         sink.on_check(event[1], event[2])
     elif kind == "probe":

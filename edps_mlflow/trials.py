@@ -1,4 +1,5 @@
-"""Turning a TrialSpec into what the engine trains: seeded initialisation and the SNIP mask."""
+"""Turning a TrialSpec into what the engine trains: seeded initialisation and the mask of the study's pruning
+method (pruning/), its scores computed or found in the score cache."""
 
 from __future__ import annotations
 
@@ -10,30 +11,40 @@ from torch import Tensor
 from edps_mlflow.config import OptimizerSettings, TrialSpec
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.models import init_fan_in_truncated_normal
-from edps_mlflow.pruning import Mask, snip_mask
+from edps_mlflow.pruning.base import ScoreContext
+from edps_mlflow.pruning.cache import ScoreCache
+from edps_mlflow.pruning.mask import Mask
+from edps_mlflow.pruning.prune import prune_at_initialisation
+from edps_mlflow.results import PruningRecord
 from edps_mlflow.workloads import Workload
 
 
 @dataclass(frozen=True)
 class TrialSetup:
-    """What the engine needs for one trial: masked initial parameters, the mask, the optimizer."""
+    """What the engine needs for one trial: masked initial parameters, the mask, the optimizer (and how the
+    mask was made)."""
 
     index: int
     initial_parameters: dict[str, Tensor]
     mask: Mask
     optimizer: OptimizerSettings
+    pruning: PruningRecord | None = None
 
 
-def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec) -> TrialSetup:
+def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec,
+                  score_cache: ScoreCache | None = None) -> TrialSetup:
     """Initialise with the trial's own seed, prune at initialisation, and mask the initial weights.
 
-    ``data`` may be on any device; SNIP runs where the data are.
+    ``data`` may be on any device; the scores are computed where the data are. With ``score_cache`` (and the
+    study's data fingerprint set), costly scores are computed once per initialisation and kept there.
     """
     model = workload.build_model()
     init_fan_in_truncated_normal(model, torch.Generator().manual_seed(trial.init_seed))
     model.to(data.train_images.device)
-    mask = snip_mask(model, data.train_images, data.train_labels, trial.study.sparsity, workload.loss)
+    context = ScoreContext(model, data, workload, trial.init_seed, trial.study.sparsity)
+    mask, pruning = prune_at_initialisation(trial.study.pruning, context, trial.study.data_fingerprint, score_cache)
     with torch.no_grad():
         initial = {name: (p.detach() * mask.tensors[name].to(p.device)).cpu()
                    for name, p in model.named_parameters()}
-    return TrialSetup(index=trial.index, initial_parameters=initial, mask=mask, optimizer=trial.optimizer)
+    return TrialSetup(index=trial.index, initial_parameters=initial, mask=mask, optimizer=trial.optimizer,
+                      pruning=pruning)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
+from edps_mlflow.curves import CurveId
 from edps_mlflow.ownership import LeaseLost
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.results import StudyReport
@@ -61,7 +62,8 @@ class Executor(Protocol):
 
 
 def study_label(study: StudySpec) -> str:
-    return f"{study.optimizer.value} sparsity={study.sparsity:g} bs={study.batch_size}"
+    """``sgd sparsity=0.9 pruning=grasp bs=64`` (no method named for the dense network)."""
+    return f"{CurveId.of(study).label()} bs={study.batch_size}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,205 @@
+"""Pruning methods compared at each sparsity (``edps-analyze compare-pruning``, and a section of the report): is
+the cost of sparsity the sparsity's, or the method's?
+
+Within one (workload, optimizer, protocol), every pruned curve (a sparsity > 0 and a method) is set beside the
+dense curve (sparsity 0, pruned by none: one curve for every method):
+
+- :func:`pruning_comparison`, per batch size: the method's steps-to-result, the dense steps, their ratio
+  (steps relative to dense), and both curves normalised by their own first (smallest batch size) point;
+- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's), the dense
+  curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
+  the shape test: the ratio divided by its value at the smallest common batch size (the quotient of the two
+  normalised curves) stays within the regime tolerance at every common batch size ("same shape"), or
+  "differs" at the largest deviation; whether B_crit's interval overlaps the dense one's; and, for a method
+  whose shuffle was measured, the geometric mean of its steps over its shuffle's (Frankle et al.'s check:
+  about 1 when only the per-tensor densities matter).
+
+Pandas and the fit table only: no MLflow, no training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.regimes import curve_columns, with_curve_axes
+from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
+
+SUMMARY_COLUMNS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high")
+
+
+def _family(table: pd.DataFrame) -> list[str]:
+    """The columns a pruned curve shares with its dense reference: the curve axes but sparsity and method,
+    and the protocol."""
+    return [c for c in curve_columns(table) if c not in ("sparsity", "pruning")]
+
+
+def _steps(curve: pd.DataFrame) -> pd.Series:
+    """batch size -> steps-to-result (NaN without a result); a batch size measured twice counts once."""
+    rows = curve.drop_duplicates("batch_size", keep="last").set_index("batch_size")["steps_to_result"]
+    return pd.to_numeric(rows, errors="coerce").astype(float).sort_index()
+
+
+def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Per pruned curve and batch size: its steps, the dense steps, their ratio, both normalised curves."""
+    table = with_curve_axes(table)
+    family = _family(table)
+    rows = []
+    for key, group in table.groupby(family, sort=True, dropna=False):
+        head = dict(zip(family, key if isinstance(key, tuple) else (key,)))
+        dense = _steps(group[group["sparsity"] == 0.0])
+        dense_first = dense.dropna().iloc[0] if dense.notna().any() else math.nan
+        for (sparsity, pruning), curve in group[group["sparsity"] > 0].groupby(["sparsity", "pruning"], sort=True):
+            steps = _steps(curve)
+            first = steps.dropna().iloc[0] if steps.notna().any() else math.nan
+            for batch_size, value in steps.items():
+                reference = dense.get(batch_size, math.nan)
+                rows.append({**head, "sparsity": sparsity, "pruning": pruning, "batch_size": int(batch_size),
+                             "steps_to_result": value, "dense_steps_to_result": reference,
+                             "relative_to_dense": value / reference if reference > 0 else math.nan,
+                             "normalised_by_first": value / first if first > 0 else math.nan,
+                             "dense_normalised_by_first": reference / dense_first if dense_first > 0 else math.nan})
+    return pd.DataFrame(rows, columns=[*family, "sparsity", "pruning", "batch_size", "steps_to_result",
+                                       "dense_steps_to_result", "relative_to_dense", "normalised_by_first",
+                                       "dense_normalised_by_first"])
+
+
+def _fit_of(fits: pd.DataFrame | None, head: dict, sparsity: float, pruning: str) -> dict:
+    if fits is None or not len(fits):
+        return {}
+    fits = with_curve_axes(fits)
+    match = pd.Series(True, index=fits.index)
+    for column, value in {**head, "sparsity": sparsity, "pruning": pruning}.items():
+        if column not in fits.columns:
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            match &= fits[column].isna()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            match &= np.isclose(pd.to_numeric(fits[column], errors="coerce").astype(float), float(value))
+        else:
+            match &= fits[column].astype(str) == str(value)
+    if not match.any():
+        return {}
+    row = fits[match].iloc[0]
+    return {c: row.get(c) for c in SUMMARY_COLUMNS if c in fits.columns}
+
+
+def _number(value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return number
+
+
+def _overlap(a: dict, b: dict) -> bool | None:
+    low_a, high_a = _number(a.get("b_crit_low")), _number(a.get("b_crit_high"))
+    low_b, high_b = _number(b.get("b_crit_low")), _number(b.get("b_crit_high"))
+    if any(math.isnan(v) for v in (low_a, high_a, low_b, high_b)):
+        return None
+    return bool(low_a <= high_b and low_b <= high_a)
+
+
+def _geometric_mean(values: pd.Series) -> float:
+    values = values[(values > 0) & np.isfinite(values)]
+    return float(np.exp(np.log(values).mean())) if len(values) else math.nan
+
+
+def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, tolerance: float = 0.2) -> pd.DataFrame:
+    """Per pruned curve: its fit beside the dense one's, its steps relative to dense, the shape test, and its
+    steps relative to its own shuffle (see the module's docstring)."""
+    table = with_curve_axes(table)
+    family = _family(table)
+    comparison = pruning_comparison(table)
+    rows = []
+    for key, group in comparison.groupby([*family, "sparsity", "pruning"], sort=True, dropna=False):
+        head = dict(zip(family, key[:len(family)]))
+        sparsity, pruning = key[len(family)], key[len(family) + 1]
+        both = group.dropna(subset=["steps_to_result", "dense_steps_to_result"]).sort_values("batch_size")
+        ratio = both["relative_to_dense"]
+        fit, dense_fit = _fit_of(fits, head, sparsity, pruning), _fit_of(fits, head, 0.0, _dense_method(table, head))
+        row = {**head, "sparsity": sparsity, "pruning": pruning,
+               "points": int(group["steps_to_result"].notna().sum()), "common_batch_sizes": len(both),
+               **fit, **{f"dense_{c}": v for c, v in dense_fit.items()},
+               "relative_to_dense": _geometric_mean(ratio),
+               "relative_to_dense_low": float(ratio.min()) if len(ratio) else math.nan,
+               "relative_to_dense_high": float(ratio.max()) if len(ratio) else math.nan}
+        if len(both) >= 2:
+            deviation = np.log(ratio.to_numpy() / ratio.iloc[0])
+            worst = int(np.argmax(np.abs(deviation)))
+            row["shape_deviation"] = float(np.exp(deviation[worst]))
+            row["same_shape"] = bool(np.all(np.abs(deviation) <= math.log1p(tolerance)))
+            row["shape"] = ("same shape" if row["same_shape"] else f"differs: x{math.exp(deviation[worst]):.2f} at "
+                                                                   f"batch size {int(both['batch_size'].iloc[worst])}")
+        else:
+            row.update({"shape_deviation": math.nan, "same_shape": None,
+                        "shape": f"{len(both)} batch size(s) where it and the dense curve both have a result: too few "
+                                 f"to compare"})
+        row["b_crit_overlaps_dense"] = _overlap(fit, dense_fit)
+        row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, family, sparsity, pruning)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _dense_method(table: pd.DataFrame, head: dict) -> str:
+    """The method name the dense curve carries (snip: StudySpec spells the dense study so)."""
+    dense = table[table["sparsity"] == 0.0]
+    return str(dense["pruning"].iloc[0]) if len(dense) else "snip"
+
+
+def _relative_to_shuffle(comparison: pd.DataFrame, head: dict, family: list[str], sparsity: float,
+                         pruning: str) -> float:
+    """Geometric mean over common batch sizes of a method's steps over its shuffle's (NaN: not measured)."""
+    if pruning.startswith(SHUFFLE_PREFIX):
+        return math.nan
+    same = pd.Series(True, index=comparison.index)
+    for column, value in head.items():
+        missing = isinstance(value, float) and math.isnan(value)
+        same &= comparison[column].isna() if missing else comparison[column] == value
+    same &= np.isclose(comparison["sparsity"].astype(float), float(sparsity))
+    mine = comparison[same & (comparison["pruning"] == pruning)].set_index("batch_size")["steps_to_result"]
+    theirs = comparison[same & (comparison["pruning"] == shuffled(pruning))].set_index("batch_size")["steps_to_result"]
+    if theirs.empty:
+        return math.nan
+    joined = pd.concat([mine.rename("mine"), theirs.rename("theirs")], axis=1).dropna()
+    return _geometric_mean(joined["mine"] / joined["theirs"])
+
+
+def _interval(row: pd.Series, name: str) -> str:
+    value, low, high = (_number(row.get(f"{name}{suffix}")) for suffix in ("", "_low", "_high"))
+    if math.isnan(value):
+        return "-"
+    text = f"{value:.4g}"
+    return text if math.isnan(low) or math.isnan(high) else f"{text} [{low:.4g}, {high:.4g}]"
+
+
+def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with values and intervals as text, one row per pruned curve, the dense curve's fit first."""
+    rows = []
+    head = [c for c in ("workload", "optimizer") if c in summary.columns]
+    for _, row in summary.iterrows():
+        ratio = _number(row.get("relative_to_dense"))
+        shuffle = _number(row.get("relative_to_shuffle"))
+        overlap = row.get("b_crit_overlaps_dense")
+        rows.append({
+            **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
+            "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
+            "dense B_crit": _interval(row, "dense_b_crit"),
+            "B_crit overlaps dense": "-" if overlap is None or (isinstance(overlap, float) and math.isnan(overlap))
+            else ("yes" if overlap else "no"),
+            "steps / dense": "-" if math.isnan(ratio) else
+            f"{ratio:.3g} ({_number(row['relative_to_dense_low']):.3g}..{_number(row['relative_to_dense_high']):.3g})",
+            "shape vs dense": row["shape"],
+            "steps / its shuffle": "-" if math.isnan(shuffle) else f"{shuffle:.3g}",
+        })
+    return pd.DataFrame(rows)
+
+
+def comparison_keys(table: pd.DataFrame) -> list[tuple]:
+    """(workload, optimizer, sparsity) of every pruned curve: one figure each."""
+    table = with_curve_axes(table)
+    sparse = table[table["sparsity"] > 0]
+    return sorted({(w, o, float(s)) for w, o, s in zip(sparse["workload"], sparse["optimizer"], sparse["sparsity"])})
+
