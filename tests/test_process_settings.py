@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 
-from edps_mlflow.process_settings import HTTP_CLIENT_DEFAULTS, configure_process, launcher_run_id, request_settings
+from edps_mlflow.process_settings import CLIENT_DEFAULTS, configure_process, launcher_run_id, request_settings
 
 
 def test_library_code_sets_no_request_settings(sqlite_store, monkeypatch):
     from edps_mlflow.store import connect, open_store
 
-    for name in HTTP_CLIENT_DEFAULTS:
+    for name in CLIENT_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     before = dict(os.environ)
     open_store(sqlite_store).search_experiments(max_results=1)
@@ -25,7 +25,7 @@ def test_the_entry_point_sets_them_and_a_users_own_wins(monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "42")
     environment = dict(os.environ)
     configure_process(environment)
-    assert environment["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == HTTP_CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+    assert environment["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
     assert environment["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "42"
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # only the mapping it was given
 
@@ -33,10 +33,10 @@ def test_the_entry_point_sets_them_and_a_users_own_wins(monkeypatch):
 def test_cli_main_configures_its_process(monkeypatch, capsys):
     from edps_mlflow.cli import main
 
-    for name in HTTP_CLIENT_DEFAULTS:
+    for name in CLIENT_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     main(["workloads"])
-    assert request_settings() == HTTP_CLIENT_DEFAULTS  # the autouse fixture restores the environment afterwards
+    assert request_settings() == CLIENT_DEFAULTS  # the autouse fixture restores the environment afterwards
 
 
 def test_the_launcher_run_is_read_in_one_place(monkeypatch):
