@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -25,8 +26,9 @@ TEST_THREADS = 1
 
 
 def _flushes_denormals() -> bool:
-    # torch has no getter for set_flush_denormal: a denormal input reads as zero when it is on.
-    return torch.tensor([1e-40]).mul(1.0).item() == 0.0
+    # torch has no getter for set_flush_denormal: a denormal input reads as zero when it is on (a float32
+    # denormal: 1e-40 is a normal float64, whatever default dtype a test left behind).
+    return torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() == 0.0
 
 
 def _torch_settings() -> dict[str, object]:
@@ -44,17 +46,25 @@ def _torch_settings() -> dict[str, object]:
     }
 
 
+_TORCH_SETTERS = {
+    "threads": torch.set_num_threads,
+    "flush_denormal": torch.set_flush_denormal,
+    "default_dtype": torch.set_default_dtype,
+    "grad_enabled": torch.set_grad_enabled,
+    "float32_matmul_precision": torch.set_float32_matmul_precision,
+    "matmul_allow_tf32": lambda value: setattr(torch.backends.cuda.matmul, "allow_tf32", value),
+    "cudnn_allow_tf32": lambda value: setattr(torch.backends.cudnn, "allow_tf32", value),
+    "cudnn_benchmark": lambda value: setattr(torch.backends.cudnn, "benchmark", value),
+    "cudnn_deterministic": lambda value: setattr(torch.backends.cudnn, "deterministic", value),
+    "deterministic_algorithms": torch.use_deterministic_algorithms,
+}
+
+
 def _restore_torch_settings(settings: dict[str, object]) -> None:
-    torch.set_num_threads(settings["threads"])
-    torch.set_flush_denormal(settings["flush_denormal"])
-    torch.set_default_dtype(settings["default_dtype"])
-    torch.set_grad_enabled(settings["grad_enabled"])
-    torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
-    torch.backends.cuda.matmul.allow_tf32 = settings["matmul_allow_tf32"]
-    torch.backends.cudnn.allow_tf32 = settings["cudnn_allow_tf32"]
-    torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
-    torch.backends.cudnn.deterministic = settings["cudnn_deterministic"]
-    torch.use_deterministic_algorithms(settings["deterministic_algorithms"])
+    now = _torch_settings()
+    for name, setter in _TORCH_SETTERS.items():
+        if now[name] != settings[name]:  # only what changed: the first use_deterministic_algorithms costs ~2.5 CPU s
+            setter(settings[name])
 
 
 def _own_environment() -> dict[str, str]:
@@ -64,6 +74,105 @@ def _own_environment() -> dict[str, str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(TEST_THREADS)
+    if config.getoption("cpu_durations") is not None:
+        config.pluginmanager.register(CpuDurations(config.getoption("cpu_durations")), "edps-cpu-durations")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="show the N tests and fixtures that cost the most CPU seconds (0: all), with the "
+                          "session's total; a test's JUnit entry gets its CPU seconds as a property")
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds of this process, and of the child processes it has waited for (their own waited-for
+    children included). Wall time on a shared machine measures the others' load; this does not. A child
+    still running, or never waited for (e.g. a server's worker killed with its process group), is not
+    counted."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def _since(start: tuple[float, float, float]) -> tuple[float, float, float]:
+    own, children = _cpu_seconds()
+    return own - start[0], children - start[1], time.monotonic() - start[2]
+
+
+def _now() -> tuple[float, float, float]:
+    return (*_cpu_seconds(), time.monotonic())
+
+
+def _wall_floor(own: float, children: float, cores: int) -> float:
+    """The least wall time ``own`` + ``children`` CPU seconds can take: this process is one thread of
+    training or waiting, the children share the cores."""
+    return max(own, (own + children) / cores)
+
+
+class CpuDurations:
+    """``--cpu-durations N``: CPU seconds (this process + its children) per test, its set-up, call and
+    tear-down, and per fixture set-up (a session or module fixture counts once, where it is built), beside
+    wall seconds; and the floor those CPU seconds put on the wall time of a machine with 2 cores."""
+
+    CORES = 2  # the CI machine's
+
+    def __init__(self, shown: int) -> None:
+        self.shown = shown
+        self.start = _now()
+        self.tests: dict[str, dict[str, tuple[float, float, float]]] = {}
+        self.fixtures: dict[tuple[str, str], list[float]] = {}
+
+    def _measured(self, item: pytest.Item, phase: str):
+        start = _now()
+        yield
+        phases = self.tests.setdefault(item.nodeid, {})
+        phases[phase] = _since(start)
+        if phase == "teardown":
+            item.user_properties.append(("cpu_seconds", f"{sum(o + c for o, c, _ in phases.values()):.2f}"))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item):
+        yield from self._measured(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        yield from self._measured(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item):
+        yield from self._measured(item, "teardown")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef):
+        start = _now()  # the fixtures it requests are set up before this hook runs
+        yield
+        own, children, _ = _since(start)
+        entry = self.fixtures.setdefault((fixturedef.argname, fixturedef.scope), [0, 0.0])
+        entry[0] += 1
+        entry[1] += own + children
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        write = terminalreporter.write_line
+        own, children, wall = _since(self.start)
+        rows = []
+        for node, phases in self.tests.items():
+            test_own, test_children = (sum(p[i] for p in phases.values()) for i in (0, 1))
+            rows.append((test_own + test_children, test_own, test_children, sum(p[2] for p in phases.values()),
+                         node, phases))
+        rows.sort(reverse=True)
+        floor = sum(_wall_floor(row[1], row[2], self.CORES) for row in rows)
+        terminalreporter.write_sep("=", "cpu durations")
+        write(f"{len(rows)} tests: {own + children:.0f} CPU s ({own:.0f} in this process, {children:.0f} in child "
+              f"processes) in {wall:.0f} s wall; on {self.CORES} cores the tests take at least {floor:.0f} s")
+        write("   cpu s   (own  children)   wall s  cpu s setup/call/teardown  test")
+        for cpu, test_own, test_children, test_wall, node, phases in rows[:self.shown or None]:
+            split = "/".join(f"{sum(phases.get(p, (0.0, 0.0))[:2]):.1f}" for p in ("setup", "call", "teardown"))
+            write(f"{cpu:8.1f} ({test_own:6.1f} {test_children:7.1f}) {test_wall:8.1f}  {split:>23}  {node}")
+        write("   cpu s   built  fixture (scope)")
+        fixtures = sorted(((cpu, count, name, scope) for (name, scope), (count, cpu) in self.fixtures.items()),
+                          reverse=True)
+        for cpu, count, name, scope in fixtures[:self.shown or None]:
+            write(f"{cpu:8.1f} {count:7d}  {name} ({scope})")
 
 
 @pytest.fixture(autouse=True)

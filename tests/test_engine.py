@@ -150,7 +150,9 @@ def test_huge_learning_rate_diverges():
 
 
 def test_early_abort_evaluation_is_exact_for_steps_to_result():
-    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=800)
+    # Trial 1 reaches at 200; trials 0 and 2 never do (not by 800 either): they train to the cap with their
+    # checks cut short.
+    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=400)
     setups = setups_for(spec, DIGITS.search_space("sgd").points(3))
     data = digits_data()
     checks = {True: [], False: []}
@@ -170,7 +172,7 @@ def test_early_abort_evaluation_is_exact_for_steps_to_result():
         outcomes[abort] = [
             (r.status, r.steps_to_result) for setup in setups
             for r in train_trials(DIGITS, data, [setup], engine_settings(spec, early_abort=abort),
-                                  LocalStepBound(800, 100, False), Recorder(abort))]
+                                  LocalStepBound(spec.max_steps, 100, False), Recorder(abort))]
     assert outcomes[True] == outcomes[False]
     assert all(error is not None for _, _, error in checks[False])
     cut = [c for c in checks[True] if c[2] is None]
@@ -186,7 +188,7 @@ def test_early_abort_evaluation_is_exact_for_steps_to_result():
 def test_curve_points_leave_the_goal_test_exact():
     """Full passes at the curve interval give every trial a validation-error curve; the other checks may
     abort early; the outcomes equal those of a fully evaluated run."""
-    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=800)
+    spec = study_spec(optimizer="sgd", batch_size=64, goal_error=0.05, max_steps=400)  # curve points at 200, 400
     setups = setups_for(spec, DIGITS.search_space("sgd").points(3))
     data = digits_data()
     checks = []
@@ -200,11 +202,11 @@ def test_curve_points_leave_the_goal_test_exact():
 
     curve = replace(engine_settings(spec, early_abort=True), curve_interval=200)
     with_curve = [(r.status, r.steps_to_result) for setup in setups
-                  for r in train_trials(DIGITS, data, [setup], curve, LocalStepBound(800, 100, False),
+                  for r in train_trials(DIGITS, data, [setup], curve, LocalStepBound(spec.max_steps, 100, False),
                                         Recorder())]
     full = [(r.status, r.steps_to_result) for setup in setups
             for r in train_trials(DIGITS, data, [setup], engine_settings(spec, early_abort=False),
-                                  LocalStepBound(800, 100, False))]
+                                  LocalStepBound(spec.max_steps, 100, False))]
     assert with_curve == full
     assert all(error is not None for _, step, error in checks if step % 200 == 0)
     assert any(error is None for _, step, error in checks if step % 200 != 0), "other checks still abort early"

@@ -14,7 +14,7 @@ from edps_mlflow.study import ExecutionOptions, run_study
 def test_a_study_run_says_who_ran_what_on_which_data(sqlite_store, tmp_path):
     spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 256, trials=3, max_steps=60)
     out = io.StringIO()
-    outcome = run_study(spec, ExecutionOptions(workers=1, experiment="provenance"), out=out)
+    outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, experiment="provenance"), out=out)
     client = MlflowClient(sqlite_store)
     experiment = client.get_experiment_by_name("provenance")
     # The experiment explains itself, and its artifacts sit next to the database, not in the cwd.

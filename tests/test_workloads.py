@@ -260,7 +260,8 @@ def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sq
     spec = StudySpec(workload, optimizer, sparsity=0.5, batch_size=16, trials=2, goal_error=0.95, max_steps=20,
                      check_interval=10, seed=0)
     out = io.StringIO()
-    outcome = run_study(spec, ExecutionOptions(workers=1, data_dir=str(tmp_path), experiment=workload), out=out)
+    outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, data_dir=str(tmp_path), experiment=workload),
+                        out=out)
     # Random labels: about 90% error, so a 0.95 goal is met at the first check.
     assert outcome.steps_to_result == 10, out.getvalue()
     assert len(outcome.records) == 2
