@@ -246,6 +246,17 @@ def _store_template_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     _StoreTemplate.factory = tmp_path_factory
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The user's caches (data fingerprints, pruning scores, downloaded data under ``~/.cache``) are not the
+    suite's: a session gets its own, so no test reads what an earlier session, or a parallel worker, left
+    there, and the suite writes nothing into the home folder. Set before the first test, so the per-test
+    environment check takes it as the environment."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    for name in ("EDPS_SCORE_CACHE", "EDPS_DATA_DIR"):
+        os.environ.pop(name, None)
+
+
 def fresh_store(database: Path) -> str:
     """A new, fully migrated, empty sqlite store at ``database`` (which must not exist); its URI. For
     tests that need a store to work in, not of how a store is created (those start from no file). The
