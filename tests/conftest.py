@@ -78,6 +78,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(CpuDurations(config.getoption("cpu_durations")), "edps-cpu-durations")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first: run in parallel (``-n``), the longest tests then start while the short ones fill
+    the other workers, instead of one of them starting last and running alone. Tests never depend on their
+    order (``_leaves_the_process_as_it_found_it``)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
                      help="show the N tests and fixtures that cost the most CPU seconds (0: all), with the "

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow.cli import _LAUNCHER
 
-from conftest import REPO, clean_environment
+from conftest import REPO, clean_environment, fresh_store
 
 SHADOWED = ("click", "torch", "numpy", "mlflow", "socket", "pickle")
 
@@ -36,7 +36,8 @@ def _console_script() -> str:
 def test_modules_in_the_working_directory_are_not_imported(arguments, tmp_path):
     for name in SHADOWED:
         (tmp_path / f"{name}.py").write_text(f'raise SystemExit("shadowed! {name}.py from the working directory")\n')
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A built store: what is tested is which modules the command imports, not how it builds a store.
+    uri = fresh_store(tmp_path / "mlflow.db")
     result = subprocess.run([_console_script(), *arguments], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri))
     assert "shadowed!" not in result.stdout + result.stderr
