@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
+import math
 import os
 import shutil
 import socket
@@ -54,10 +54,20 @@ from typing import Any, Iterator
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from edps_mlflow import __version__  # noqa: E402
 from edps_mlflow import names as n  # noqa: E402
 from edps_mlflow.config import StudySpec, TrialSpec  # noqa: E402
+from edps_mlflow.results import TrialOutcome as Outcome  # noqa: E402
+from edps_mlflow.results import TrialStatus, encode_trial_outcomes  # noqa: E402
+from edps_mlflow.study_index import RunDataView, RunInfoView, RunView, entry_of  # noqa: E402
 from edps_mlflow.sweep_spec import SweepSpec  # noqa: E402
-from edps_mlflow.tracking import sparsity_tag, study_family, study_run_name, trial_run_name  # noqa: E402
+from edps_mlflow.tracking import (  # noqa: E402
+    sparsity_tag,
+    study_family,
+    study_run_name,
+    trial_families,
+    trial_run_name,
+)
 from edps_mlflow.workloads import get_workload  # noqa: E402
 
 WORKLOAD = "digits-simple-cnn"
@@ -269,8 +279,11 @@ class Replicator:
         reached = [s for s in template.studies if s.metric(n.METRIC_STEPS_TO_RESULT) is not None]
         self.by_batch = sorted(reached or template.studies, key=lambda s: int(s.tags[n.TAG_BATCH_SIZE]))
         self.trial_runs = 0
+        self.study_keys: set[str] = set()
 
-    def datasets_of_experiment(self) -> None:
+    def prepare_experiment(self, index_run_id: str) -> None:
+        """The experiment's datasets; its study index run (made with the experiment) takes the entries."""
+        self.index_run_id = index_run_id
         for dataset in self.template.datasets:
             copy = {**dataset, "dataset_uuid": uuid.uuid4().hex, "experiment_id": self.experiment_id}
             self.datasets[dataset["dataset_uuid"]] = copy["dataset_uuid"]
@@ -284,45 +297,43 @@ class Replicator:
 
     def _run(self, source: TemplateRun, run_id: str, start: int, name: str, tags: dict[str, str],
              params: dict[str, str], metrics: dict[str, float], end: int | None = None,
-             drop: tuple[str, ...] = ()) -> int:
-        """One run copied from ``source``: its rows with ``tags``, ``params`` and ``metrics`` replaced or added,
-        the metrics named in ``drop`` (or starting with one of them) left out; metric timestamps keep their
-        offsets from the run's start. Returns its end time."""
+             drop: tuple[str, ...] = ()) -> RunView:
+        """One run copied from ``source``: its rows with ``tags``, ``params`` and ``metrics`` replaced or added
+        (a replaced metric keeps one point), the metrics named in ``drop`` (or starting with one of them) left
+        out; metric timestamps keep their offsets from the run's start. Returns the run as written."""
         offset = start - int(source.row["start_time"])
         if end is None:
             end = int(source.row["end_time"] or source.row["start_time"]) + offset
         self.sink.add("runs", {**source.row, "run_uuid": run_id, "name": name, "start_time": start, "end_time": end,
                                "experiment_id": self.experiment_id})
-        for key, value in {**source.tags, **tags, n.MLFLOW_RUN_NAME: name}.items():
+        all_tags = {**source.tags, **tags, n.MLFLOW_RUN_NAME: name}
+        for key, value in all_tags.items():
             self.sink.add("tags", {"key": key, "value": value, "run_uuid": run_id})
-        for key, value in {**source.params, **params}.items():
+        all_params = {**source.params, **params}
+        for key, value in all_params.items():
             self.sink.add("params", {"key": key, "value": value, "run_uuid": run_id})
-        seen = set()
-        for row in source.latest:
-            if row["key"].startswith(drop) and drop:
-                continue
-            value = metrics.get(row["key"], row["value"])
-            seen.add(row["key"])
-            self.sink.add("latest_metrics", {**row, "value": value, "timestamp": int(row["timestamp"]) + offset,
-                                             "run_uuid": run_id})
+        latest = {}
         for row in source.history:
-            if row["key"].startswith(drop) and drop:
-                continue
-            value = metrics.get(row["key"], row["value"]) if row["step"] == 0 else row["value"]
-            self.sink.add("metrics", {**row, "value": value, "timestamp": int(row["timestamp"]) + offset,
-                                      "run_uuid": run_id})
+            if not (drop and row["key"].startswith(drop)) and row["key"] not in metrics:
+                self.sink.add("metrics", {**row, "timestamp": int(row["timestamp"]) + offset, "run_uuid": run_id})
+        for row in source.latest:
+            if not (drop and row["key"].startswith(drop)) and row["key"] not in metrics:
+                latest[row["key"]] = row["value"]
+                self.sink.add("latest_metrics", {**row, "timestamp": int(row["timestamp"]) + offset,
+                                                 "run_uuid": run_id})
         for key, value in metrics.items():
-            if key not in seen:
-                point = {"key": key, "value": value, "timestamp": end, "step": 0, "is_nan": 0, "run_uuid": run_id}
-                self.sink.add("latest_metrics", point)
-                self.sink.add("metrics", point)
+            point = {"key": key, "value": value, "timestamp": end, "step": 0, "is_nan": 0, "run_uuid": run_id}
+            latest[key] = value
+            self.sink.add("latest_metrics", point)
+            self.sink.add("metrics", point)
         for link, input_tags in source.inputs:
             input_uuid = uuid.uuid4().hex
             self.sink.add("inputs", {**link, "input_uuid": input_uuid, "destination_id": run_id,
                                      "source_id": self.datasets.get(link["source_id"], link["source_id"])})
             for tag in input_tags:
                 self.sink.add("input_tags", {**tag, "input_uuid": input_uuid})
-        return end
+        return RunView(RunInfoView(run_id, str(self.experiment_id), source.row["status"], start, end),
+                       RunDataView(all_tags, all_params, latest))
 
     def study(self, spec: StudySpec, sweep_run_id: str, sweep_key: str) -> dict[str, Any]:
         """A study run of ``spec`` and its trial runs, FINISHED, under the sweep run."""
@@ -355,7 +366,7 @@ class Replicator:
             metrics = {n.METRIC_HP_PREFIX + k: float(v) for k, v in point.items()}
             metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
             end = self._run(copied, uuid.uuid4().hex, trial_start + index * 20,
-                            trial_run_name(trial, words), tags, params, metrics, drop=(n.METRIC_HP_PREFIX,))
+                            trial_run_name(trial, words), tags, params, metrics, drop=(n.METRIC_HP_PREFIX,)).info.end_time
             last_end = max(last_end, end)
             self.trial_runs += 1
         reached = [o for o in outcomes if o.status == "reached"]
@@ -381,8 +392,14 @@ class Replicator:
             metrics[n.METRIC_STEPS_TO_RESULT] = best.steps_to_result
         # The template's result and best point give way to the copy's (written from ``metrics``).
         drop = (n.METRIC_BEST_PREFIX, n.METRIC_STEPS_TO_RESULT)
-        self._run(source, study_run_id, start, study_run_name(spec), tags, params, metrics, end=last_end + 1000,
-                  drop=drop)
+        run = self._run(source, study_run_id, start, study_run_name(spec), tags, params, metrics, end=last_end + 1000,
+                        drop=drop)
+        # Its entry in the study index, as the study writes it once it is FINISHED (tracking.index_study_run;
+        # the entry it wrote when it started is replaced by this one).
+        entry = entry_of(run)
+        if entry is None:
+            raise SystemExit(f"the index entry of study {spec.study_key[:12]} does not fit a tag")
+        self.sink.add("tags", {"key": n.TAG_INDEX_PREFIX + study_run_id, "value": entry, "run_uuid": self.index_run_id})
         self.clock = last_end + 2000
         return {"spec": spec, "run_id": study_run_id, "steps": best.steps_to_result if best else None}
 
@@ -392,20 +409,25 @@ class Replicator:
 
     @staticmethod
     def _derived_study_tags(spec: StudySpec, outcomes: list[TrialOutcome]) -> dict[str, str]:
-        """Tags a study writes about its trials, as the project derives them (none on this version)."""
-        return {}
+        """The tags a study writes about its trials, as the project derives them."""
+        return {n.TAG_TRIAL_FAMILIES: ",".join(trial_families(spec)),
+                n.TAG_TRIAL_OUTCOMES: encode_trial_outcomes(
+                    Outcome(o.index, TrialStatus(o.status), o.steps_to_result, o.steps_trained) for o in outcomes)}
 
     @staticmethod
     def _derived_study_metrics(outcomes: list[TrialOutcome]) -> dict[str, float]:
-        """Metrics a study writes about its trials, as the project derives them (none on this version)."""
-        return {}
+        """The metrics a study writes about its trials: every trial run of the copy was finished by it."""
+        return {n.METRIC_TRIAL_RUNS_FINISHED: len(outcomes)}
 
     def sweep(self, spec: SweepSpec) -> None:
         """The sweep run of ``spec`` with its studies, FINISHED."""
         sweep_run_id = uuid.uuid4().hex
         start = self.clock
         self.clock += 1000
-        studies = [self.study(study, sweep_run_id, spec.sweep_key) for study in spec.studies()]
+        # A study already in the store (the same study of a smaller store's last sweep) is not made twice.
+        studies = [self.study(study, sweep_run_id, spec.sweep_key) for study in spec.studies()
+                   if study.study_key not in self.study_keys]
+        self.study_keys.update(study["spec"].study_key for study in studies)
         source = self.template.sweep
         params = {k: v for k, v in source.params.items() if not k.startswith(n.PARAM_SWEEP_PREFIX)}
         params.update({n.PARAM_SWEEP_PREFIX + k: _display(v) for k, v in
@@ -464,16 +486,18 @@ def postgres_server(folder: Path) -> Iterator[str]:
                        capture_output=True)
 
 
-def prepare_store(uri: str) -> int:
-    """The store's schema and the experiment, made by the project as any command makes them; its id."""
-    from edps_mlflow.tracking import open_store, resolve_experiment
+def prepare_store(uri: str) -> tuple[int, str]:
+    """The store's schema and the experiment with its study index run, made by the project as any command
+    makes them; their ids."""
+    from edps_mlflow.tracking import index_run_id, open_store, resolve_experiment
 
     client = open_store(uri)
-    experiment_id = int(resolve_experiment(client, EXPERIMENT))
+    experiment_id = resolve_experiment(client, EXPERIMENT)
+    index = index_run_id(client, experiment_id)
     engine = getattr(getattr(getattr(client, "_client", None), "_tracking_client", None), "store", None)
     if getattr(engine, "engine", None) is not None:
         engine.engine.dispose()
-    return experiment_id
+    return int(experiment_id), index
 
 
 # ---- the commands ------------------------------------------------------------------------------------
@@ -497,33 +521,44 @@ class Measured:
     last_line: str
 
 
+# Runs the command and writes its CPU seconds and maximum resident memory (KB) to a file. Linux carries a
+# process's resident maximum over exec into the new program, so a child forked from this (large) process
+# would report this process's size; the command is a child of this small one instead.
+_MEASURE = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(f"{usage.ru_utime + usage.ru_stime} {usage.ru_maxrss}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def measure(command: list[str], uri: str, folder: Path, timeout: float) -> Measured:
     """One command in a fresh process: its wall time, CPU time and maximum resident memory."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     environment.update({"PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": uri})
+    usage_file = folder / "usage.txt"
+    usage_file.unlink(missing_ok=True)
     started = time.perf_counter()
     with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
-        process = subprocess.Popen(command, cwd=folder, env=environment, stdout=out, stderr=err,
-                                   start_new_session=True)
-        deadline = started + timeout
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                os.killpg(process.pid, 9)
-                pid, status, usage = os.wait4(process.pid, 0)
-                process.returncode = -9
-                wall = time.perf_counter() - started
-                return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, None,
-                                f"did not finish in {timeout:.0f} s")
-            time.sleep(0.05)
+        process = subprocess.Popen([sys.executable, "-S", "-c", _MEASURE, str(usage_file), *command], cwd=folder,
+                                   env=environment, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+            code = None
     wall = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    process.returncode = code
+    cpu, rss_kb = (float(v) for v in usage_file.read_text().split()) if usage_file.exists() else (math.nan, math.nan)
+    if code is None:
+        return Measured(wall, cpu, rss_kb / 1024, None, f"did not finish in {timeout:.0f} s")
     text = ((folder / "stderr.txt").read_text() if code else "") or (folder / "stdout.txt").read_text()
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code, lines[-1] if lines else "")
+    return Measured(wall, cpu, rss_kb / 1024, code, lines[-1] if lines else "")
 
 
 def _cell(result: Measured | None) -> str:
@@ -564,10 +599,10 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             with _store(backend, folder) as (uri, sink_factory):
-                experiment_id = prepare_store(uri)
+                experiment_id, index_run = prepare_store(uri)
                 sink = sink_factory(template.columns)
                 replicator = Replicator(template, sink, experiment_id, int(time.time() * 1000) - 90 * 86_400_000)
-                replicator.datasets_of_experiment()
+                replicator.prepare_experiment(index_run)
                 built: list[SweepSpec] = []
                 for size in sizes:
                     started = time.perf_counter()
@@ -577,9 +612,9 @@ def main() -> None:
                         replicator.sweep(spec)
                         sink.flush()
                         built.append(spec)
+                    studies = len(replicator.study_keys)
                     if isinstance(sink, PostgresSink):
                         sink.analyze()
-                    studies = sum(len(s.studies()) for s in built)
                     counts[(backend, size)] = (replicator.trial_runs, studies)
                     print(f"{backend}: {replicator.trial_runs:,} trial runs and {studies:,} study runs built in "
                           f"{time.perf_counter() - started:.0f} s", flush=True)

@@ -4,9 +4,20 @@
   that is not live (``--repair`` marks them FAILED, as a resumed sweep would);
 - every run of ours has its kind and its key (study, trial or sweep key);
 - at most one FINISHED study run per study key and early-stopping mode;
-- at most one FINISHED trial run per trial key (older versions could train a trial twice).
+- at most one FINISHED trial run per trial key (older versions could train a trial twice);
+- when the experiment's study index says it is complete, every study run is in it (study_index.py).
 
-Reads go through registry.py, the one write (``--repair``) through tracking.py.
+It reads what can break, not every run (registry.doctor_read), so that its cost follows the studies and
+the runs made since its last check, not the trial runs: the study runs (from the study index) and their
+sweep runs, the RUNNING runs, the trial runs of the study families where two study runs may have finished
+a trial, and the runs of ours without their kind or key: the first check of an experiment finds those by
+searches on tags, which scan the store once each; later checks read the runs that started or ended since
+the previous one, and the runs of the problems it found (the experiment's tags edps.doctor.*). An
+experiment whose study index is not complete (runs made before it) is said in one line; ``--repair``
+completes it.
+
+Reads go through registry.py, the writes (``--repair``, and what the next check need not read) through
+tracking.py.
 """
 
 from __future__ import annotations
@@ -17,9 +28,29 @@ from typing import TextIO
 
 from edps_mlflow import registry
 from edps_mlflow.leases import expired_reason
-from edps_mlflow.names import KIND_ANALYSIS, KIND_STUDY, KIND_SWEEP, KIND_TRIAL
+from edps_mlflow.names import (
+    EXPERIMENT_TAG_CHECKED_UNTIL,
+    EXPERIMENT_TAG_RECHECK,
+    KIND_ANALYSIS,
+    KIND_STUDY,
+    KIND_STUDY_INDEX,
+    KIND_SWEEP,
+    KIND_TRIAL,
+)
 from edps_mlflow.results import RunState
-from edps_mlflow.tracking import StoreClient, lease_seconds, mark_dead, open_store, store_errors
+from edps_mlflow.tracking import (
+    StoreClient,
+    complete_index,
+    lease_seconds,
+    mark_dead,
+    open_store,
+    record_doctor_check,
+    store_errors,
+)
+
+# The runs of problems a check remembers for the next (an experiment tag holds their ids); with more, the next
+# check reads every run again.
+MAX_RECHECK = 500
 
 
 def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[registry.RunFacts]:
@@ -32,13 +63,18 @@ def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[re
 
 def _missing_key(fact: registry.RunFacts) -> str | None:
     needed = {KIND_STUDY: (fact.study_key,), KIND_TRIAL: (fact.trial_key, fact.study_key),
-              KIND_SWEEP: (fact.sweep_key,), KIND_ANALYSIS: ()}
+              KIND_SWEEP: (fact.sweep_key,), KIND_ANALYSIS: (), KIND_STUDY_INDEX: ()}
     if fact.kind is None:
         # A run that gave way (the launcher's run has its kind removed) is accounted for.
         return None if fact.gave_way else "has edps tags but no edps.kind"
     if fact.kind not in needed:
         return f"has an unknown kind {fact.kind!r}"
     return None if all(needed[fact.kind]) else f"is a {fact.kind} run without its key"
+
+
+def unindexed(facts: list[registry.RunFacts]) -> list[registry.RunFacts]:
+    """Study runs that have ended but have no entry in the study index."""
+    return [f for f in facts if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
 
 
 def problems(facts: list[registry.RunFacts], lease: float, now: float) -> list[tuple[str, str]]:
@@ -67,16 +103,45 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
     left = 0
     with store_errors(client):
         for experiment_id, name in registry.experiments(client, experiment):
-            facts = registry.run_facts(client, experiment_id)
+            tags = client.get_experiment(experiment_id).tags
+            checked = tags.get(EXPERIMENT_TAG_CHECKED_UNTIL, "")
+            checked_until = int(checked) if checked.isdigit() and not repair else None
+            recheck = [run_id for run_id in tags.get(EXPERIMENT_TAG_RECHECK, "").split(",") if run_id]
+            read = registry.doctor_read(client, experiment_id, checked_until, recheck)
+            facts = read.facts
+            complete = registry.index_is_complete(client, experiment_id)
             now = time.time()
             if repair:
                 dead = expired(facts, lease, now)
                 mark_dead(client, [f.run_id for f in dead], expired_reason(lease))
                 for fact in dead:
                     print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED (owner gone)", file=out)
-                facts = registry.run_facts(client, experiment_id)
-            for subject, text in problems(facts, lease, time.time()):
+                missing = registry.unindexed_study_runs(client, experiment_id)
+                if missing or not complete:
+                    indexed = complete_index(client, experiment_id, missing)
+                    print(f"{name}: repaired: {indexed} study runs added to the study index"
+                          + ("; it is complete" if indexed == len(missing) else ""), file=out)
+                    complete = registry.index_is_complete(client, experiment_id)
+                read = registry.doctor_read(client, experiment_id, None)
+                facts = read.facts
+            found = problems(facts, lease, time.time())
+            if complete:
+                found += [(f.run_id, "study run is not in the study index, which says it is complete (written by "
+                                     "an older version?): `edps doctor --repair` adds it") for f in unindexed(facts)]
+            for subject, text in found:
                 print(f"{name}: {subject}: {text}", file=out)
                 left += 1
-            print(f"{name}: {len(facts)} runs checked", file=out)
+            if not complete:
+                print(f"{name}: the study index is not complete (study runs made before it): commands also search "
+                      f"the study runs, more slowly; `edps doctor --repair` completes it", file=out)
+            involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, facts)})
+            record_doctor_check(client, experiment_id, read.checked_until if len(involved) <= MAX_RECHECK else None,
+                                involved[:MAX_RECHECK])
+            print(f"{name}: {len(facts)} runs read, all runs checked", file=out)
     return left
+
+
+def _run_ids(subject: str, text: str, facts: list[registry.RunFacts]) -> list[str]:
+    """The runs a problem line names (its subject, or the runs listed after a key)."""
+    known = {f.run_id for f in facts}
+    return [word.strip(",") for word in [subject, *text.split()] if word.strip(",") in known]

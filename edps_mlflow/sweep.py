@@ -106,7 +106,12 @@ def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[S
     """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`)."""
     stored = registry.study_runs(client, experiment_id, workload)
     finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
-    trial_counts = registry.finished_trial_counts(client, experiment_id, workload)
+    # Finished trials are counted only for the studies that have a study run but are not done (a few):
+    # a study without any run has no trial runs of its key (they are made under its study run).
+    started = {s.study_key for s in stored}
+    trial_counts = registry.planned_trial_counts(client, experiment_id, stored, [
+        s.study_key for s in studies
+        if s.study_key in started and (s.study_key, s.full_trials(full_trials)) not in finished])
     plan = []
     for study in studies:
         key = study.study_key

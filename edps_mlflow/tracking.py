@@ -40,8 +40,19 @@ from edps_mlflow import names as n
 from edps_mlflow import provenance
 from edps_mlflow.config import StudySpec, TrialSpec, content_key
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.filters import filter_string
 from edps_mlflow.interrupts import store_call
-from edps_mlflow.results import Check, ProbedTrials, StudyOutcome, TrialResult, TrialStatus, trial_steps_lower_bound
+from edps_mlflow.results import (
+    Check,
+    ProbedTrials,
+    StudyOutcome,
+    TrialOutcome,
+    TrialResult,
+    TrialStatus,
+    encode_trial_outcomes,
+    trial_steps_lower_bound,
+)
+from edps_mlflow.study_index import MAX_TAG_VALUE, entry_of
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri
 
 
@@ -58,6 +69,15 @@ def sparsity_tag(sparsity: float) -> str:
 def study_family(spec: StudySpec) -> str:
     """Everything of a study but its trial count: trials of such studies can be shared."""
     return content_key({"kind": "study-family", **{k: v for k, v in spec.key_fields().items() if k != "trials"}})
+
+
+def trial_families(spec: StudySpec) -> list[str]:
+    """The study families of the trial runs a study creates: its training study's (StudySpec.training_spec),
+    and for a study that probes only its best trial, the all-trials study's (its probed re-run)."""
+    families = [study_family(spec.training_spec)]
+    if spec.probes_best_only:
+        families.append(study_family(spec.probe_spec))
+    return list(dict.fromkeys(families))
 
 
 def _now_ms() -> int:
@@ -371,14 +391,18 @@ def resolve_experiment(client: StoreClient, name: str) -> str:
             raise EdpsError(f"experiment {name!r} is deleted; restore it or choose another name")
         return experiment.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri), name),
-                                        tags={n.MLFLOW_NOTE: EXPERIMENT_DESCRIPTION})
+        experiment_id = client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri),
+                                                                                             name),
+                                                 tags={n.MLFLOW_NOTE: EXPERIMENT_DESCRIPTION})
     except MlflowException:
         # Another process created it in the meantime.
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
         return experiment.experiment_id
+    # Made with its experiment, the study index holds every study run of it (study_index.py).
+    make_index_run(client, experiment_id, complete=True)
+    return experiment_id
 
 
 def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None:
@@ -468,6 +492,8 @@ def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
     for run_id in run_ids:
         _log_batch(client, run_id, tags={n.TAG_ERROR: reason})
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+        if client.get_run(run_id).data.tags.get(n.TAG_KIND) == n.KIND_STUDY:
+            index_study_run(client, run_id)  # its entry may say RUNNING, or be missing (study_index.py)
 
 
 def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: bool = True) -> None:
@@ -478,9 +504,12 @@ def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: b
     """
     _log_batch(client, run_id, tags={n.TAG_YIELDED_TO: winner_run_id,
                                      n.TAG_ERROR: f"gave way to the earlier live run {winner_run_id} of the same key"})
+    study = client.get_run(run_id).data.tags.get(n.TAG_KIND) == n.KIND_STUDY
     if not keep_kind:
         client.delete_tag(run_id, n.TAG_KIND)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    if study:
+        index_study_run(client, run_id)
 
 
 # ---- names of runs ---------------------------------------------------------------------------
@@ -557,7 +586,16 @@ def _study_tags(spec: StudySpec) -> dict[str, str]:
     return {n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: spec.study_key, n.TAG_STUDY_FAMILY: study_family(spec),
             n.TAG_WORKLOAD: spec.workload, n.TAG_OPTIMIZER: spec.optimizer.value,
             n.TAG_SPARSITY: sparsity_tag(spec.sparsity), n.TAG_BATCH_SIZE: str(spec.batch_size),
-            n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key}
+            n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key,
+            n.TAG_TRIAL_FAMILIES: ",".join(trial_families(spec))}
+
+
+def trial_outcomes_tag(outcome: StudyOutcome) -> str | None:
+    """The tag edps.trial_outcomes of a study (results.encode_trial_outcomes); None when it exceeds MLflow's
+    limit on a tag (some thousand trials: the analysis then reads the study's trials.csv)."""
+    text = encode_trial_outcomes(TrialOutcome(r.trial.index, r.status, r.steps_to_result, r.steps_trained)
+                                 for r in outcome.records.values())
+    return text if len(text) <= MAX_TAG_VALUE else None
 
 
 # ---- what a study leaves in the store ---------------------------------------------------------
@@ -638,6 +676,8 @@ class StudyTracker:
         self.sweep_key = sweep_key
         self.trial_runs: dict[int, str] = {}
         self.trial_specs: dict[int, TrialSpec] = {}
+        self.trial_runs_finished = 0  # METRIC_TRIAL_RUNS_FINISHED: the trial runs this study run finished
+        self._finished = False  # the study run is FINISHED: nothing may change its state any more
         self._monitor: Any = None
         self._scratch = Path(tempfile.mkdtemp(prefix="edps-artifacts-"))
 
@@ -656,9 +696,12 @@ class StudyTracker:
         try:
             if launcher_run_id:
                 _log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
+                index_study_run(client, launcher_run_id)
                 return cls(client, experiment_id, launcher_run_id, False, sweep_key)
             tags.update(provenance_tags())
             run = client.create_run(experiment_id, tags=tags)
+            # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
+            index_study_run(client, run.info.run_id)
             return cls(client, experiment_id, run.info.run_id, True, sweep_key)
         except MlflowException as error:
             raise store_error(client, error) from None
@@ -714,7 +757,7 @@ class StudyTracker:
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
         metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity,
-                   n.METRIC_GOAL_ERROR: spec.goal_error}
+                   n.METRIC_GOAL_ERROR: spec.goal_error, n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished}
         self._log(self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
@@ -732,6 +775,9 @@ class StudyTracker:
         if model_size is not None:
             metrics.update({n.METRIC_MODEL_PARAMETERS: model_size[0], n.METRIC_MODEL_PARAMETER_BYTES: model_size[1]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
+        outcomes = trial_outcomes_tag(outcome)
+        if outcomes is not None:
+            tags[n.TAG_TRIAL_OUTCOMES] = outcomes
         if probed is not None:
             tags[n.TAG_PROBED_TRIALS] = probed.mode
             if probed.best_probe_run_id:
@@ -752,17 +798,23 @@ class StudyTracker:
         self.stop_heartbeat()
         require_still_ours(self.client, self.study_run_id)
         self.client.set_terminated(self.study_run_id, RunStatus.to_string(RunStatus.FINISHED))
+        self._finished = True
         self.close()
+        # After FINISHED, never before: an entry claims only what the store holds (study_index.py).
+        index_study_run(self.client, self.study_run_id)
 
     def abort(self, interrupted: bool) -> None:
         """Leave nothing RUNNING: open trial runs and the study run become KILLED (interrupt) or FAILED."""
         self.stop_heartbeat()
         name = RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED)
-        for run_id in [*self.trial_runs.values(), self.study_run_id]:
+        # A study interrupted after it finished (while it indexes itself) stays FINISHED: its index entry says so.
+        for run_id in [*self.trial_runs.values(), *([] if self._finished else [self.study_run_id])]:
             try:
                 self.client.set_terminated(run_id, name)
             except MlflowException:
                 pass
+        if not self._finished:
+            index_study_run(self.client, self.study_run_id)
         self.trial_runs.clear()
         self.close()
 
@@ -838,12 +890,84 @@ class StudyTracker:
         # a line, which for a single value is a lone dot.
         self._log(run_id, params=params, metrics=metrics, tags=tags)
         self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        # Counted after the trial run is FINISHED: a kill in between leaves the count short, never long, and
+        # readers trust it only once the study run is FINISHED.
+        self.trial_runs_finished += 1
+        self._log(self.study_run_id, metrics={n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished})
         return run_id
 
     # ---- plumbing --------------------------------------------------------------------------
     def _log(self, run_id: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
              metrics: dict[str, float] | None = None, step: int = 0) -> None:
         _log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
+
+
+# ---- the study index (study_index.py) ---------------------------------------------------------
+INDEX_DESCRIPTION = (
+    "The study index of this experiment: one tag `edps.index.<run id>` per study run, holding that run's "
+    "state, edps tags, params and metrics, so that `edps status`, sweeps, `edps doctor` and `edps-analyze` read "
+    "this run instead of searching every study run. Each study writes its entry when it starts and when it "
+    "ends; do not delete or rename it (`edps doctor --repair` rebuilds it from the study runs).")
+
+
+def make_index_run(client: StoreClient, experiment_id: str, complete: bool) -> str:
+    """A new index run of the experiment; ``complete``: every study run of the experiment will be in it."""
+    run = client.create_run(experiment_id, tags={
+        n.TAG_KIND: n.KIND_STUDY_INDEX, n.TAG_VERSION: __version__, n.MLFLOW_RUN_NAME: n.INDEX_RUN_NAME,
+        n.MLFLOW_NOTE: INDEX_DESCRIPTION, n.TAG_INDEX_COMPLETE: "true" if complete else "false"})
+    # FINISHED at once: nothing renews a lease on it, and tags can still be written to a finished run.
+    client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
+
+
+def index_run_id(client: StoreClient, experiment_id: str, own_run_id: str | None = None) -> str:
+    """The experiment's index run (the earliest, when two processes made one at the same moment), made when
+    there is none: complete when the experiment holds no study run but ``own_run_id`` (one search by tag,
+    once per experiment)."""
+    found = [r for r in client.search_runs([experiment_id], filter_string(run_name=n.INDEX_RUN_NAME), max_results=100)
+             if r.data.tags.get(n.TAG_KIND) == n.KIND_STUDY_INDEX]
+    if found:
+        return min(found, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
+    studies = client.search_runs([experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=2)
+    return make_index_run(client, experiment_id, complete={r.info.run_id for r in studies} <= {own_run_id})
+
+
+def index_study_run(client: StoreClient, run_id: str) -> bool:
+    """Write a study run's entry in its experiment's study index, from the run as the store holds it now
+    (study_index.py); False when it does not fit a tag, or the store failed. Best effort: a study run whose
+    entry is missing or stale is read from the store (a RUNNING one), so a store error here fails nothing."""
+    try:
+        run = client.get_run(run_id)
+        entry = entry_of(run)
+        if entry is None:
+            return False
+        client.set_tag(index_run_id(client, run.info.experiment_id, run_id), n.TAG_INDEX_PREFIX + run_id, entry)
+        return True
+    except MlflowException:
+        return False
+
+
+def complete_index(client: StoreClient, experiment_id: str, run_ids: list[str]) -> int:
+    """Index these study runs (all those of the experiment without an entry: doctor --repair) and say that
+    the index is complete; the number indexed."""
+    indexed = sum(index_study_run(client, run_id) for run_id in run_ids)
+    if indexed == len(run_ids):
+        client.set_tag(index_run_id(client, experiment_id), n.TAG_INDEX_COMPLETE, "true")
+    return indexed
+
+
+def record_doctor_check(client: StoreClient, experiment_id: str, checked_until: int | None,
+                        recheck: list[str]) -> None:
+    """What the next ``edps doctor`` of the experiment need not read again: every run that started or ended
+    before ``checked_until`` (ms) was checked, and the runs of the problems found are to be looked at again
+    (None: nothing of that kind; the next check reads every run). Best effort: a store that refuses the
+    write gets a full check next time."""
+    try:
+        client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_CHECKED_UNTIL,
+                                  "" if checked_until is None else str(checked_until))
+        client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_RECHECK, ",".join(recheck))
+    except MlflowException:
+        pass
 
 
 class LauncherRun(NamedTuple):
@@ -891,6 +1015,7 @@ def claim_submitted_run(client: StoreClient, run_id: str, spec: StudySpec, sweep
     tags = {**_study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec),
             n.MLFLOW_PARENT_RUN_ID: sweep_run_id, n.TAG_SWEEP_KEY: sweep_key, n.TAG_SUBMITTED_BY: sweep_run_id}
     _log_batch(client, run_id, tags=tags)
+    index_study_run(client, run_id)
 
 
 def renew_heartbeat(client: StoreClient, run_id: str) -> None:
