@@ -165,9 +165,12 @@ def _with_studies(client, experiments: list) -> list:
     from mlflow.exceptions import MlflowException
 
     try:
-        return [e for e in experiments
-                if client.search_runs([e.experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}),
-                                      max_results=1)]
+        ids = [e.experiment_id for e in experiments]
+        with_studies = set(study_index.experiments_with_studies(
+            _searcher(client, ids), ids,
+            lambda experiment_id: bool(client.search_runs(
+                [experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=1))))
+        return [e for e in experiments if e.experiment_id in with_studies]
     except MlflowException as error:
         raise _store_error(str(client.tracking_uri), error) from None
 
@@ -491,8 +494,13 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
     when ``history`` is False. Only trial runs that logged ``metric`` are read."""
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
-    runs = _paged(client, [i for i, _ in found],
-                  filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300}))
+    ids = [i for i, _ in found]
+    # Only the trials of a study with probes log them: without such a study, no search of the trial runs
+    # (it would scan the tags of every run in the store).
+    probed = any(run.data.params.get(n.PARAM_SPEC_PREFIX + "probes")
+                 for run in study_index.study_runs(_searcher(client, ids)))
+    runs = _paged(client, ids, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300})) \
+        if probed else []
     rows = []
     for run in runs:
         tags = run.data.tags

@@ -28,7 +28,10 @@ ANALYZE after each build, as its autovacuum would do. sqlite: the file as MLflow
 
 Each command runs in a fresh process, as a user types it: wall seconds, CPU seconds and maximum resident
 memory of that process (the database server's own CPU is in the wall time only), and the ratio of its wall
-time at the larger size to the smaller.
+time at the larger size to the smaller. ``doctor`` is the first check of the experiment (it searches the
+store by tag for runs without their kind or key: what it remembered of a check at the smaller size is
+forgotten first); ``doctor again`` is a later check when no run was made since (it reads the runs made
+since the previous check, and the copies carry times in the past).
 """
 
 from __future__ import annotations
@@ -141,7 +144,8 @@ def load_template(database: Path) -> Template:
             rows("select * from latest_metrics where run_uuid = ?", run_id),
             rows("select * from metrics where run_uuid = ?", run_id))
         for link in rows("select * from inputs where destination_id = ?", run_id):
-            runs[run_id].inputs.append((link, rows("select * from input_tags where input_uuid = ?", link["input_uuid"])))
+            tags = rows("select * from input_tags where input_uuid = ?", link["input_uuid"])
+            runs[run_id].inputs.append((link, tags))
     sweeps = [r for r in runs.values() if r.kind == n.KIND_SWEEP]
     studies = [r for r in runs.values() if r.kind == n.KIND_STUDY]
     if len(sweeps) != 1 or not studies:
@@ -365,8 +369,8 @@ class Replicator:
                            n.PARAM_OPTIMIZER: spec.optimizer.value})
             metrics = {n.METRIC_HP_PREFIX + k: float(v) for k, v in point.items()}
             metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
-            end = self._run(copied, uuid.uuid4().hex, trial_start + index * 20,
-                            trial_run_name(trial, words), tags, params, metrics, drop=(n.METRIC_HP_PREFIX,)).info.end_time
+            end = self._run(copied, uuid.uuid4().hex, trial_start + index * 20, trial_run_name(trial, words), tags,
+                            params, metrics, drop=(n.METRIC_HP_PREFIX,)).info.end_time
             last_end = max(last_end, end)
             self.trial_runs += 1
         reached = [o for o in outcomes if o.status == "reached"]
@@ -500,12 +504,25 @@ def prepare_store(uri: str) -> tuple[int, str]:
     return int(experiment_id), index
 
 
+def forget_doctor_checks(uri: str, experiment_id: int) -> None:
+    """As if doctor had never checked the experiment (its next check is a first one)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    tags = client.get_experiment(str(experiment_id)).tags
+    for name in (n.EXPERIMENT_TAG_CHECKED_UNTIL, n.EXPERIMENT_TAG_RECHECK):
+        if name in tags:
+            client.delete_experiment_tag(str(experiment_id), name)
+
+
 # ---- the commands ------------------------------------------------------------------------------------
 COMMANDS: dict[str, list[str]] = {
     "status": [*EDPS, "status", "--experiment", EXPERIMENT],
     "sweep plan": [*EDPS, "sweep", "--grid", "paper", "--optimizers", ",".join(OPTIMIZERS), "--trials", str(TRIALS),
                    "--experiment", EXPERIMENT],
     "doctor": [*EDPS, "doctor", "--experiment", EXPERIMENT],
+    # Doctor's next check reads only the runs made since the previous one (docs/reliability.md).
+    "doctor again": [*EDPS, "doctor", "--experiment", EXPERIMENT],
     "analyze table": [*ANALYZE, "table", "--experiment", EXPERIMENT],
     "analyze fit": [*ANALYZE, "fit", "--experiment", EXPERIMENT],
     "analyze report": [*ANALYZE, "report", "--experiment", EXPERIMENT, "--output", "report.html"],
@@ -561,6 +578,65 @@ def measure(command: list[str], uri: str, folder: Path, timeout: float) -> Measu
     return Measured(wall, cpu, rss_kb / 1024, code, lines[-1] if lines else "")
 
 
+# ---- the MLflow UI ------------------------------------------------------------------------------------
+def check_ui(uri: str, experiment_id: int, folder: Path) -> None:
+    """The MLflow UI over the store, in headless Chromium: the experiment as it opens by default, the experiment
+    link that edps prints (its study runs), and a study run's page (its trial runs among its child runs). Prints
+    what each page shows and how long it took; screenshots in ``folder``."""
+    import re
+    import urllib.request
+
+    from edps_mlflow import registry
+    from edps_mlflow.tracking import StoreClient, ui_link
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        print("the UI check needs Debian's chromium (apt-get install chromium)")
+        return
+    port = _free_port()
+    log = open(folder / "ui-server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--workers", "1", "--backend-store-uri", uri], stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("mlflow server did not start for the UI check")
+                time.sleep(1)
+        study = registry.study_runs(StoreClient(uri), str(experiment_id), WORKLOAD)[0]
+        pages = {"experiment, default view": f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning",
+                 "experiment link edps prints": ui_link(url, str(experiment_id)).split(": ", 1)[1],
+                 "a study run": ui_link(url, str(experiment_id), study.run_id).split(": ", 1)[1]}
+        for number, (name, page) in enumerate(pages.items()):
+            started = time.perf_counter()
+            flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--virtual-time-budget=60000", "--window-size=1600,1000"]
+            dom = subprocess.run([*flags, f"--user-data-dir={folder / f'profile-{number}'}", "--dump-dom", page],
+                                 capture_output=True, text=True, timeout=600).stdout
+            seconds = time.perf_counter() - started
+            subprocess.run([*flags, f"--user-data-dir={folder / f'profile-{number}-shot'}",
+                            f"--screenshot={folder / f'ui-{number}.png'}", page], capture_output=True, timeout=600)
+            rows = re.findall(r"(bs=\d+ sp=[\d.]+ [a-z]+ digits-simple-cnn|sweep digits-simple-cnn \d+ studies|"
+                              r"t\d{3} [a-z@0-9 ]+lr=[0-9.]+|edps study index)", dom)
+            children = re.search(r">Child runs<(.*?)</div></div>", dom, re.S)
+            trials = len(re.findall(r"t\d{3} ", re.sub(r"<[^>]+>", " ", children.group(1)))) if children else 0
+            print(f"  UI, {name}: {seconds:.0f} s to render; runs named on the page: {len(rows)} "
+                  f"(first: {', '.join(dict.fromkeys(rows))[:160]}); 'Load more': {'Load more' in dom}"
+                  + (f"; child runs listed: {trials}" if name == "a study run" else "")
+                  + f"; screenshot {folder / f'ui-{number}.png'}", flush=True)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+        log.close()
+
+
 def _cell(result: Measured | None) -> str:
     if result is None:
         return "-"
@@ -579,6 +655,8 @@ def main() -> None:
     parser.add_argument("--template", default=None, help="folder of a trained template (trained there if missing)")
     parser.add_argument("--work", default=None, help="folder for the stores (default: a temporary one, removed)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a command may take")
+    parser.add_argument("--ui", action="store_true",
+                        help="also open the MLflow UI over the largest sqlite store in headless Chromium")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     commands = [c.strip() for c in args.commands.split(",")]
@@ -620,6 +698,7 @@ def main() -> None:
                           f"{time.perf_counter() - started:.0f} s", flush=True)
                     run_folder = folder / f"commands-{size}"
                     run_folder.mkdir()
+                    forget_doctor_checks(uri, experiment_id)
                     for name in commands:
                         if name == "sweep plan" and not any(b.sweep_key == paper_grid_key for b in built):
                             continue  # the paper grid is not all in the store yet: the sweep would train
@@ -627,6 +706,8 @@ def main() -> None:
                         results[(backend, size, name)] = result
                         print(f"  {name:15s} {_cell(result):>28s}   {result.last_line[:110]}", flush=True)
                 sink.close()
+                if args.ui and backend == "sqlite":
+                    check_ui(uri, experiment_id, folder)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -348,6 +348,23 @@ def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> 
     return sorted((_leased(r) for r in runs), key=lambda r: r.order)
 
 
+def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str) -> list[LeasedRun]:
+    """The sweep runs of ``sweep_key``, earliest first, found without a search by tag when it can be: the
+    parents of the key's study runs (from the study index) and the RUNNING sweep runs of the key. A sweep run
+    of the key that parents no study and has ended is missed then (it did nothing); when none is found this
+    way, the sweep runs are searched by their key (keyed_runs)."""
+    search = _searcher(client, [experiment_id])
+    parents = {run.data.tags.get(MLFLOW_PARENT_RUN_ID)
+               for run in study_index.study_runs(search, {TAG_SWEEP_KEY: sweep_key})}
+    candidates = [*study_index.by_ids(search, parents - {None}),
+                  *search(filter_string(status=RunState.RUNNING.value), False)]
+    found = {run.info.run_id: _leased(run) for run in candidates
+             if run.data.tags.get(TAG_KIND) == KIND_SWEEP and run.data.tags.get(TAG_SWEEP_KEY) == sweep_key}
+    if not found:
+        return keyed_runs(client, experiment_id, KIND_SWEEP, sweep_key)
+    return sorted(found.values(), key=lambda r: r.order)
+
+
 def get_leased(client: StoreClient, run_id: str) -> LeasedRun:
     return _leased(client.get_run(run_id))
 
@@ -422,9 +439,12 @@ def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
     client = open_store(uri)
     try:
         experiments = client.search_experiments(max_results=50_000)
-        return [e.name for e in experiments
-                if client.search_runs([e.experiment_id], filter_string(tags={TAG_KIND: KIND_STUDY}),
-                                      max_results=1)]
+        ids = [e.experiment_id for e in experiments]
+        with_studies = set(study_index.experiments_with_studies(
+            _searcher(client, ids), ids,
+            lambda experiment_id: bool(client.search_runs([experiment_id], filter_string(tags={TAG_KIND: KIND_STUDY}),
+                                                          max_results=1))))
+        return [e.name for e in experiments if e.experiment_id in with_studies]
     except MlflowException as error:
         raise store_error(client, error) from None
 

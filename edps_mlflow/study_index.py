@@ -194,3 +194,21 @@ def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[Ru
     for run in by_ids(search, [run_id for run_id, view in found.items() if view.indexed], deleted=True):
         found.pop(run.info.run_id, None)
     return [view for view in found.values() if _matches(view, wanted)]
+
+
+def experiments_with_studies(search: Search, experiment_ids: list[str],
+                             has_study_run: Callable[[str], bool]) -> list[str]:
+    """The ids among ``experiment_ids`` (those ``search`` covers) that hold a study run: told by their index
+    runs (one search for all of them); ``has_study_run(id)`` (a search by tag) only for an experiment whose
+    index is missing, or not complete and without a study."""
+    indexes: dict[str, list[Any]] = {}
+    for run in index_runs(search):
+        indexes.setdefault(str(run.info.experiment_id), []).append(run)
+    found = []
+    for experiment_id in experiment_ids:
+        runs = indexes.get(str(experiment_id), [])
+        listed = any(_matches(view, {TAG_KIND: KIND_STUDY}) for run in runs
+                     for run_id, text in entries(run).items() if (view := view_of_entry(text, run_id)))
+        if listed or (not complete(runs) and has_study_run(experiment_id)):
+            found.append(experiment_id)
+    return found

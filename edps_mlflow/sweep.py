@@ -314,7 +314,7 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
         found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
         if found is None:
             return None
-        runs = registry.keyed_runs(client, found.experiment_id, KIND_SWEEP, sweep_key)
+        runs = registry.sweep_runs(client, found.experiment_id, sweep_key)
     if not runs or not all(r.state.is_finished for r in runs):
         return None
     return FinishedSweep(client, found.experiment_id, runs)

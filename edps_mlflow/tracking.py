@@ -25,6 +25,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,10 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
     # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
     page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
             else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
+    if not run_id:
+        # The experiment's study runs (under their sweep runs), not its newest runs: the UI loads 100 runs at a
+        # time, newest first, which in a sweep of many studies are the trials of one study (docs/tracking.md).
+        page += "&searchFilter=" + urllib.parse.quote(filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), safe="")
     if tracking_uri.startswith(("http://", "https://")):
         return f"MLflow UI: {redact_uri(tracking_uri).rstrip('/')}/{page}"
     return f"MLflow UI (start it with `mlflow ui --backend-store-uri {redact_uri(tracking_uri)}`): " \
