@@ -190,3 +190,26 @@ def test_a_later_doctor_check_reads_the_runs_since_and_those_of_the_problems_fou
     read = {f.run_id for f in registry.run_facts(client, experiment_id, later, recheck=[keyless])}
     assert keyless in read and fine not in read
     assert fine in {f.run_id for f in registry.run_facts(client, experiment_id, later - 3 * registry.CLOCK_MARGIN_MS)}
+
+
+def test_doctor_finds_a_trial_finished_after_its_study_run_ended_from_the_study_runs_family(sqlite_store):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "late")
+    # A study run killed (its process stalled, then taken over), and the trial that the woken process finished
+    # afterwards, as versions before the ownership checks could.
+    stalled = _study(client, experiment_id, _spec(16))
+    _abort(stalled, interrupted=True)
+    time.sleep(0.01)
+    late = _trial(raw, experiment_id, stalled.study_run_id, study_family(_spec(16)), "t")
+    # Another family with one finished study run: its trial runs are not read.
+    other = _study(client, experiment_id, _spec(64))
+    others = [_trial(raw, experiment_id, other.study_run_id, study_family(_spec(64)), f"u{i}") for i in range(2)]
+    raw.log_batch(other.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 2, int(time.time() * 1000), 0)])
+    other.finish_study()
+
+    read = {f.run_id for f in registry.run_facts(client, experiment_id)}
+    assert late in read and not read & set(others)
+    out = io.StringIO()
+    assert run_doctor("late", False, out, sqlite_store) == 1, out.getvalue()
+    assert f"{late}: trial run FINISHED after its lease was lost" in out.getvalue(), out.getvalue()
