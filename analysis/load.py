@@ -20,10 +20,11 @@ A CSV needs at least ``workload, optimizer, sparsity, batch_size, steps_to_resul
 columns are optional. Every cell is checked when the file is read (numbers finite and in range,
 batch sizes positive integers, statuses known), and the first bad one is named by file, line and
 column in one line. A text cell that a spreadsheet would run as a formula is written with a
-leading ``'`` (see :func:`spreadsheet_text`), and read back without it. The trial table (for the
-bootstrap) has ``study_key, trial_index, status, steps_to_result, steps_trained`` and is read from
-each study run's ``trials.csv`` artifact, so a fit that needs only study runs never pages through the
-trial runs.
+leading ``'`` (see :func:`spreadsheet_text`), and read back without it. The study runs are read through
+the experiment's study index (study_index.py: one run, not a search of every study run). The trial table
+(for the bootstrap) has ``study_key, trial_index, status, steps_to_result, steps_trained`` and is read
+from each study run's tag ``edps.trial_outcomes`` (studies written before it: their ``trials.csv``
+artifacts, a few downloads at a time), so a fit never pages through the trial runs.
 
 This is the only module of the analysis that reads MLflow.
 """
@@ -45,10 +46,11 @@ from typing import Any, Callable, Iterator, TypeVar
 import pandas as pd
 
 from edps_mlflow import names as n
+from edps_mlflow import study_index
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialStatus
+from edps_mlflow.results import RunState, TrialStatus, decode_trial_outcomes
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
@@ -172,9 +174,12 @@ def _with_studies(client, experiments: list) -> list:
     from mlflow.exceptions import MlflowException
 
     try:
-        return [e for e in experiments
-                if client.search_runs([e.experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}),
-                                      max_results=1)]
+        ids = [e.experiment_id for e in experiments]
+        with_studies = set(study_index.experiments_with_studies(
+            _searcher(client, ids), ids,
+            lambda experiment_id: bool(client.search_runs(
+                [experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=1))))
+        return [e for e in experiments if e.experiment_id in with_studies]
     except MlflowException as error:
         raise _store_error(str(client.tracking_uri), error) from None
 
@@ -220,6 +225,34 @@ def _paged(client, experiment_ids: list[str], conditions: str) -> list:
             return runs
 
 
+def _searcher(client, experiment_ids: list[str]):
+    """study_index's search over ``experiment_ids`` (every page; active runs, or the deleted ones)."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    def search(conditions: str, deleted: bool) -> list:
+        runs, token = [], None
+        view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+        while True:
+            try:
+                page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
+                                          max_results=1000, page_token=token)
+            except MlflowException as error:
+                raise _store_error(str(client.tracking_uri), error) from None
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    return search
+
+
+def _finished_studies(client, experiment_ids: list[str]) -> list:
+    """The FINISHED study runs of the experiments: from their study index, and the rest from the store."""
+    runs = study_index.study_runs(_searcher(client, experiment_ids))
+    return [run for run in runs if run.info.status == RunState.FINISHED.value]
+
+
 @_with_http_limits
 def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) -> pd.DataFrame:
     """The study table of the named experiments, or of every experiment with study runs when none is named
@@ -227,8 +260,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
     names = dict(found)
-    runs = _paged(client, [i for i, _ in found],
-                  filter_string(tags={n.TAG_KIND: n.KIND_STUDY}, status=RunState.FINISHED.value))
+    runs = _finished_studies(client, [i for i, _ in found])
     rows: dict[str, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
@@ -275,28 +307,71 @@ def _number(text: str | None) -> float | None:
 
 @_with_http_limits
 def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
-    """Per-trial outcomes of the given studies, from their ``trials.csv`` artifacts."""
-    from mlflow.exceptions import MlflowException
-
+    """Per-trial outcomes of the given studies: from each study run's tag edps.trial_outcomes (read with the
+    study index, one search for all of them), else (studies written before the tag) from its
+    ``trials.csv`` artifact, downloaded a few at a time."""
     client = _client(tracking_uri)
-    frames = []
-    with tempfile.TemporaryDirectory(prefix="edps-analysis-") as scratch:
-        for run_id, key in zip(studies["study_run_id"], studies["study_key"]):
-            if not isinstance(run_id, str):
-                continue
-            try:
-                path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=scratch)
-            except (MlflowException, OSError):
-                continue
-            try:
-                frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
-            except EdpsError:
-                continue  # an artifact that is not a trials table of ours: that study gets no intervals
-            frame["study_key"] = key
-            frames.append(frame[[c for c in TRIAL_COLUMNS if c in frame.columns]])
+    wanted = [(run_id, key) for run_id, key in zip(studies["study_run_id"], studies["study_key"])
+              if isinstance(run_id, str)]
+    if not wanted:
+        return pd.DataFrame(columns=list(TRIAL_COLUMNS))
+    tags = _study_tags(client, studies, {run_id for run_id, _ in wanted})
+    frames, downloads = [], []
+    for run_id, key in wanted:
+        decoded = decode_trial_outcomes(tags.get(run_id, {}).get(n.TAG_TRIAL_OUTCOMES))
+        if decoded is None:
+            downloads.append((run_id, key))
+            continue
+        frames.append(pd.DataFrame(
+            {"study_key": key, "trial_index": [t.trial_index for t in decoded],
+             "status": [t.status.value for t in decoded],
+             "steps_to_result": [float(t.steps_to_result) if t.steps_to_result is not None else math.nan
+                                 for t in decoded],
+             "steps_trained": [float(t.steps_trained) for t in decoded]}, columns=list(TRIAL_COLUMNS)))
+    frames += _downloaded_trials(client, downloads)
     if not frames:
         return pd.DataFrame(columns=list(TRIAL_COLUMNS))
     return pd.concat(frames, ignore_index=True)
+
+
+def _study_tags(client, studies: pd.DataFrame, run_ids: set[str]) -> dict[str, dict[str, str]]:
+    """run id -> tags of the given study runs, read with the study index of their experiments."""
+    names = set(studies["experiment"].dropna()) if "experiment" in studies.columns else set()
+    ids = [e.experiment_id for e in _all_experiments(client) if e.name in names]
+    if not ids:
+        return {}
+    return {run.info.run_id: run.data.tags for run in study_index.study_runs(_searcher(client, ids))
+            if run.info.run_id in run_ids}
+
+
+# Artifact downloads at once for studies without the tag (each is a request to the artifact store).
+_DOWNLOADS_AT_ONCE = 8
+
+
+def _downloaded_trials(client, studies: list[tuple[str, str]]) -> list[pd.DataFrame]:
+    """Trial tables from the ``trials.csv`` artifacts of (run id, study key), a few downloads at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlflow.exceptions import MlflowException
+
+    def one(scratch: str, run_id: str, key: str) -> pd.DataFrame | None:
+        try:
+            path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=tempfile.mkdtemp(dir=scratch))
+        except (MlflowException, OSError):
+            return None
+        try:
+            frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
+        except EdpsError:
+            return None  # an artifact that is not a trials table of ours: that study gets no intervals
+        frame["study_key"] = key
+        return frame[[c for c in TRIAL_COLUMNS if c in frame.columns]]
+
+    if not studies:
+        return []
+    with tempfile.TemporaryDirectory(prefix="edps-analysis-") as scratch, \
+            ThreadPoolExecutor(max_workers=_DOWNLOADS_AT_ONCE) as pool:
+        frames = list(pool.map(lambda study: one(scratch, *study), studies))
+    return [frame for frame in frames if frame is not None]
 
 
 def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> pd.DataFrame:
@@ -489,8 +564,13 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
     when ``history`` is False. Only trial runs that logged ``metric`` are read."""
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
-    runs = _paged(client, [i for i, _ in found],
-                  filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300}))
+    ids = [i for i, _ in found]
+    # Only the trials of a study with probes log them: without such a study, no search of the trial runs
+    # (it would scan the tags of every run in the store).
+    probed = any(run.data.params.get(n.PARAM_SPEC_PREFIX + "probes")
+                 for run in study_index.study_runs(_searcher(client, ids)))
+    runs = _paged(client, ids, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300})) \
+        if probed else []
     rows = []
     for run in runs:
         tags = run.data.tags
@@ -519,8 +599,7 @@ def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_u
     """
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
-    studies = _paged(client, [i for i, _ in found],
-                     filter_string(tags={n.TAG_KIND: n.KIND_STUDY}, status=RunState.FINISHED.value))
+    studies = _finished_studies(client, [i for i, _ in found])
     rows: list[dict[str, Any]] = []
     legacy: dict[str, dict[str, Any]] = {}
     seen_results: set[str] = set()

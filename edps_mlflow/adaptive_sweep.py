@@ -203,17 +203,26 @@ def _decision_table(rows: list[dict]) -> pd.DataFrame:
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
           cache: dict[str, MeasuredStudy]) -> dict[str, MeasuredStudy] | None:
-    """The finished runs of ``studies`` with their trials (None when one is not done)."""
+    """The finished runs of ``studies`` with their trials (None when one is not done), from one read of
+    the workload's study runs (the study index), not one search per study."""
+    missing = [study for study in studies if study.study_key not in cache]
+    latest: dict[tuple[str, bool], registry.StoredStudy] = {}
+    if missing:
+        stored = registry.study_runs(client, experiment_id, missing[0].workload, lease_seconds())
+        for run in sorted((r for r in stored if r.finished), key=lambda r: r.order):
+            latest[(run.study_key, run.full_trials)] = run
     found = {}
     for study in studies:
         key = study.study_key
         if key not in cache:
             # A study whose every trial probes trains whole runs whatever the sweep's mode.
-            run = registry.latest_finished_study(client, experiment_id, key, study.full_trials(full_trials))
+            run = latest.get((key, study.full_trials(full_trials)))
             if run is None:
                 return None
-            cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result,
-                                       tuple(registry.study_trial_outcomes(client, run.run_id)))
+            trials = run.trial_outcomes
+            if trials is None:  # a study written before its trials were kept on its run
+                trials = tuple(registry.study_trial_outcomes(client, run.run_id))
+            cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials)
         found[key] = cache[key]
     return found
 

@@ -327,3 +327,12 @@ def content_key(fields: dict[str, Any]) -> str:
 def study_family(spec: StudySpec) -> str:
     """Everything of a study but its trial count: trials of such studies can be shared."""
     return content_key({"kind": "study-family", **{k: v for k, v in spec.key_fields().items() if k != "trials"}})
+
+
+def trial_families(spec: StudySpec) -> list[str]:
+    """The study families of the trial runs a study creates: its training study's (StudySpec.training_spec),
+    and for a study that probes only its best trial, the all-trials study's (its probed re-run)."""
+    families = [study_family(spec.training_spec)]
+    if spec.probes_best_only:
+        families.append(study_family(spec.probe_spec))
+    return list(dict.fromkeys(families))

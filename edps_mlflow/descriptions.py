@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from edps_mlflow import __version__, provenance
 from edps_mlflow import names as n
-from edps_mlflow.config import StudySpec, TrialSpec, study_family
+from edps_mlflow.config import StudySpec, TrialSpec, study_family, trial_families
 from edps_mlflow.curves import CurveId
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
@@ -94,7 +94,9 @@ def pruning_params(spec: StudySpec) -> dict[str, str]:
 
 
 def study_tags(spec: StudySpec) -> dict[str, str]:
-    """A study run's identifying tags: its kind, keys, its curve's axes (curves.CurveId) and batch size."""
+    """A study run's identifying tags: its kind, keys, its curve's axes (curves.CurveId) and batch size, and
+    the study families its trial runs go to (doctor reads those, not every trial run)."""
     return {n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: spec.study_key, n.TAG_STUDY_FAMILY: study_family(spec),
             **CurveId.of(spec).tags(), n.TAG_BATCH_SIZE: str(spec.batch_size),
-            n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key}
+            n.TAG_VERSION: __version__, n.TAG_RESULT_KEY: spec.result_key,
+            n.TAG_TRIAL_FAMILIES: ",".join(trial_families(spec))}

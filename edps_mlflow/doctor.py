@@ -11,9 +11,20 @@
   the work over has its own measurement of those trials, or a resume trains them);
 - no sweep run that finished its grid (its summary, ``studies/done``, is logged only then) is FAILED or
   KILLED (a stalled sweep woken after another process finished it used to overwrite its end); ``--repair``
-  marks it FINISHED again.
+  marks it FINISHED again;
+- when the experiment's study index says it is complete, every study run is in it (study_index.py).
 
-Reads go through registry.py, the one write (``--repair``) through ownership.py.
+It reads what can break, not every run (registry.doctor_read), so that its cost follows the studies and
+the runs made since its last check, not the trial runs: the study runs (from the study index) and their
+sweep runs, the RUNNING runs, the trial runs of the study families where two study runs may have finished
+a trial (or where a study run ended without finishing), and the runs of ours without their kind or key:
+the first check of an experiment finds those by searches on tags, which scan the store once each; later
+checks read the runs that started or ended since the previous one, and the runs of the problems it found
+(the experiment's tags edps.doctor.*). An experiment whose study index is not complete (runs made before
+it) is said in one line; ``--repair`` completes it.
+
+Reads go through registry.py, the writes (``--repair``, and what the next check need not read) through
+ownership.py and store.py.
 """
 
 from __future__ import annotations
@@ -23,10 +34,22 @@ from collections import defaultdict
 from typing import TextIO
 
 from edps_mlflow import registry
-from edps_mlflow.names import KIND_ANALYSIS, KIND_STUDY, KIND_SWEEP, KIND_TRIAL
-from edps_mlflow.results import RunState
+from edps_mlflow.names import (
+    EXPERIMENT_TAG_CHECKED_UNTIL,
+    EXPERIMENT_TAG_RECHECK,
+    KIND_ANALYSIS,
+    KIND_STUDY,
+    KIND_STUDY_INDEX,
+    KIND_SWEEP,
+    KIND_TRIAL,
+)
 from edps_mlflow.ownership import expired_reason, lease_seconds, mark_dead, set_status
-from edps_mlflow.store import StoreClient, open_store, store_errors
+from edps_mlflow.results import RunState
+from edps_mlflow.store import StoreClient, complete_index, open_store, record_doctor_check, store_errors
+
+# The runs of problems a check remembers for the next (an experiment tag holds their ids); with more, the next
+# check reads every run again.
+MAX_RECHECK = 500
 
 
 def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[registry.RunFacts]:
@@ -39,7 +62,7 @@ def expired(facts: list[registry.RunFacts], lease: float, now: float) -> list[re
 
 def _missing_key(fact: registry.RunFacts) -> str | None:
     needed = {KIND_STUDY: (fact.study_key,), KIND_TRIAL: (fact.trial_key, fact.study_key),
-              KIND_SWEEP: (fact.sweep_key,), KIND_ANALYSIS: ()}
+              KIND_SWEEP: (fact.sweep_key,), KIND_ANALYSIS: (), KIND_STUDY_INDEX: ()}
     if fact.kind is None:
         # A run that gave way (the launcher's run has its kind removed) is accounted for.
         return None if fact.gave_way else "has edps tags but no edps.kind"
@@ -64,6 +87,11 @@ def finished_after_lease_lost(facts: list[registry.RunFacts]) -> list[registry.R
 def finished_sweeps_marked_failed(facts: list[registry.RunFacts]) -> list[registry.RunFacts]:
     """Sweep runs that logged their end-of-grid summary but are FAILED or KILLED."""
     return [f for f in facts if f.kind == KIND_SWEEP and f.summarised and f.state in (RunState.FAILED, RunState.KILLED)]
+
+
+def unindexed(facts: list[registry.RunFacts]) -> list[registry.RunFacts]:
+    """Study runs that have ended but have no entry in the study index."""
+    return [f for f in facts if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
 
 
 def problems(facts: list[registry.RunFacts], lease: float, now: float) -> list[tuple[str, str]]:
@@ -96,7 +124,13 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
     left = 0
     with store_errors(client):
         for experiment_id, name in registry.experiments(client, experiment):
-            facts = registry.run_facts(client, experiment_id)
+            tags = client.get_experiment(experiment_id).tags
+            checked = tags.get(EXPERIMENT_TAG_CHECKED_UNTIL, "")
+            checked_until = int(checked) if checked.isdigit() and not repair else None
+            recheck = [run_id for run_id in tags.get(EXPERIMENT_TAG_RECHECK, "").split(",") if run_id]
+            read = registry.doctor_read(client, experiment_id, checked_until, recheck)
+            facts = read.facts
+            complete = registry.index_is_complete(client, experiment_id)
             now = time.time()
             if repair:
                 dead = expired(facts, lease, now)
@@ -113,9 +147,32 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
                     set_status(client, fact.run_id, RunState.FINISHED)
                     print(f"{name}: repaired: sweep run {fact.run_id} marked FINISHED (it had finished its grid)",
                           file=out)
-                facts = registry.run_facts(client, experiment_id)
-            for subject, text in problems(facts, lease, time.time()):
+                missing = registry.unindexed_study_runs(client, experiment_id)
+                if missing or not complete:
+                    indexed = complete_index(client, experiment_id, missing)
+                    print(f"{name}: repaired: {indexed} study runs added to the study index"
+                          + ("; it is complete" if indexed == len(missing) else ""), file=out)
+                    complete = registry.index_is_complete(client, experiment_id)
+                read = registry.doctor_read(client, experiment_id, None)
+                facts = read.facts
+            found = problems(facts, lease, time.time())
+            if complete:
+                found += [(f.run_id, "study run is not in the study index, which says it is complete (written by "
+                                     "an older version?): `edps doctor --repair` adds it") for f in unindexed(facts)]
+            for subject, text in found:
                 print(f"{name}: {subject}: {text}", file=out)
                 left += 1
-            print(f"{name}: {len(facts)} runs checked", file=out)
+            if not complete:
+                print(f"{name}: the study index is not complete (study runs made before it): commands also search "
+                      f"the study runs, more slowly; `edps doctor --repair` completes it", file=out)
+            involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, facts)})
+            record_doctor_check(client, experiment_id, read.checked_until if len(involved) <= MAX_RECHECK else None,
+                                involved[:MAX_RECHECK])
+            print(f"{name}: {len(facts)} runs read, all runs checked", file=out)
     return left
+
+
+def _run_ids(subject: str, text: str, facts: list[registry.RunFacts]) -> list[str]:
+    """The runs a problem line names (its subject, or the runs listed after a key)."""
+    known = {f.run_id for f in facts}
+    return [word.strip(",") for word in [subject, *text.split()] if word.strip(",") in known]

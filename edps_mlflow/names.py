@@ -14,7 +14,10 @@ Layout in the tracking store:
   settings, which do not change the result); params ``spec.*`` (the resolved study), ``pruning.method``
   and ``pruning.prunes`` (the method and what it may prune) and ``best.*`` (the best trial's
   metaparameters); metrics ``steps_to_result`` (absent when no trial reached), ``trials/<status>``,
-  ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``.
+  ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``. What readers need about its trials without
+  reading them: ``trials/runs_finished`` (the trial runs it has finished, counted as it goes), the tag
+  ``edps.trial_families`` (the study families its trial runs are in) and, once it finished, the tag
+  ``edps.trial_outcomes`` (each trial's status and steps, the bootstrap's input, in one line).
 - Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status`` (and the
   study's axes); params ``pruning.method``, ``pruning.prunes``, ``pruning.scores`` (computed or cached);
   metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check, ``train/seconds_per_step`` and
@@ -25,6 +28,10 @@ Layout in the tracking store:
   with MLflow's project tags and the entry point's params, ``edps.submitted_by`` (the sweep run) and the
   artifact ``mlflow-run.log`` (its output, on the local backend).
 - Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
+- Study index run (``edps.kind=study_index``, named ``edps study index``, FINISHED; one per experiment, made
+  with it): one tag ``edps.index.<run id>`` per study run, that run's state, edps tags, parent, params and
+  metrics as JSON, written when it starts and after it ends (study_index.py), so that commands that read
+  every study read one run; ``edps.index_complete`` once every study run of the experiment is in it.
 """
 
 # ---- MLflow's own tags ---------------------------------------------------------------------
@@ -71,6 +78,20 @@ TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers,
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
 TAG_BEST_PROBE_RUN = "edps.best_probe_run"  # the trial run with the probes along the best trial's whole run
+# What readers need of a study's trials, kept on the study run (registry and analysis read study runs, not
+# trial runs): the study families of the trial runs it creates (its training study's, and for a study
+# that probes its best trial, the all-trials study's too), comma-separated; and its trials' outcomes
+# (results.encode_trial_outcomes), written with its result.
+TAG_TRIAL_FAMILIES = "edps.trial_families"
+TAG_TRIAL_OUTCOMES = "edps.trial_outcomes"
+# The study index (study_index.py): an entry per study run on the index run, under this prefix and the study
+# run's id; "true" in TAG_INDEX_COMPLETE when every study run of the experiment has one.
+TAG_INDEX_PREFIX = "edps.index."
+TAG_INDEX_COMPLETE = "edps.index_complete"
+# Experiment tags of `edps doctor`: every run of the experiment that started or ended before this time (ms)
+# was checked, and the runs of the problems it found then, which it looks at again.
+EXPERIMENT_TAG_CHECKED_UNTIL = "edps.doctor.checked_until"
+EXPERIMENT_TAG_RECHECK = "edps.doctor.recheck"
 TAG_ADAPTIVE_STOP = "edps.adaptive.stop"  # why an adaptive sweep stopped (adaptive.StopReason)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
@@ -81,6 +102,9 @@ KIND_SWEEP = "sweep"
 KIND_STUDY = "study"
 KIND_TRIAL = "trial"
 KIND_ANALYSIS = "analysis"
+KIND_STUDY_INDEX = "study_index"
+# The name of the study index run: found by it (a search on a run attribute, not on a tag).
+INDEX_RUN_NAME = "edps study index"
 
 # Values of TAG_STOPPING.
 STOPPING_EXACT = "exact"
@@ -141,6 +165,10 @@ METRIC_TRIALS_PREFIX = "trials/"  # + a trial status, or one of the counts below
 METRIC_TRIALS_TOTAL = METRIC_TRIALS_PREFIX + "total"
 METRIC_TRIALS_REUSED = METRIC_TRIALS_PREFIX + "reused"
 METRIC_TRIALS_TRAINED = METRIC_TRIALS_PREFIX + "trained"
+# The trial runs a study run has set FINISHED so far, written after each one (0 when it starts). A SIGKILL
+# between a trial's end and this write leaves it one short: readers trust it only on a FINISHED study run,
+# which wrote it after its last trial.
+METRIC_TRIAL_RUNS_FINISHED = METRIC_TRIALS_PREFIX + "runs_finished"
 METRIC_STUDY_SECONDS = "study/seconds"
 METRIC_STUDY_TRIAL_STEPS = "study/trial_steps"
 # The fewest trial-steps an exact method could have spent (results.trial_steps_lower_bound), and the ratio.

@@ -48,7 +48,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.registry import LeasedRun
 from edps_mlflow.results import RunState
-from edps_mlflow.store import StoreClient, describe_store_error, log_batch
+from edps_mlflow.store import StoreClient, describe_store_error, index_study_run, log_batch
 
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
@@ -187,6 +187,11 @@ class OwnedRun:
                 client.set_terminated(run_id, status)
             except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
                 return
+        try:
+            # A study run's entry in the study index says RUNNING until this (a sweep run has none).
+            index_study_run(client, self.run_id)
+        except Exception:  # noqa: BLE001 - best effort: an entry that says RUNNING is read from the store
+            pass
 
 
 @contextmanager
@@ -216,6 +221,7 @@ def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
     for run_id in run_ids:
         log_batch(client, run_id, tags={n.TAG_ERROR: reason})
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+        index_study_run(client, run_id)  # a study run's entry may say RUNNING, or be missing (study_index.py)
 
 
 def set_status(client: StoreClient, run_id: str, state: RunState) -> None:
@@ -238,9 +244,12 @@ def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: b
     """
     log_batch(client, run_id, tags={n.TAG_YIELDED_TO: winner_run_id,
                                     n.TAG_ERROR: f"gave way to the earlier live run {winner_run_id} of the same key"})
+    study = client.get_run(run_id).data.tags.get(n.TAG_KIND) == n.KIND_STUDY
     if not keep_kind:
         client.delete_tag(run_id, n.TAG_KIND)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    if study:
+        index_study_run(client, run_id, was_study=True)
 
 
 def live_runs(runs: list[LeasedRun], lease: float) -> list[LeasedRun]:
@@ -436,14 +445,17 @@ def claim_submitted_run(client: StoreClient, run_id: str, spec: StudySpec, sweep
     heartbeat, before its entry point starts (seconds to minutes later), so that a resumed sweep or another
     process sees the study as taken from this moment on."""
     log_batch(client, run_id, tags=_submitted_tags(spec, sweep_run_id, sweep_key))
+    index_study_run(client, run_id)  # RUNNING in the index from this moment (study_index.py)
 
 
 def create_submitted_run(client: StoreClient, experiment_id: str, spec: StudySpec, sweep_run_id: str,
                          sweep_key: str) -> str:
     """A new run for a sweep's study that a job will adopt (``MLFLOW_RUN_ID``), made as ``mlflow run`` would
     make it and tagged as :func:`claim_submitted_run` tags one, in one request. Returns its id."""
-    return client.create_run(experiment_id, tags={**_submitted_tags(spec, sweep_run_id, sweep_key),
-                                                  **provenance_tags()}).info.run_id
+    run_id = client.create_run(experiment_id, tags={**_submitted_tags(spec, sweep_run_id, sweep_key),
+                                                    **provenance_tags()}).info.run_id
+    index_study_run(client, run_id)  # RUNNING in the index from this moment (study_index.py)
+    return run_id
 
 
 def renew_heartbeat(client: StoreClient, run_id: str) -> None:

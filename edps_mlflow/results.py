@@ -184,6 +184,51 @@ class StudyOutcome:
 
 
 @dataclass(frozen=True)
+class TrialOutcome:
+    """One trial of a finished study as readers need it (the bootstrap, the adaptive sweep)."""
+
+    trial_index: int
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+
+
+# A study run's trials in one line (tag edps.trial_outcomes), so that readers need not download its
+# trials.csv: ``v1 0:r140@120 1:s120 2:n5000``, each trial's index, status (its letter), steps trained and,
+# when it reached the goal, its steps-to-result. The leading version lets the format change later.
+TRIAL_OUTCOMES_FORMAT = "v1"
+_STATUS_LETTERS = {TrialStatus.REACHED: "r", TrialStatus.NOT_REACHED: "n", TrialStatus.DIVERGED: "d",
+                   TrialStatus.SUPERSEDED: "s"}
+_LETTER_STATUSES = {letter: status for status, letter in _STATUS_LETTERS.items()}
+
+
+def encode_trial_outcomes(outcomes: Iterable[TrialOutcome]) -> str:
+    parts = [TRIAL_OUTCOMES_FORMAT]
+    for outcome in sorted(outcomes, key=lambda o: o.trial_index):
+        reached = f"@{outcome.steps_to_result}" if outcome.steps_to_result is not None else ""
+        parts.append(f"{outcome.trial_index}:{_STATUS_LETTERS[outcome.status]}{outcome.steps_trained}{reached}")
+    return " ".join(parts)
+
+
+def decode_trial_outcomes(text: str | None) -> list[TrialOutcome] | None:
+    """The trials of :func:`encode_trial_outcomes`; None when ``text`` is absent or not in that format
+    (the reader then falls back to the study's trials.csv)."""
+    parts = (text or "").split()
+    if not parts or parts[0] != TRIAL_OUTCOMES_FORMAT:
+        return None
+    outcomes = []
+    try:
+        for part in parts[1:]:
+            index, rest = part.split(":", 1)
+            trained, _, reached = rest[1:].partition("@")
+            outcomes.append(TrialOutcome(int(index), _LETTER_STATUSES[rest[0]], int(reached) if reached else None,
+                                         int(trained)))
+    except (ValueError, KeyError, IndexError):
+        return None
+    return outcomes
+
+
+@dataclass(frozen=True)
 class StudyReport:
     """One study of a sweep, as an executor reports it back to the sweep."""
 

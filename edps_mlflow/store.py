@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import quote
 
-from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.entities import Metric, Param, Run, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from edps_mlflow import __version__, study_index
+from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.filters import filter_string
 from edps_mlflow.interrupts import store_call
 from edps_mlflow.names import MLFLOW_NOTE, default_experiment
 from edps_mlflow.process_settings import library_log_file
@@ -70,6 +73,10 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
     # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
     page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
             else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
+    if not run_id:
+        # The experiment's study runs (under their sweep runs), not its newest runs: the UI loads 100 runs at a
+        # time, newest first, which in a sweep of many studies are the trials of one study (docs/tracking.md).
+        page += "&searchFilter=" + quote(filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), safe="")
     if tracking_uri.startswith(("http://", "https://")):
         return f"MLflow UI: {redact_uri(tracking_uri).rstrip('/')}/{page}"
     return f"MLflow UI (start it with `mlflow ui --backend-store-uri {redact_uri(tracking_uri)}`): " \
@@ -709,14 +716,18 @@ def resolve_experiment(client: StoreClient, name: str, description: str = "") ->
             raise EdpsError(f"experiment {name!r} is deleted; restore it or choose another name")
         return experiment.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri), name),
-                                        tags={MLFLOW_NOTE: description} if description else None)
+        experiment_id = client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri),
+                                                                                             name),
+                                                 tags={MLFLOW_NOTE: description} if description else None)
     except MlflowException:
         # Another process created it in the meantime.
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
         return experiment.experiment_id
+    # Made with its experiment, the study index holds every study run of it (study_index.py).
+    make_index_run(client, experiment_id, complete=True)
+    return experiment_id
 
 
 def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None:
@@ -747,6 +758,94 @@ def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list
         token = page.token
         if not token:
             return runs
+
+
+def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Search:
+    """study_index's search over ``experiment_ids``: every page, active runs or deleted ones."""
+    def search(conditions: str, deleted: bool) -> list[Run]:
+        view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+        runs: list[Run] = []
+        token = None
+        while True:
+            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view, max_results=1000,
+                                      page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    return search
+
+
+# ---- the study index (study_index.py: what it holds and why; these are its writes) ----------------------
+INDEX_DESCRIPTION = (
+    "The study index of this experiment: one tag `edps.index.<run id>` per study run, holding that run's "
+    "state, edps tags, params and metrics, so that `edps status`, sweeps, `edps doctor` and `edps-analyze` read "
+    "this run instead of searching every study run. Each study writes its entry when it starts and when it "
+    "ends; do not delete or rename it (`edps doctor --repair` rebuilds it from the study runs).")
+
+
+def make_index_run(client: StoreClient, experiment_id: str, complete: bool) -> str:
+    """A new index run of the experiment; ``complete``: every study run of the experiment will be in it."""
+    run = client.create_run(experiment_id, tags={
+        n.TAG_KIND: n.KIND_STUDY_INDEX, n.TAG_VERSION: __version__, n.MLFLOW_RUN_NAME: n.INDEX_RUN_NAME,
+        n.MLFLOW_NOTE: INDEX_DESCRIPTION, n.TAG_INDEX_COMPLETE: "true" if complete else "false"})
+    # FINISHED at once: nothing renews a lease on it, and tags can still be written to a finished run.
+    client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
+
+
+def index_run_id(client: StoreClient, experiment_id: str, own_run_id: str | None = None) -> str:
+    """The experiment's index run (the earliest, when two processes made one at the same moment), made when
+    there is none: complete when the experiment holds no study run but ``own_run_id`` (one search by tag,
+    once per experiment)."""
+    found = study_index.index_runs(searcher(client, [experiment_id]))
+    if found:
+        return found[0].info.run_id
+    studies = client.search_runs([experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=2)
+    return make_index_run(client, experiment_id, complete={r.info.run_id for r in studies} <= {own_run_id})
+
+
+def index_study_run(client: StoreClient, run_id: str, was_study: bool = False) -> bool:
+    """Write a study run's entry in its experiment's study index, from the run as the store holds it now
+    (study_index.py); False for a run that is not a study run (``was_study``: one that gave its kind up, whose
+    entry must stop saying RUNNING), one whose entry does not fit a tag, or when the store failed. Best
+    effort: a study run whose entry is missing or stale is read from the store (a RUNNING one), so a store
+    error here fails nothing."""
+    try:
+        run = client.get_run(run_id)
+        if run.data.tags.get(n.TAG_KIND) != n.KIND_STUDY and not was_study:
+            return False
+        entry = study_index.entry_of(run)
+        if entry is None:
+            return False
+        client.set_tag(index_run_id(client, run.info.experiment_id, run_id), n.TAG_INDEX_PREFIX + run_id, entry)
+        return True
+    except (MlflowException, OSError):
+        return False
+
+
+def complete_index(client: StoreClient, experiment_id: str, run_ids: list[str]) -> int:
+    """Index these study runs (all those of the experiment without an entry: doctor --repair) and say that
+    the index is complete; the number indexed."""
+    indexed = sum(index_study_run(client, run_id) for run_id in run_ids)
+    if indexed == len(run_ids):
+        client.set_tag(index_run_id(client, experiment_id), n.TAG_INDEX_COMPLETE, "true")
+    return indexed
+
+
+def record_doctor_check(client: StoreClient, experiment_id: str, checked_until: int | None,
+                        recheck: list[str]) -> None:
+    """What the next ``edps doctor`` of the experiment need not read again: every run that started or ended
+    before ``checked_until`` (ms) was checked, and the runs of the problems found are to be looked at again
+    (None: nothing of that kind; the next check reads every run). Best effort: a store that refuses the
+    write gets a full check next time."""
+    try:
+        client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_CHECKED_UNTIL,
+                                  "" if checked_until is None else str(checked_until))
+        client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_RECHECK, ",".join(recheck))
+    except MlflowException:
+        pass
 
 
 

@@ -79,9 +79,14 @@ def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bo
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
                  full_trials: bool) -> list[PlannedStudy]:
     """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`)."""
-    stored = registry.study_runs(client, experiment_id, workload)
+    stored = registry.study_runs(client, experiment_id, workload, lease_seconds())
     finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
-    trial_counts = registry.finished_trial_counts(client, experiment_id, workload)
+    # Finished trials are counted only for the studies that have a study run but are not done (a few):
+    # a study without any run has no trial runs of its key (they are made under its study run).
+    started = {s.study_key for s in stored}
+    trial_counts = registry.planned_trial_counts(client, experiment_id, stored, [
+        s.study_key for s in studies
+        if s.study_key in started and (s.study_key, s.full_trials(full_trials)) not in finished])
     plan = []
     for study in studies:
         key = study.study_key
@@ -138,7 +143,7 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
         found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
         if found is None:
             return None
-        runs = registry.keyed_runs(client, found.experiment_id, KIND_SWEEP, sweep_key)
+        runs = registry.sweep_runs(client, found.experiment_id, sweep_key)
     if not runs or not all(r.state.is_finished for r in runs):
         return None
     return FinishedSweep(client, found.experiment_id, runs)

@@ -49,11 +49,14 @@ from edps_mlflow.results import (
     PruningRecord,
     ScoreSource,
     StudyOutcome,
+    TrialOutcome,
     TrialResult,
     TrialStatus,
+    encode_trial_outcomes,
     trial_steps_lower_bound,
 )
-from edps_mlflow.store import StoreClient, log_batch, redact_uri, store_error
+from edps_mlflow.store import StoreClient, index_study_run, log_batch, redact_uri, store_error
+from edps_mlflow.study_index import MAX_TAG_VALUE
 
 if TYPE_CHECKING:
     from edps_mlflow.pruning import Mask
@@ -72,11 +75,15 @@ def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, p
     try:
         if launcher_run_id:
             log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
-            return launcher_run_id
-        tags.update(provenance_tags())
-        return client.create_run(experiment_id, tags=tags).info.run_id
+            run_id = launcher_run_id
+        else:
+            tags.update(provenance_tags())
+            run_id = client.create_run(experiment_id, tags=tags).info.run_id
     except MlflowException as error:
         raise store_error(client, error) from None
+    # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
+    index_study_run(client, run_id)
+    return run_id
 
 
 # ---- what a study leaves in the store ---------------------------------------------------------
@@ -94,6 +101,14 @@ def trials_table(outcome: StudyOutcome) -> pd.DataFrame:
             "pack_size": record.pack_size, "device": record.device,
         })
     return pd.DataFrame(rows).astype({"steps_to_result": "Int64"})
+
+
+def trial_outcomes_tag(outcome: StudyOutcome) -> str | None:
+    """The tag edps.trial_outcomes of a study (results.encode_trial_outcomes); None when it exceeds MLflow's
+    limit on a tag (some thousand trials: the analysis then reads the study's trials.csv)."""
+    text = encode_trial_outcomes(TrialOutcome(r.trial.index, r.status, r.steps_to_result, r.steps_trained)
+                                 for r in outcome.records.values())
+    return text if len(text) <= MAX_TAG_VALUE else None
 
 
 def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
@@ -165,6 +180,7 @@ class StudyTracker:
         self.sweep_key = sweep_key
         self.trial_runs: dict[int, str] = {}
         self.trial_specs: dict[int, TrialSpec] = {}
+        self.trial_runs_finished = 0  # METRIC_TRIAL_RUNS_FINISHED: the trial runs this study run finished
         self._monitor: Any = None
         self._scratch = Path(tempfile.mkdtemp(prefix="edps-artifacts-"))
 
@@ -224,7 +240,7 @@ class StudyTracker:
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
         metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity,
-                   n.METRIC_GOAL_ERROR: spec.goal_error}
+                   n.METRIC_GOAL_ERROR: spec.goal_error, n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished}
         self._log(self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
@@ -247,6 +263,9 @@ class StudyTracker:
             metrics.update({n.METRIC_PRUNING_SECONDS: pruning["seconds"],
                             n.METRIC_PRUNING_SECONDS_SAVED: pruning["seconds_saved"]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
+        outcomes = trial_outcomes_tag(outcome)
+        if outcomes is not None:
+            tags[n.TAG_TRIAL_OUTCOMES] = outcomes
         if probed is not None:
             tags[n.TAG_PROBED_TRIALS] = probed.mode
             if probed.best_probe_run_id:
@@ -267,6 +286,8 @@ class StudyTracker:
         """FINISHED, if the study run is still ours (else ``LeaseLost``, and nothing written)."""
         self.owned.finish()
         self.close()
+        # After FINISHED, never before: an entry claims only what the store holds (study_index.py).
+        index_study_run(self.client, self.study_run_id)
 
     def close(self) -> None:
         """Stop the system-metrics monitor and remove the scratch folder (every artifact is in the store)."""
@@ -349,6 +370,10 @@ class StudyTracker:
         # a line, which for a single value is a lone dot.
         self._log(run_id, params=params, metrics=metrics, tags=tags)
         self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        # Counted after the trial run is FINISHED: a kill in between leaves the count short, never long, and
+        # readers trust it only once the study run is FINISHED.
+        self.trial_runs_finished += 1
+        self._log(self.study_run_id, metrics={n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished})
         return run_id
 
     # ---- plumbing --------------------------------------------------------------------------

@@ -194,7 +194,10 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
     client.set_terminated(overwritten_sweep, "FAILED")
     result = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_store)
     assert result.returncode == 1, result.stdout + result.stderr
-    lines = [line for line in result.stdout.splitlines() if not line.endswith("runs checked")]
+    # Problems only: not the summary line, nor the line that says the study index is not complete (these runs
+    # were made by hand, not by edps, which makes an experiment with its index).
+    lines = [line for line in result.stdout.splitlines()
+             if not line.endswith("runs checked") and "the study index is not complete" not in line]
     assert len(lines) == 7, result.stdout
     assert any(dead_study in line and "owner is gone" in line for line in lines)
     assert any(orphan_trial in line and "owner is gone" in line for line in lines)
@@ -205,7 +208,15 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
     assert any(overwritten_sweep in line and "finished its grid" in line for line in lines)
     repaired = run_edps(["doctor", "--experiment", "doctor-test", "--repair"], cwd=tmp_path,
                         MLFLOW_TRACKING_URI=sqlite_store)
-    assert repaired.returncode == 1 and repaired.stdout.count("repaired:") == 5, repaired.stdout
+    assert repaired.returncode == 1, repaired.stdout
+    assert repaired.stdout.count("marked FAILED (owner gone)") == 2, repaired.stdout
+    assert repaired.stdout.count("marked FAILED (finished after its lease was lost)") == 2, repaired.stdout
+    assert repaired.stdout.count("marked FINISHED (it had finished its grid)") == 1, repaired.stdout
+    # A second check reads only the runs made since the first, and those of the problems it found: the same
+    # problems are still reported (and the study index, completed by --repair, is not mentioned any more).
+    again = run_edps(["doctor", "--experiment", "doctor-test"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_store)
+    assert again.returncode == 1 and "the study index is not complete" not in again.stdout, again.stdout
+    assert "without its key" in again.stdout and "t1: 2 FINISHED trial runs" in again.stdout, again.stdout
     assert client.get_run(dead_study).info.status == "FAILED"
     assert client.get_run(orphan_trial).info.status == "FAILED"
     assert client.get_run(live_study.info.run_id).info.status == "RUNNING"  # a live lease is left alone

@@ -61,6 +61,15 @@ def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_s
     assert study_json["steps_to_result"] == steps
     table = pd.read_csv(client.download_artifacts(study.info.run_id, "trials.csv", str(tmp_path)))
     assert len(table) == 4 and set(table["run_id"]) == {t.info.run_id for t in trials}
+    # What readers need of its trials is on the study run itself, and the study is in the study index.
+    assert metrics["trials/runs_finished"] == 4
+    assert tags["edps.trial_outcomes"] == "v1 " + " ".join(
+        f"{row.trial_index}:{row.status[0]}{row.steps_trained}" + ("" if pd.isna(row.steps_to_result) else
+                                                                  f"@{int(row.steps_to_result)}")
+        for row in table.sort_values("trial_index").itertuples())
+    index = client.search_runs([experiment_id], "attributes.run_name = 'edps study index'")
+    assert len(index) == 1 and index[0].data.tags["edps.index_complete"] == "true"
+    assert json.loads(index[0].data.tags[f"edps.index.{study.info.run_id}"])["status"] == "FINISHED"
 
     # The same study again is done: nothing trained, no second study run.
     second = run_edps([*ARGS, "--experiment", experiment], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)

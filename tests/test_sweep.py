@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
@@ -39,8 +40,38 @@ def _results(uri: str, experiment: str = EXPERIMENT, sweep_count: int = 1) -> di
     assert len(sweeps) == sweep_count and all(r in sweeps or "edps.yielded_to" in r.data.tags for r in all_sweeps)
     parents = {r.data.tags["mlflow.parentRunId"] for r in studies}
     assert parents == {sweeps[0].info.run_id} if sweep_count == 1 else parents <= {r.info.run_id for r in sweeps}
+    _bookkeeping_is_true(client, experiment_id, runs)
     return {r.data.tags["edps.study_key"]: (r.data.metrics.get("steps_to_result"), r.data.tags["edps.batch_size"],
                                              r.data.tags["edps.sparsity"]) for r in studies}
+
+
+def _bookkeeping_is_true(client: MlflowClient, experiment_id: str, runs: list) -> None:
+    """What study runs keep about their trials equals the store, whatever was killed when: a FINISHED study
+    run's count of the trial runs it finished, its trials' outcomes, and the study index (each study run once,
+    an entry in a final state only for a run in that state, the finished ones with the run's own result)."""
+    from edps_mlflow import store, study_index
+    from edps_mlflow.results import TrialOutcome, TrialStatus, decode_trial_outcomes
+
+    trials = [r for r in runs if r.data.tags.get("edps.kind") == "trial"]
+    studies = {r.info.run_id: r for r in runs if r.data.tags.get("edps.kind") == "study"}
+    for study in studies.values():
+        if study.info.status != "FINISHED":
+            continue
+        mine = [t for t in trials if t.data.tags.get("mlflow.parentRunId") == study.info.run_id
+                and t.info.status == "FINISHED"]
+        assert study.data.metrics["trials/runs_finished"] == len(mine), study.info.run_id
+        table = pd.read_csv(client.download_artifacts(study.info.run_id, "trials.csv"))
+        assert decode_trial_outcomes(study.data.tags["edps.trial_outcomes"]) == [
+            TrialOutcome(int(row.trial_index), TrialStatus(row.status),
+                         None if pd.isna(row.steps_to_result) else int(row.steps_to_result), int(row.steps_trained))
+            for row in table.sort_values("trial_index").itertuples()]
+    indexed = study_index.study_runs(store.searcher(client, [experiment_id]))
+    assert sorted(r.info.run_id for r in indexed) == sorted(studies)
+    for run in indexed:
+        store = studies[run.info.run_id]
+        assert run.info.status == store.info.status, run.info.run_id
+        if run.info.status == "FINISHED":
+            assert run.data.metrics.get("steps_to_result") == store.data.metrics.get("steps_to_result")
 
 
 @pytest.fixture(scope="module")

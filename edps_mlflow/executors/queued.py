@@ -145,6 +145,8 @@ class _JobQueue:
         self.study_workers = backend.study_workers(progress.workers)
         self.lease = lease_seconds()
         self.running: list[_Running] = []
+        # study run id -> (study key, trial runs it finished, read for the last time): the progress count
+        self._runs_counted: dict[str, tuple[str, int, bool]] = {}
         self.failures: list[str] = []
         self.submitted_keys: set[str] = set()
         self.logs = Path(tempfile.mkdtemp(prefix=f"edps-sweep-{sweep.run_id[:8]}-logs-"))
@@ -329,7 +331,22 @@ class _JobQueue:
                 pass
 
     def _trial_counts(self) -> dict[str, int]:
+        """study key -> trial runs finished by the study runs this sweep has run or watched: each run's own
+        count (METRIC_TRIAL_RUNS_FINISHED), read while it runs and once after it ended, in one search by id
+        (a cost that follows the running studies, not the store's trial runs)."""
+        counted = self._runs_counted
+        for entry in self.running:
+            counted.setdefault(entry.run_id, (entry.spec.study_key, 0, False))
+        running = {entry.run_id for entry in self.running}
+        open_ids = [run_id for run_id, (_, _, final) in counted.items() if not final]
         try:
-            return registry.finished_trial_counts(self.sweep.client, self.sweep.experiment_id, self.sweep.workload)
+            counts = registry.trial_runs_finished(self.sweep.client, self.sweep.experiment_id, open_ids)
         except Exception:  # noqa: BLE001 - progress only
             return {}
+        for run_id in open_ids:
+            key, last, _ = counted[run_id]
+            counted[run_id] = (key, counts.get(run_id, last), run_id not in running)
+        totals: dict[str, int] = {}
+        for key, count, _ in counted.values():
+            totals[key] = totals.get(key, 0) + count
+        return totals

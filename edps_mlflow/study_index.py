@@ -1,0 +1,214 @@
+"""The study index: every study run of an experiment, readable without a search through its trial runs.
+
+Two costs of MLflow's search decide the design (measured on sqlite with 150,000 trial runs,
+docs/performance.md): a search returns whole runs, and a study run carries about 70 tags, params and
+metrics, which cost a few milliseconds per run to build, so reading 1,500 study runs took longer than
+the 5 s a command may take; and a filter on a tag's value scans the tags of every run in the store
+(about a second at that size, per search), while a filter on a run's own attributes (its id, name,
+status, start time) is cheap. So each study run is also kept as one tag of an index run
+(``edps.kind=study_index``, named ``edps study index``, found by its name): ``edps.index.<run id>`` holds
+that run's state, its tags of the project (``edps.*``) and its parent, its params and its metrics, as JSON
+(:func:`entry_of`). A command that reads every study (``edps status``, a sweep's plan, ``edps doctor``,
+the analysis) reads the index run, then by id the runs whose entry says RUNNING, and the RUNNING runs
+(:func:`study_runs`): searches on attributes only.
+
+What keeps the index true, whatever process is killed at whatever moment:
+
+- A study run's entry is written when it is created (RUNNING) and again after each change of its state
+  that this project makes (FINISHED, FAILED, KILLED: tracking.py and ownership.py, through
+  store.index_study_run), always from the run as the store holds it after the change. A study run never leaves FINISHED, FAILED or KILLED (a study that runs again makes
+  a new run), so an entry in one of these states is final and is trusted.
+- An entry that says RUNNING may be stale (its process died, or was killed between changing the state and
+  writing the entry, or MLflow Projects ended it): readers read those runs from the store, by id.
+- A study run killed before its first entry was written is RUNNING: readers find it among the RUNNING
+  runs, and whoever marks it FAILED (its lease expired) writes its entry.
+- The index is complete (``edps.index_complete``) when it was made with its experiment, or when it was
+  made in an experiment without other study runs, or after ``edps doctor --repair`` indexed every study
+  run. Readers of an experiment without a complete index also search its study runs by tag (slower, as
+  before the index); a study run written by an older version of this project is not in the index, and
+  doctor reports it.
+- Deleted study runs are left out (their ids are looked up among the deleted runs).
+- Two processes that make an index run at the same moment make two: readers read every index run.
+
+An entry is a snapshot: a tag that a user edits on a finished study run afterwards is not in it.
+
+Pure: no MLflow import; callers pass their own search (store.searcher, analysis/load.py) and write through
+store.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from edps_mlflow.filters import filter_string
+from edps_mlflow.names import (
+    INDEX_RUN_NAME,
+    KIND_STUDY,
+    KIND_STUDY_INDEX,
+    MLFLOW_PARENT_RUN_ID,
+    TAG_INDEX_COMPLETE,
+    TAG_INDEX_PREFIX,
+    TAG_KIND,
+    TAG_TRIAL_OUTCOMES,
+)
+
+ENTRY_FORMAT = 1
+MAX_TAG_VALUE = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+# Run ids per search by id (each a bound parameter of the store's SQL; sqlite allows some thousands).
+IDS_PER_SEARCH = 500
+RUNNING = "RUNNING"
+_OUR_TAGS = "edps."
+
+
+@dataclass(frozen=True)
+class RunInfoView:
+    run_id: str
+    experiment_id: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+
+
+@dataclass(frozen=True)
+class RunDataView:
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A study run as readers see it, with the fields of an MLflow Run that they read (``info.run_id``,
+    ``info.status``, ``data.tags`` ...): read from the store, or from its index entry (``indexed``)."""
+
+    info: RunInfoView
+    data: RunDataView
+    indexed: bool = False
+
+    @classmethod
+    def of(cls, run: Any) -> "RunView":
+        """The view of an MLflow Run."""
+        info = run.info
+        return cls(RunInfoView(info.run_id, str(info.experiment_id), info.status, info.start_time, info.end_time),
+                   RunDataView(dict(run.data.tags), dict(run.data.params), dict(run.data.metrics)))
+
+
+def _kept(tag: str) -> bool:
+    return tag.startswith(_OUR_TAGS) or tag == MLFLOW_PARENT_RUN_ID
+
+
+def entry_of(run: Any) -> str | None:
+    """The index entry of a study run (an MLflow Run or a RunView): JSON of its state, its tags of the
+    project and its parent, its params and metrics. Without its trial outcomes when they would not fit
+    MLflow's limit on a tag (the analysis then reads its trials.csv); None when even that does not fit."""
+    info, data = run.info, run.data
+    tags = {key: value for key, value in data.tags.items() if _kept(key)}
+    document = {"format": ENTRY_FORMAT, "run_id": info.run_id, "experiment_id": str(info.experiment_id),
+                "status": info.status, "start_time": info.start_time, "end_time": info.end_time, "tags": tags,
+                "params": dict(data.params), "metrics": dict(data.metrics)}
+    for _ in range(2):
+        text = json.dumps(document, separators=(",", ":"), sort_keys=True)
+        if len(text) <= MAX_TAG_VALUE:
+            return text
+        tags.pop(TAG_TRIAL_OUTCOMES, None)
+    return None
+
+
+def view_of_entry(text: str, run_id: str) -> RunView | None:
+    """The study run ``run_id`` from its index entry; None when the entry is not one this code can read."""
+    try:
+        document = json.loads(text)
+        if document.get("format") != ENTRY_FORMAT or document.get("run_id") != run_id:
+            return None
+        info = RunInfoView(run_id, str(document["experiment_id"]), str(document["status"]), document["start_time"],
+                           document["end_time"])
+        data = RunDataView({str(k): str(v) for k, v in document["tags"].items()},
+                           {str(k): str(v) for k, v in document["params"].items()},
+                           {str(k): float(v) for k, v in document["metrics"].items()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return RunView(info, data, indexed=True)
+
+
+def entries(index_run: Any) -> dict[str, str]:
+    """run id -> entry, of one index run."""
+    return {key[len(TAG_INDEX_PREFIX):]: value for key, value in index_run.data.tags.items()
+            if key.startswith(TAG_INDEX_PREFIX)}
+
+
+# (filter string, deleted runs instead of active ones) -> the runs found, every page.
+Search = Callable[[str, bool], Iterable[Any]]
+
+
+def index_runs(search: Search) -> list[Any]:
+    """The active index runs, earliest first (a writer adds to the first): found by their name (an attribute:
+    no scan of the tags), then told apart from a user's run of that name by their kind."""
+    found = [run for run in search(filter_string(run_name=INDEX_RUN_NAME), False)
+             if run.data.tags.get(TAG_KIND) == KIND_STUDY_INDEX]
+    return sorted(found, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+
+def complete(indexes: list[Any]) -> bool:
+    return any(run.data.tags.get(TAG_INDEX_COMPLETE) == "true" for run in indexes)
+
+
+def by_ids(search: Search, run_ids: Iterable[str], deleted: bool = False) -> list[Any]:
+    """The runs with these ids (active ones, or deleted ones), a few hundred ids per search."""
+    ids = list(dict.fromkeys(run_ids))
+    found: list[Any] = []
+    for start in range(0, len(ids), IDS_PER_SEARCH):
+        found.extend(search(filter_string(run_ids=ids[start:start + IDS_PER_SEARCH]), deleted))
+    return found
+
+
+def _matches(run: Any, wanted: Mapping[str, str]) -> bool:
+    return all(run.data.tags.get(key) == value for key, value in wanted.items())
+
+
+def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[RunView]:
+    """Every active study run that ``search`` covers (one experiment or several), with ``tags`` if given
+    (compared here, not in the store's search): see the module's rules. ``indexed`` says that a run has an
+    entry in an index run (re-read from the store when the entry says RUNNING)."""
+    wanted = {TAG_KIND: KIND_STUDY, **(tags or {})}
+    found: dict[str, RunView] = {}
+    indexes = index_runs(search)
+    for index_run in indexes:
+        for run_id, text in entries(index_run).items():
+            view = view_of_entry(text, run_id)
+            if view is not None:
+                found[run_id] = view
+    listed = set(found)
+    # An entry that says RUNNING is read again from the store: its run may have ended since.
+    stale = [run_id for run_id, view in found.items() if view.info.status == RUNNING]
+    for run_id in stale:
+        found.pop(run_id)
+    fresh = [*by_ids(search, stale), *(run for run in search(filter_string(status=RUNNING), False)
+                                       if run.data.tags.get(TAG_KIND) == KIND_STUDY)]
+    if not complete(indexes):
+        # Study runs made before the index (or by an older version): searched by their tags.
+        fresh += search(filter_string(tags=wanted), False)
+    for run in fresh:
+        found[run.info.run_id] = replace(RunView.of(run), indexed=run.info.run_id in listed)
+    for run in by_ids(search, [run_id for run_id, view in found.items() if view.indexed], deleted=True):
+        found.pop(run.info.run_id, None)
+    return [view for view in found.values() if _matches(view, wanted)]
+
+
+def experiments_with_studies(search: Search, experiment_ids: list[str],
+                             has_study_run: Callable[[str], bool]) -> list[str]:
+    """The ids among ``experiment_ids`` (those ``search`` covers) that hold a study run: told by their index
+    runs (one search for all of them); ``has_study_run(id)`` (a search by tag) only for an experiment whose
+    index is missing, or not complete and without a study."""
+    indexes: dict[str, list[Any]] = {}
+    for run in index_runs(search):
+        indexes.setdefault(str(run.info.experiment_id), []).append(run)
+    found = []
+    for experiment_id in experiment_ids:
+        runs = indexes.get(str(experiment_id), [])
+        listed = any(_matches(view, {TAG_KIND: KIND_STUDY}) for run in runs
+                     for run_id, text in entries(run).items() if (view := view_of_entry(text, run_id)))
+        if listed or (not complete(runs) and has_study_run(experiment_id)):
+            found.append(experiment_id)
+    return found

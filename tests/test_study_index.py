@@ -1,0 +1,215 @@
+"""The study index (study_index.py): readers of every study see each study run once, from entries that never
+claim more than the store holds; a complete index is read with searches on run attributes only (a search on
+a tag's value scans the tags of every run in the store); doctor finds a trial trained twice by two study
+runs of one family without reading the other families' trial runs. Real sqlite stores, real MLflow writes."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from mlflow.entities import Metric, RunStatus
+from mlflow.tracking import MlflowClient
+
+from edps_mlflow import names as n
+from edps_mlflow import registry, study_index
+from edps_mlflow.config import StudySpec, study_family, trial_families
+from edps_mlflow.doctor import run_doctor
+from edps_mlflow.ownership import OwnedRun
+from edps_mlflow.store import StoreClient, resolve_experiment, searcher
+from edps_mlflow.study_index import RunDataView, RunInfoView, RunView, entry_of
+from edps_mlflow.tracking import StudyTracker, create_study_run
+
+FINISHED, FAILED = RunStatus.to_string(RunStatus.FINISHED), RunStatus.to_string(RunStatus.FAILED)
+
+
+def _spec(batch_size: int) -> StudySpec:
+    return StudySpec.build("digits-simple-cnn", "sgd", 0.0, batch_size, trials=2)
+
+
+def _study(client: StoreClient, experiment_id: str, spec: StudySpec) -> StudyTracker:
+    """A study run as a study makes it (create_study_run), owned by this process (no lease renewal)."""
+    run_id = create_study_run(client, experiment_id, spec)
+    return StudyTracker(client, experiment_id, OwnedRun(client, run_id, None, f"study {spec.batch_size}"), None)
+
+
+def _abort(tracker: StudyTracker, interrupted: bool) -> None:
+    """What the abort guard does when a study fails (KILLED on an interrupt, FAILED on an error)."""
+    tracker.owned.abort(interrupted, list(tracker.trial_runs.values()))
+    tracker.close()
+
+
+def _recording(client: StoreClient, experiment_id: str) -> tuple[study_index.Search, list[str]]:
+    """The registry's search of the experiment, recording every filter it sends to the store."""
+    sent: list[str] = []
+    search = searcher(client, [experiment_id])
+
+    def recorded(conditions: str, deleted: bool):
+        sent.append(conditions)
+        return search(conditions, deleted)
+
+    return recorded, sent
+
+
+def _keys(runs) -> dict[str, str]:
+    return {run.info.run_id: run.info.status for run in runs}
+
+
+def test_readers_see_each_study_run_once_and_a_complete_index_is_read_by_run_attributes(sqlite_store):
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "index-test")  # made with it: a complete index
+    done = _study(client, experiment_id, _spec(16))
+    done.finish_study()
+    live = _study(client, experiment_id, _spec(32))
+    # Ended by another hand (MLflow Projects, a kill after the change): its entry still says RUNNING.
+    ended = _study(client, experiment_id, _spec(64))
+    client.set_terminated(ended.study_run_id, FAILED)
+    deleted = _study(client, experiment_id, _spec(128))
+    deleted.finish_study()
+    client.delete_run(deleted.study_run_id)
+    # An entry is a snapshot of the finished run: the reader takes the index's copy, not the store's.
+    client.set_tag(done.study_run_id, n.TAG_BATCH_SIZE, "999")
+
+    search, sent = _recording(client, experiment_id)
+    runs = study_index.study_runs(search)
+    assert _keys(runs) == {done.study_run_id: FINISHED, live.study_run_id: "RUNNING", ended.study_run_id: FAILED}
+    assert next(r for r in runs if r.info.run_id == done.study_run_id).data.tags[n.TAG_BATCH_SIZE] == "16"
+    assert all(run.indexed for run in runs)
+    assert sent and not [conditions for conditions in sent if "tags." in conditions], sent
+    # The sweep's plan reads the same: one run per study, the finished one done.
+    stored = {s.study_key: s for s in registry.study_runs(client, experiment_id, "digits-simple-cnn", 60.0)}
+    assert stored[_spec(16).study_key].finished and stored[_spec(32).study_key].live
+    assert _spec(128).study_key not in stored
+    for tracker in (live, ended):
+        tracker.close()
+
+
+def test_an_entry_never_claims_more_than_the_store_holds(sqlite_store):
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "entries")
+    tracker = _study(client, experiment_id, _spec(16))
+    index = study_index.index_runs(searcher(client, [experiment_id]))[0]
+    entry = study_index.view_of_entry(study_index.entries(index)[tracker.study_run_id], tracker.study_run_id)
+    assert entry.info.status == "RUNNING"  # written when it started: readers look it up in the store
+    _abort(tracker, interrupted=True)
+    index = study_index.index_runs(searcher(client, [experiment_id]))[0]
+    entry = study_index.view_of_entry(study_index.entries(index)[tracker.study_run_id], tracker.study_run_id)
+    assert entry.info.status == "KILLED" == client.get_run(tracker.study_run_id).info.status
+    # An entry too long for a tag drops the trial outcomes first, and is not written at all when that is not enough.
+    view = RunView(RunInfoView("r1", "1", FINISHED, 1, 2),
+                   RunDataView({n.TAG_KIND: n.KIND_STUDY, n.TAG_TRIAL_OUTCOMES: "v1 " + "0:r1@1 " * 2000}, {}, {}))
+    shorter = study_index.view_of_entry(entry_of(view), "r1")
+    assert n.TAG_TRIAL_OUTCOMES not in shorter.data.tags and shorter.data.tags[n.TAG_KIND] == n.KIND_STUDY
+    huge = RunView(view.info, RunDataView({}, {"p": "x" * 9000}, {}))
+    assert entry_of(huge) is None
+
+
+def test_an_incomplete_index_is_read_with_the_study_runs_and_repair_completes_it(sqlite_store, tmp_path):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = raw.create_experiment("old-store")  # not made by edps: no index
+    old = raw.create_run(experiment_id, tags={n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: "old-key",
+                                              n.TAG_WORKLOAD: "digits-simple-cnn"}).info.run_id
+    raw.set_terminated(old, FINISHED)
+    new = _study(client, experiment_id, _spec(16))  # makes an index, not complete: old is not in it
+    new.finish_study()
+    search, sent = _recording(client, experiment_id)
+    assert set(_keys(study_index.study_runs(search))) == {old, new.study_run_id}
+    assert [conditions for conditions in sent if "tags." in conditions], "an incomplete index searches by tag"
+
+    out = io.StringIO()
+    assert run_doctor("old-store", False, out, sqlite_store) == 0
+    assert "the study index is not complete" in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    assert run_doctor("old-store", True, out, sqlite_store) == 0
+    assert "repaired: 1 study runs added to the study index; it is complete" in out.getvalue(), out.getvalue()
+    search, sent = _recording(client, experiment_id)
+    assert set(_keys(study_index.study_runs(search))) == {old, new.study_run_id}
+    assert not [conditions for conditions in sent if "tags." in conditions], sent
+
+
+def _trial(client: MlflowClient, experiment_id: str, parent: str, family: str, trial_key: str) -> str:
+    run_id = client.create_run(experiment_id, tags={
+        n.TAG_KIND: n.KIND_TRIAL, n.TAG_TRIAL_KEY: trial_key, n.TAG_STUDY_KEY: f"study-of-{family}",
+        n.TAG_STUDY_FAMILY: family, n.MLFLOW_PARENT_RUN_ID: parent, n.TAG_VERSION: "0.1.0"}).info.run_id
+    client.set_terminated(run_id, FINISHED)
+    return run_id
+
+
+def test_doctor_finds_a_trial_trained_twice_by_two_study_runs_of_a_family_and_reads_no_other_trial_runs(
+        sqlite_store):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "twice")
+    spec = _spec(16)
+    family = study_family(spec)
+    assert trial_families(spec) == [family]
+    # A study run killed after it finished trial t, and its resume, which trained t again: both FINISHED.
+    killed = _study(client, experiment_id, spec)
+    first = _trial(raw, experiment_id, killed.study_run_id, family, "t")
+    _abort(killed, interrupted=True)
+    resumed = _study(client, experiment_id, spec)
+    second = _trial(raw, experiment_id, resumed.study_run_id, family, "t")
+    raw.log_batch(resumed.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 1, int(time.time() * 1000), 0)])
+    resumed.finish_study()
+    # Another family with one study run that finished its three trials: nothing there can be trained twice.
+    other = _study(client, experiment_id, _spec(64))
+    others = [_trial(raw, experiment_id, other.study_run_id, study_family(_spec(64)), f"u{i}") for i in range(3)]
+    raw.log_batch(other.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 3, int(time.time() * 1000), 0)])
+    other.finish_study()
+
+    read = {f.run_id for f in registry.run_facts(client, experiment_id)}
+    assert {first, second} <= read and not read & set(others)
+    for attempt in ("first check", "later check, from the runs since and the problems found"):
+        out = io.StringIO()
+        assert run_doctor("twice", False, out, sqlite_store) == 1, (attempt, out.getvalue())
+        lines = [line for line in out.getvalue().splitlines() if "trained twice" in line]
+        assert len(lines) == 1 and first in lines[0] and second in lines[0], (attempt, out.getvalue())
+
+
+def test_the_project_executor_counts_trials_from_the_study_runs(sqlite_store):
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "progress")
+    tracker = _study(client, experiment_id, _spec(16))
+    MlflowClient(sqlite_store).log_batch(tracker.study_run_id, metrics=[
+        Metric(n.METRIC_TRIAL_RUNS_FINISHED, 5, int(time.time() * 1000), 0)])
+    assert registry.trial_runs_finished(client, experiment_id, [tracker.study_run_id]) == {tracker.study_run_id: 5}
+    _abort(tracker, interrupted=False)
+
+
+def test_a_later_doctor_check_reads_the_runs_since_and_those_of_the_problems_found_before(sqlite_store):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "later-check")
+    keyless = raw.create_run(experiment_id, tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_VERSION: "0.1.0"}).info.run_id
+    raw.set_terminated(keyless, FAILED)
+    fine = _trial(raw, experiment_id, "some-study", study_family(_spec(16)), "t")
+    assert keyless in {f.run_id for f in registry.run_facts(client, experiment_id)}  # the first check: by tag
+    # As if both had been checked long ago: only the run of the problem found then is read again.
+    later = int(time.time() * 1000) + 2 * registry.CLOCK_MARGIN_MS
+    read = {f.run_id for f in registry.run_facts(client, experiment_id, later, recheck=[keyless])}
+    assert keyless in read and fine not in read
+    assert fine in {f.run_id for f in registry.run_facts(client, experiment_id, later - 3 * registry.CLOCK_MARGIN_MS)}
+
+
+def test_doctor_finds_a_trial_finished_after_its_study_run_ended_from_the_study_runs_family(sqlite_store):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "late")
+    # A study run killed (its process stalled, then taken over), and the trial that the woken process finished
+    # afterwards, as versions before the ownership checks could.
+    stalled = _study(client, experiment_id, _spec(16))
+    _abort(stalled, interrupted=True)
+    time.sleep(0.01)
+    late = _trial(raw, experiment_id, stalled.study_run_id, study_family(_spec(16)), "t")
+    # Another family with one finished study run: its trial runs are not read.
+    other = _study(client, experiment_id, _spec(64))
+    others = [_trial(raw, experiment_id, other.study_run_id, study_family(_spec(64)), f"u{i}") for i in range(2)]
+    raw.log_batch(other.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 2, int(time.time() * 1000), 0)])
+    other.finish_study()
+
+    read = {f.run_id for f in registry.run_facts(client, experiment_id)}
+    assert late in read and not read & set(others)
+    out = io.StringIO()
+    assert run_doctor("late", False, out, sqlite_store) == 1, out.getvalue()
+    assert f"{late}: trial run FINISHED after its lease was lost" in out.getvalue(), out.getvalue()
