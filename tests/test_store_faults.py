@@ -345,3 +345,14 @@ def _head() -> str:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     return _get_latest_schema_revision()
+
+
+def test_the_schema_head_read_from_the_migration_files_is_alembics():
+    # Every command that opens a sqlite store compares its revision with this head: read from the files in
+    # milliseconds, it must be the revision alembic computes (by importing every migration, about a second).
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    from edps_mlflow.store import _schema_head
+
+    _schema_head.cache_clear()
+    assert _schema_head() == _get_latest_schema_revision()
