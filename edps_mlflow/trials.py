@@ -9,7 +9,6 @@ from torch import Tensor
 
 from edps_mlflow.config import OptimizerSettings, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.models import init_fan_in_truncated_normal
 from edps_mlflow.pruning import Mask, snip_mask
 from edps_mlflow.workloads import Workload
 
@@ -25,12 +24,13 @@ class TrialSetup:
 
 
 def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec) -> TrialSetup:
-    """Initialise with the trial's own seed, prune at initialisation, and mask the initial weights.
+    """Initialise with the trial's own seed (the workload's initialisation), prune at initialisation, and mask
+    the initial weights.
 
     ``data`` may be on any device; SNIP runs where the data are.
     """
     model = workload.build_model()
-    init_fan_in_truncated_normal(model, torch.Generator().manual_seed(trial.init_seed))
+    workload.initialise(model, torch.Generator().manual_seed(trial.init_seed))
     model.to(data.train_images.device)
     mask = snip_mask(model, data.train_images, data.train_labels, trial.study.sparsity, workload.loss)
     with torch.no_grad():
