@@ -438,7 +438,8 @@ def data_list(data_dir: str | None) -> None:
 @click.argument("name")
 @click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
 def data_download(name: str, data_dir: str | None) -> None:
-    """Fetch a dataset (mnist, fashion-mnist, cifar10, or a workload name) and verify its published checksums."""
+    """Fetch a dataset (mnist, fashion-mnist, cifar10, tiny-shakespeare, or a workload name) and verify its
+    published checksums."""
     from edps_mlflow.data.catalog import SOURCES, download, get_source
     from edps_mlflow.workloads import get_workload
 

@@ -34,6 +34,10 @@ from edps_mlflow import goal
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.search import (
     DECAY_STEPS,
+    PAPER_SPACES,
+    WEIGHT_DECAY,
+    Dimension,
+    Scale,
     DEFAULT_SPACES,
     END_LEARNING_RATE_FACTOR,
     LEARNING_RATE,
@@ -291,6 +295,19 @@ def _digits_data(data_dir: str | Path | None) -> "DataSplits":
     return load_digits_splits()
 
 
+def _char_transformer() -> "nn.Module":
+    from edps_mlflow.data.shakespeare import ALPHABET, CONTEXT
+    from edps_mlflow.models.char_transformer import CharTransformer
+
+    return CharTransformer(vocabulary=len(ALPHABET), context=CONTEXT, width=LM_WIDTH, depth=LM_DEPTH, heads=LM_HEADS)
+
+
+def _init_char_transformer(model: "nn.Module", generator: "torch.Generator") -> None:
+    from edps_mlflow.models.char_transformer import init_char_transformer
+
+    init_char_transformer(model, generator)
+
+
 def _catalog_data(dataset: str) -> Callable[[str | Path | None], "DataSplits"]:
     def load(data_dir: str | Path | None) -> "DataSplits":
         from edps_mlflow.data.catalog import load_dataset
@@ -310,6 +327,20 @@ def _paper_workload(name: str, dataset: str, description: str, build_model: Call
                     dataset=dataset, train_size=train_size, validation_size=validation_size,
                     input_layout=InputLayout.IMAGES, default_trials=PAPER_TRIALS, check_interval=100)
 
+
+# The character-level language model's network: small enough that a study runs on a CPU (docs/workloads.md
+# has the measurements behind these choices).
+LM_WIDTH, LM_DEPTH, LM_HEADS = 32, 2, 4
+LM_GOAL, LM_MAX_STEPS, LM_TRIALS, LM_CHECK_INTERVAL = 2.2, 3000, 8, 25
+# Its search spaces: Adam's learning rate on a range centred on 3e-3 (the first Sobol point), AdamW's weight
+# decay too; no warm-up (a fixed warm-up adds the same steps at every batch size, and steps-to-result at large
+# batch sizes is a few hundred). The paper's optimizers keep the paper's spaces.
+LM_LEARNING_RATE = Dimension("learning_rate", 1e-4, 0.1, Scale.LOG)
+LM_SPACES: dict[str, SearchSpace] = {
+    **PAPER_SPACES,
+    "adam": SearchSpace((LM_LEARNING_RATE,)),
+    "adamw": SearchSpace((LM_LEARNING_RATE, WEIGHT_DECAY)),
+}
 
 WORKLOADS: dict[str, Workload] = {
     "digits-simple-cnn": Workload(
@@ -348,6 +379,28 @@ WORKLOADS: dict[str, Workload] = {
         _resnet8, goal_error=0.40, max_steps=100_000, train_size=45_000, validation_size=5_000,
         search_spaces={**DEFAULT_SPACES, "nesterov": SearchSpace(
             (LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))}),
+    # The goal is the validation cross-entropy in nats per character (on the first 1,024 windows of the last 10%
+    # of the text, data/shakespeare.py); the sizes are those of the real file's windows of 32 characters.
+    "shakespeare-char-transformer": Workload(
+        name="shakespeare-char-transformer",
+        description="Tiny Shakespeare, characters (31,370 / 1,024 windows of 32), a decoder-only transformer "
+                    "(width 32, 2 blocks, 4 heads; 30,721 parameters); goal: validation loss, nats per character",
+        load_data=_catalog_data("tiny-shakespeare"),
+        build_model=_char_transformer,
+        goal_error=LM_GOAL,
+        max_steps=LM_MAX_STEPS,
+        search_spaces=LM_SPACES,
+        needs_data_dir=True,
+        dataset="tiny-shakespeare",
+        train_size=31_370,
+        validation_size=1_024,
+        input_layout=InputLayout.TOKENS,
+        default_trials=LM_TRIALS,
+        check_interval=LM_CHECK_INTERVAL,
+        probe_interval=LM_CHECK_INTERVAL,
+        goal_metric=GoalMetric.LOSS,
+        initialise=_init_char_transformer,
+    ),
 }
 
 
