@@ -116,8 +116,12 @@ def run_edps(args: list[str], cwd: Path, timeout: float = 300, **environment: st
 
 
 def _install_example(target: Path) -> None:
-    """pip's own install of examples/ into ``target`` (no network: no dependencies, no build isolation)."""
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+    """pip's own install of examples/ into ``target`` (no dependencies; without build isolation, so without the
+    network, where setuptools is installed here already)."""
+    import importlib.util
+
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation,
                            "--target", str(target), str(EXAMPLE)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(target.glob("edps_breast_cancer-*.dist-info/entry_points.txt"))
