@@ -119,10 +119,14 @@ def _install_example(target: Path) -> None:
     """pip's own install of examples/ into ``target`` (no dependencies; without build isolation, so without the
     network, where setuptools is installed here already)."""
     import importlib.util
+    import shutil
 
+    # A copy: building leaves build/ and *.egg-info beside the sources, which belong in no checkout.
+    source = shutil.copytree(EXAMPLE, target.parent / "example-source",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info"))
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation,
-                           "--target", str(target), str(EXAMPLE)], capture_output=True, text=True, timeout=600)
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(target.glob("edps_breast_cancer-*.dist-info/entry_points.txt"))
 
