@@ -192,7 +192,9 @@ def _cost_model(device_counts: tuple[int, ...], bandwidth: float, latency: float
 
 
 def _fit_options(command: Callable) -> Callable:
-    @click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
+    @click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True,
+                  help="Tolerance of the regime boundaries and of the threshold critical batch size (0.2 = 20%, "
+                       "Zhang et al.'s).")
     @click.option("--bootstrap", type=BOOTSTRAP, default=200, show_default=True,
                   help="Bootstrap resamples (0: no intervals).")
     @click.option("--seed", type=SEED, default=0, show_default=True, help="Bootstrap seed.")
@@ -217,7 +219,8 @@ def _fits(studies: pd.DataFrame, tracking_uri, trials_csv, bootstrap, seed, tole
 @click.option("--log-to-mlflow", is_flag=True, help="Record the fit table on an analysis run.")
 def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed, trials_csv,
         output_format, log_to_mlflow) -> None:
-    """S_min, B_crit and the regime boundaries per curve, with bootstrap intervals."""
+    """S_min, B_crit, the regime boundaries and the threshold critical batch size (measured, with its bracket, and
+    fitted) per curve, with bootstrap intervals."""
     from analysis.report import fit_summary
 
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
@@ -231,7 +234,9 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
 @cli.command()
 @_source_options
 @click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where figures go.")
-@click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True, help="Regime tolerance (0.2 = 20%).")
+@click.option("--tolerance", type=TOLERANCE, default=0.2, show_default=True,
+              help="Tolerance of the regime boundaries and of the threshold critical batch size (0.2 = 20%, "
+                   "Zhang et al.'s).")
 @click.option("--log-to-mlflow", is_flag=True, help="Record the figures on an analysis run.")
 def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, out_dir, tolerance, log_to_mlflow) -> None:
     """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity. The fits drawn are

@@ -139,6 +139,21 @@ def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row:
     return list(fitted) + [y]
 
 
+def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
+                     label: bool, limits: tuple[float, float]) -> None:
+    """The critical batch size in the threshold form (analysis.regimes): the measured one ringed on its point,
+    the fitted hyperbola's value a triangle on the fitted curve (not drawn when the fit does not apply)."""
+    measured = _value(row, "b_crit_threshold")
+    if measured is not None and measured in b:
+        axis.plot([measured], [s[b == measured][0]], "o", markersize=11, markerfacecolor="none", color=colour,
+                  label="B_crit threshold, measured (largest within the tolerance)" if label else None)
+    fitted, s_min, b_crit = _value(row, "b_crit_threshold_fit"), _value(row, "s_min"), _value(row, "b_crit")
+    if None in (fitted, s_min, b_crit) or is_degenerate(row) or not limits[0] <= fitted <= limits[1]:
+        return
+    axis.plot([fitted], [s_min * (1.0 + b_crit / fitted)], "^", markersize=6, color=colour,
+              label="B_crit threshold, fitted" if label else None)
+
+
 def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[float, float]) -> None:
     """The regimes of a curve from its fit-table boundaries; a band changes halfway (on the log axis)
     between the last measured batch size of one regime and the first of the next, so each measured point
@@ -200,6 +215,7 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         heights += list(s[valid])
         row = _fit_row(fits, columns, key)
         heights += _draw_fit(axis, b, s, colour, row, not shaded, limits)
+        _mark_thresholds(axis, b[valid], s[valid], colour, row, not shaded, limits)
         if not shaded and row is not None and valid.sum() >= 2:
             _shade_regimes(axis, b[valid], row, limits)
             shaded = True

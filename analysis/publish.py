@@ -38,7 +38,9 @@ from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 # A fit's columns that become metrics of the analysis run.
 _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
-                "perfect_scaling_end", "maximal_parallelism_start")
+                "perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold", "b_crit_threshold_low",
+                "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
+                "b_crit_threshold_fit_high")
 
 
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:

@@ -9,10 +9,18 @@
   latest there; ``maximal_parallelism_start`` is the smallest batch size from which every larger one
   stays within ``tolerance`` of the largest batch size's steps. In between: diminishing returns.
   The local slope of log S against log B is reported too (about -1, then 0).
+- The critical batch size in the threshold form (Zhang et al., ICLR 2025): ``b_crit_threshold`` is the
+  largest measured batch size up to which every measured batch size's steps stay within ``tolerance`` of
+  ideal linear scaling from the smallest one (20% by default); with ``perfect_scaling_end``, the smallest
+  batch size that fails, it brackets the value as Merrill et al. (2025) report it. The fitted hyperbola's
+  value of the same threshold, ``b_crit_threshold_fit``, solves S(B) B = (1 + tolerance) S(B_0) B_0:
+  B = (1 + tolerance) B_0 + tolerance B_crit (B_0 the smallest measured batch size; it tends to
+  tolerance x B_crit as B_0 -> 0).
 - A bootstrap over trials: resample each study's trials with replacement, take the minimum over
   the reaching ones, refit. The minimum's bootstrap distribution lies entirely above the estimate,
-  so S_min and B_crit get basic (reflected) intervals; boundaries, which are grid values, get
-  percentile intervals. Superseded trials (exact early stopping) are known only to be slower than
+  so S_min and B_crit get basic (reflected) intervals; boundaries and ``b_crit_threshold``, which are
+  grid values, get percentile intervals; ``b_crit_threshold_fit``, an increasing function of B_crit at
+  the measured B_0, gets B_crit's interval carried through it. Superseded trials (exact early stopping) are known only to be slower than
   the best, so resamples without a reaching trial drop that point: use ``full_trials=true`` studies
   for intervals that need every trial's outcome. A basic interval can end short of its estimate
   (nearly every resampled minimum on one side of it): it is kept as it is and the note says so; the
@@ -114,6 +122,25 @@ def regime_boundaries(batch_sizes: np.ndarray, steps: np.ndarray, tolerance: flo
     return Boundaries(perfect_end, maximal_start)
 
 
+def threshold_critical_batch(batch_sizes: np.ndarray, steps: np.ndarray, tolerance: float = 0.2) -> int:
+    """Zhang et al.'s critical batch size on the measured points: the largest measured batch size up to which
+    steps stay within ``tolerance`` of ideal linear scaling from the smallest batch size, S(B_0) B_0 / B.
+    The smallest batch size passes by definition; a batch size that passes again after one that failed (noise)
+    does not count. The next measured batch size, when there is one, is ``perfect_scaling_end``."""
+    b, s = _points(batch_sizes, steps)
+    if len(b) < 2:
+        raise InsufficientData(f"{len(b)} batch sizes with a result; the threshold needs at least 2")
+    beyond = np.nonzero(s > (1.0 + tolerance) * s[0] * b[0] / b)[0]
+    return int(b[beyond[0] - 1]) if len(beyond) else int(b[-1])
+
+
+def fitted_threshold(fit: HyperbolaFit, smallest_batch_size: float, tolerance: float = 0.2) -> float:
+    """The batch size at which the fitted hyperbola's steps exceed ideal linear scaling from the smallest
+    measured batch size B_0 by ``tolerance``: S(B) B = (1 + tolerance) S(B_0) B_0, with S(B) B = S_min (B + B_crit),
+    gives B = (1 + tolerance) B_0 + tolerance B_crit."""
+    return (1.0 + tolerance) * float(smallest_batch_size) + tolerance * fit.b_crit
+
+
 def local_slopes(batch_sizes: np.ndarray, steps: np.ndarray) -> list[tuple[int, int, float]]:
     """(B_i, B_i+1, d log S / d log B) between consecutive measured points."""
     b, s = _points(batch_sizes, steps)
@@ -129,10 +156,11 @@ class Interval:
 
 def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: int = 0, tolerance: float = 0.2,
               estimate: HyperbolaFit | None = None) -> dict[str, Interval]:
-    """95% intervals for S_min, B_crit and the boundaries by resampling each study's trials."""
+    """95% intervals for S_min, B_crit, the boundaries and the threshold critical batch size by resampling each
+    study's trials (the fitted threshold's interval: :func:`fit_table` carries B_crit's through it)."""
     rng = np.random.default_rng(seed)
     samples: dict[str, list[float]] = {"s_min": [], "b_crit": [], "perfect_scaling_end": [],
-                                       "maximal_parallelism_start": []}
+                                       "maximal_parallelism_start": [], "b_crit_threshold": []}
     prepared = {}
     for batch_size, trials in curve_trials.items():
         reached = trials["status"].eq("reached").to_numpy()
@@ -159,6 +187,7 @@ def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: i
             bounds = regime_boundaries(sizes_array, minima_array, tolerance)
             samples["perfect_scaling_end"].append(bounds.perfect_scaling_end or math.nan)
             samples["maximal_parallelism_start"].append(bounds.maximal_parallelism_start or math.nan)
+            samples["b_crit_threshold"].append(threshold_critical_batch(sizes_array, minima_array, tolerance))
         except InsufficientData:
             pass
     intervals = {}
@@ -211,13 +240,15 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
         fit = None
         try:
             fit = fit_hyperbola(b, s)
-            row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "rmse_log": fit.rmse_log, "r2_log": fit.r2_log})
+            row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "rmse_log": fit.rmse_log, "r2_log": fit.r2_log,
+                        "b_crit_threshold_fit": fitted_threshold(fit, _points(b, s)[0][0], tolerance)})
         except InsufficientData as error:
             row["note"] = (row["note"] + "; " if row["note"] else "") + f"no fit: {error}"
         try:
             bounds = regime_boundaries(b, s, tolerance)
             row.update({"perfect_scaling_end": bounds.perfect_scaling_end,
-                        "maximal_parallelism_start": bounds.maximal_parallelism_start})
+                        "maximal_parallelism_start": bounds.maximal_parallelism_start,
+                        "b_crit_threshold": threshold_critical_batch(b, s, tolerance)})
         except InsufficientData:
             pass
         row["slopes"] = " ".join(f"{lo}-{hi}:{slope:+.2f}" for lo, hi, slope in local_slopes(b, s))
@@ -228,6 +259,11 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
             if len(by_size) >= MIN_POINTS:
                 for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
                     row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+                if row.get("b_crit_low") is not None:  # increasing in B_crit at the measured B_0
+                    smallest = _points(b, s)[0][0]
+                    for end in ("low", "high"):
+                        row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(
+                            HyperbolaFit(fit.s_min, row[f"b_crit_{end}"], fit.rmse_log, fit.r2_log), smallest, tolerance)
                 row.update(interval_basis(by_size))
             else:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"

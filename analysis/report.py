@@ -56,6 +56,21 @@ def _with_interval(row: pd.Series, name: str) -> str:
     return f"{value} [{_number(low)}, {_number(high)}]"
 
 
+def threshold_words(row: pd.Series | dict) -> str:
+    """The measured threshold critical batch size with Merrill et al.'s bracket (the largest passing and the
+    smallest failing batch size: ``b_crit_threshold`` and ``perfect_scaling_end``) and its 95% interval:
+    ``16 (16..32) [8, 32]``; ``>1024`` when no measured batch size failed."""
+    value = row.get("b_crit_threshold")
+    if value is None or pd.isna(value):
+        return "-"
+    failing = row.get("perfect_scaling_end")
+    bracket = f"{_number(value)}..{_number(failing)}" if failing is not None and pd.notna(failing) else f">{_number(value)}"
+    low, high = row.get("b_crit_threshold_low"), row.get("b_crit_threshold_high")
+    interval = f" [{_number(low)}, {_number(high)}]" if low is not None and high is not None and pd.notna(low) \
+        and pd.notna(high) else ""
+    return f"{_number(value)} ({bracket}){interval}"
+
+
 def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
     """The fit table for people: values with their 95% intervals in brackets."""
     rows = []
@@ -68,6 +83,8 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
             "perfect_scaling_end": _with_interval(row, "perfect_scaling_end"),
             "maximal_parallelism_start": _with_interval(row, "maximal_parallelism_start"),
+            "B_crit threshold (passes..fails)": threshold_words(row),
+            "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"),
             "note": row.get("note", "") or "",
         })
     return pd.DataFrame(rows)
@@ -159,8 +176,11 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
              f"space; boundaries with a {tolerance:.0%} tolerance: perfect_scaling_end is the first measured batch "
              f"size whose steps exceed ideal linear scaling from the smallest batch size by more than the "
              f"tolerance (perfect scaling holds below it); maximal_parallelism_start is the first batch size from "
-             f"which steps stay within the tolerance of the largest batch size's. Brackets: 95% bootstrap "
-             f"intervals over trials.")
+             f"which steps stay within the tolerance of the largest batch size's. The critical batch size in "
+             f"the threshold form (Zhang et al. 2025): the largest measured batch size whose steps stay within "
+             f"the tolerance of ideal linear scaling, in parentheses the largest passing and smallest failing batch "
+             f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
+             f"B_crit. Brackets: 95% bootstrap intervals over trials.")
     basis = interval_basis_text(fits)
     if path.suffix.lower() in (".html", ".htm"):
         parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",

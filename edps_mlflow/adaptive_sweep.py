@@ -321,6 +321,16 @@ def _interval(fit: dict, name: str) -> str:
     return f"{_number(fit.get(name))} ({_number(low)}..{_number(high)})"
 
 
+def _threshold(fit: dict) -> str:
+    """Zhang et al.'s critical batch size on the measured points, with Merrill et al.'s bracket (analysis.regimes)."""
+    value, failing = fit.get("b_crit_threshold"), fit.get("perfect_scaling_end")
+    if value is None or pd.isna(value):
+        return "-"
+    bracket = f"{_number(value, 6)}..{_number(failing, 6)}" if failing is not None and pd.notna(failing) \
+        else f">{_number(value, 6)}"
+    return f"{_number(value, 6)} ({bracket})"
+
+
 def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
     """One row per curve: what was measured and the answer."""
     rows = []
@@ -330,6 +340,8 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
                      "perfect_scaling_end": _number(fit.get("perfect_scaling_end"), 6),
                      "maximal parallelism from": _number(fit.get("maximal_parallelism_start"), 6),
+                     "B_crit threshold (passes..fails)": _threshold(fit),
+                     "B_crit threshold, fit (95%)": _interval(fit, "b_crit_threshold_fit"),
                      "still uncertain": state.summary()})
     return rows
 
@@ -374,7 +386,8 @@ def _report(result: AdaptiveResult, out: TextIO) -> None:
     for row in result_rows(result):
         print(f"  {row['curve']}: batch sizes {row['batch sizes']}; S_min {row['S_min (95%)']}; B_crit "
               f"{row['B_crit (95%)']}; perfect_scaling_end {row['perfect_scaling_end']}; maximal data parallelism "
-              f"from {row['maximal parallelism from']}", file=out)
+              f"from {row['maximal parallelism from']}; B_crit threshold {row['B_crit threshold (passes..fails)']}, "
+              f"fit {row['B_crit threshold, fit (95%)']}", file=out)
     for line in result.uncertain():
         print(f"  still uncertain: {line}", file=out)
     out.flush()

@@ -7,6 +7,7 @@
     edps status --experiment edps/digits-simple-cnn
     edps doctor --experiment edps/digits-simple-cnn --repair
     edps workloads
+    edps study --workload mypackage.workloads:TOY --bs 64 --optimizer adam
     edps data list
     edps data download mnist
 """
@@ -167,11 +168,13 @@ def _options(*decorators: Callable) -> Callable[[Callable], Callable]:
 # The options that `edps study` and `edps sweep` share, and what they mean.
 protocol_options = _options(
     click.option("--workload", default="digits-simple-cnn", show_default=True,
-                 help="Workload name (see `edps workloads`)."),
+                 help="Workload name (see `edps workloads`), or package.module:NAME for a workload of your own "
+                      "(docs/workloads.md)."),
     click.option("--trials", type=OPTIONAL_INT, default="default", show_default=True,
                  help="Quasi-random trials per study (Sobol order); 'default': the workload's."),
     click.option("--goal-error", type=OPTIONAL_FLOAT, default="default", show_default=True,
-                 help="Goal validation error; 'default': the workload's."),
+                 help="Goal validation error (of a loss-goal workload: the validation loss to reach); 'default': the "
+                      "workload's."),
     click.option("--max-steps", type=OPTIONAL_INT, default="default", show_default=True,
                  help="Step cap; 'default': the workload's."),
     click.option("--check-interval", type=OPTIONAL_INT, default="default", show_default=True,
@@ -205,7 +208,7 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--bs", "batch_size", type=int, default=256, show_default=True, help="Batch size.")
-@click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum or nesterov.")
+@click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum, nesterov, adam or adamw.")
 @click.option("--sparsity", type=float, default=0.0, show_default=True,
               help="Fraction pruned at initialisation (by --pruning), in [0, 1).")
 @click.option("--pruning", default="snip", show_default=True,
@@ -255,7 +258,8 @@ def study(batch_size: int, optimizer: str, sparsity: float, pruning: str, worklo
 
 
 @cli.command()
-@click.option("--optimizers", default="sgd", show_default=True, help="Comma-separated: sgd,momentum,nesterov.")
+@click.option("--optimizers", default="sgd", show_default=True,
+              help="Comma-separated: sgd,momentum,nesterov,adam,adamw.")
 @click.option("--batch-sizes", type=_BatchSizes(), default=None,
               help="2..1024 (powers of two) or 16,64,256; default 2..largest that fits the training split.")
 @click.option("--sparsities", type=_NumberList(), default=None, help="Comma-separated, each in [0, 1); default 0.")
@@ -366,12 +370,17 @@ def doctor(experiment: str | None, repair: bool) -> None:
 
 @cli.command()
 def workloads() -> None:
-    """List the workloads with their goals, caps, protocol defaults and data needs."""
-    from edps_mlflow.workloads import WORKLOADS
+    """List the workloads with their goals, caps, protocol defaults and data needs: the built-in ones, then
+    those of installed packages (entry points) and of $EDPS_WORKLOAD_MODULES."""
+    from edps_mlflow.workloads import GoalMetric, workload_catalog
 
-    for item in WORKLOADS.values():
+    for name, item in workload_catalog():
+        if isinstance(item, EdpsError):
+            click.echo(f"{name:<26} cannot be loaded: {item}")
+            continue
         data = "needs --data-dir" if item.needs_data_dir else "built in"
-        click.echo(f"{item.name:<26} goal {item.goal_error:<5g} cap {item.max_steps:<6} "
+        metric = "loss" if item.goal_metric is GoalMetric.LOSS else "error"
+        click.echo(f"{item.name:<26} {metric} <= {item.goal_error:<5g} cap {item.max_steps:<6} "
                    f"trials {item.default_trials:<3} check every {item.check_interval:<4} {data:<16} "
                    f"{item.description}")
 
@@ -382,7 +391,7 @@ MAX_TRIAL_COUNT = 100_000
 
 @cli.command()
 @click.option("--workload", required=True, help="Workload name (see `edps workloads`).")
-@click.option("--optimizer", required=True, help="sgd, momentum or nesterov.")
+@click.option("--optimizer", required=True, help="sgd, momentum, nesterov, adam or adamw.")
 @click.option("--count", type=OPTIONAL_INT, default="default", show_default=True,
               help="How many trials; 'default': the workload's trial count.")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv"]), default="table", show_default=True)
@@ -421,11 +430,15 @@ def data() -> None:
 def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
     from edps_mlflow.data.catalog import dataset_report
-    from edps_mlflow.workloads import WORKLOADS
+    from edps_mlflow.workloads import workload_catalog
 
-    for item in WORKLOADS.values():
+    for name, item in workload_catalog():
+        if isinstance(item, EdpsError):
+            click.echo(f"{name:<26} cannot be loaded: {item}")
+            continue
         if not item.needs_data_dir:
-            click.echo(f"{item.name:<26} {item.dataset:<14} present   bundled with scikit-learn")
+            click.echo(f"{item.name:<26} {item.dataset:<14} present   loaded by the workload itself (no files "
+                       f"in the data directory)")
             continue
         report = dataset_report(item.dataset, data_dir)
         click.echo(f"{item.name:<26} {item.dataset:<14} {report.status.value:<9} {report.directory}: {report.detail}")
@@ -435,15 +448,21 @@ def data_list(data_dir: str | None) -> None:
 @click.argument("name")
 @click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
 def data_download(name: str, data_dir: str | None) -> None:
-    """Fetch a dataset (mnist, fashion-mnist, cifar10, or a workload name) and verify its checksums."""
+    """Fetch a dataset (mnist, fashion-mnist, cifar10, tiny-shakespeare, or a workload name) and verify its
+    published checksums."""
     from edps_mlflow.data.catalog import SOURCES, download, get_source
-    from edps_mlflow.workloads import WORKLOADS
+    from edps_mlflow.workloads import get_workload
 
-    if name in WORKLOADS:
-        if not WORKLOADS[name].needs_data_dir:
-            click.echo(f"{name} needs no download: its data are bundled")
+    if name not in SOURCES:
+        try:
+            item = get_workload(name)
+        except EdpsError:
+            raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)} (or a workload "
+                            f"name)") from None
+        if not item.needs_data_dir:
+            click.echo(f"{item.name} needs no download: it loads its data itself")
             return
-        name = WORKLOADS[name].dataset
+        name = item.dataset
     if name not in SOURCES:
         raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)} (or a workload name)")
     directory = download(get_source(name), data_dir, report=click.echo)

@@ -34,11 +34,23 @@ class Schedule(str, Enum):
 
 
 class OptimizerKind(str, Enum):
-    """The paper's optimizers; momentum is heavy-ball as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf)."""
+    """The paper's optimizers; momentum is heavy-ball as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf).
+    Adam and AdamW are PyTorch's (``torch.optim.Adam``, ``torch.optim.AdamW``: decoupled weight decay)."""
 
     SGD = "sgd"
     MOMENTUM = "momentum"
     NESTEROV = "nesterov"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+    @property
+    def is_adam(self) -> bool:
+        return self in (OptimizerKind.ADAM, OptimizerKind.ADAMW)
+
+    @property
+    def state_buffers(self) -> int:
+        """Tensors of optimizer state per parameter: none for SGD, the momentum buffer, or Adam's two moments."""
+        return 2 if self.is_adam else 0 if self is OptimizerKind.SGD else 1
 
     @classmethod
     def parse(cls, name: str) -> "OptimizerKind":
@@ -53,8 +65,11 @@ class OptimizerKind(str, Enum):
 class OptimizerSettings:
     """One trial's optimizer: kind, metaparameters and learning-rate schedule.
 
-    ``decay_steps`` set means a linear decay from ``learning_rate`` to
-    ``learning_rate * end_learning_rate_factor`` over ``decay_steps`` steps, constant afterwards.
+    The schedule: a linear warm-up over ``warmup_steps`` (the update of step s + 1 uses the fraction
+    (s + 1) / warmup_steps of the rate while s < warmup_steps; none when 0), times, when ``decay_steps`` is
+    set, a linear decay from ``learning_rate`` to ``learning_rate * end_learning_rate_factor`` over
+    ``decay_steps`` steps, constant afterwards. Without either: constant (the paper's SGD schedule).
+    ``beta1``, ``beta2``, ``epsilon`` and ``weight_decay`` are Adam's (weight decay: AdamW's only).
     """
 
     kind: OptimizerKind
@@ -62,23 +77,51 @@ class OptimizerSettings:
     momentum: float = 0.0
     decay_steps: int | None = None
     end_learning_rate_factor: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.weight_decay and self.kind is not OptimizerKind.ADAMW:
+            raise EdpsError(f"weight_decay is AdamW's (decoupled); {self.kind.value} has none")
+        if self.warmup_steps < 0:
+            raise EdpsError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps}")
+        if self.kind.is_adam and not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0 and self.epsilon > 0.0):
+            raise EdpsError(f"Adam needs 0 <= beta1, beta2 < 1 and epsilon > 0, got beta1={self.beta1}, "
+                            f"beta2={self.beta2}, epsilon={self.epsilon}")
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate changes along training (else every step uses ``learning_rate``)."""
+        return self.decay_steps is not None or self.warmup_steps > 0
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate used for the update that produces step ``step + 1``."""
-        if self.decay_steps is None:
-            return self.learning_rate
-        fraction = min(step, self.decay_steps) / self.decay_steps
-        return self.learning_rate * (1.0 - (1.0 - self.end_learning_rate_factor) * fraction)
+        rate = self.learning_rate
+        if self.decay_steps is not None:
+            fraction = min(step, self.decay_steps) / self.decay_steps
+            rate = self.learning_rate * (1.0 - (1.0 - self.end_learning_rate_factor) * fraction)
+        if step < self.warmup_steps:
+            rate = rate * (step + 1) / self.warmup_steps
+        return rate
 
     @classmethod
     def from_point(cls, kind: OptimizerKind, point: dict[str, float]) -> "OptimizerSettings":
         decay = point.get("decay_steps")
+        adam = {name: float(point[name]) for name in ("beta1", "beta2", "epsilon") if name in point} \
+            if kind.is_adam else {}
         return cls(
             kind=kind,
             learning_rate=float(point["learning_rate"]),
-            momentum=float(point.get("momentum", 0.0)) if kind is not OptimizerKind.SGD else 0.0,
+            momentum=float(point.get("momentum", 0.0)) if kind in (OptimizerKind.MOMENTUM, OptimizerKind.NESTEROV)
+            else 0.0,
             decay_steps=int(decay) if decay is not None else None,
             end_learning_rate_factor=float(point.get("end_learning_rate_factor", 1.0)),
+            weight_decay=float(point.get("weight_decay", 0.0)),
+            warmup_steps=int(point.get("warmup_steps", 0)),
+            **adam,
         )
 
 
@@ -172,6 +215,8 @@ class StudySpec:
         # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
         # positive integer no larger than the workload's training split.
         workload = get_workload(self.workload)
+        # A ``package.module:NAME`` reference keys as the workload's own name, as an entry point's does.
+        object.__setattr__(self, "workload", workload.name)
         _check_count("batch size", self.batch_size)
         if self.batch_size > workload.train_size:
             raise EdpsError(f"batch size {self.batch_size} exceeds the {workload.train_size} training examples of "
@@ -179,8 +224,11 @@ class StudySpec:
         if not isinstance(self.sparsity, (int, float)) or isinstance(self.sparsity, bool) \
                 or not (0.0 <= self.sparsity < 1.0):
             raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
-        if not isinstance(self.goal_error, (int, float)) or not (0.0 < self.goal_error < 1.0):
-            raise EdpsError(f"goal error must be in (0, 1), got {self.goal_error}")
+        goal_problem = workload.goal_problem(self.goal_error)
+        if goal_problem is not None:  # an error rate in (0, 1), or a positive loss (the workload's goal metric)
+            raise EdpsError(f"goal {workload.goal_words.split()[-1]} {goal_problem}"
+                            + (f" ({workload.name} sets a {workload.goal_words} to reach)" if
+                               workload.goal_words.endswith("loss") else ""))
         _check_count("trials", self.trials, 1, 100_000)
         _check_count("check interval", self.check_interval, 1, MAX_STEP_CAP)
         _check_count("max steps", self.max_steps, 1, MAX_STEP_CAP)

@@ -13,10 +13,12 @@ from edps_mlflow.config import StudySpec, TrialSpec, study_family, trial_familie
 from edps_mlflow.curves import CurveId
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
+from edps_mlflow.workloads import get_workload
 
 
 # Run names put what varies first, so that they still read when the UI truncates them.
-_SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end"}
+_SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end",
+          "beta2": "b2", "weight_decay": "wd", "warmup_steps": "warmup"}
 
 
 def pruning_words(spec: StudySpec) -> str:
@@ -55,7 +57,8 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
     return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
             f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
             f"earlier runs). "
-            f"Goal: validation error <= {spec.goal_error:g}, checked every {spec.check_interval} steps; "
+            f"Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
+            f"{spec.check_interval} steps; "
             f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all."
             + (f"\n\n{probed.sentence()}" if probed else ""))
 

@@ -6,16 +6,19 @@ the best step found so far from a ``StepBound``.
 - The workload owns the objective: the engine trains its network on its ``loss``, counts its
   ``errors`` at checks, and lays out its inputs channels-last only when they are images.
 - A single trial takes the plain fast path: an ``nn.Module`` (channels-last for images),
-  ``torch.optim.SGD`` (foreach), the mask applied to the gradients before the update, so pruned
-  weights *and* their momentum buffers stay exactly zero.
+  ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (foreach), the mask applied to the gradients before the
+  update, so pruned weights *and* their optimizer buffers stay exactly zero (AdamW's decay of a zero
+  weight is zero).
 - K trials can be packed in lockstep: parameters stacked along a leading trial axis, a ``vmap``-ed
-  functional model, per-trial learning rate, momentum and schedule, all trials on the same batch.
+  functional model, per-trial learning rate, momentum (or Adam's betas, epsilon and weight decay) and
+  schedule, all trials on the same batch; the updates are PyTorch's, written out per trial.
 - Data live on the device as tensors; batches are drawn by index, reshuffled every epoch.
 - Exact early stopping: the study's result is the minimum over trials, so no trial trains past
   the best reached step minus one check interval (status ``superseded``). It never changes the
   study's steps-to-result.
-- Exact early-abort evaluation: the goal test stops counting validation errors as soon as they
-  exceed what the goal allows. Such a check has no validation error (``None``).
+- Exact early-abort evaluation: the goal test stops counting validation errors (or summing a loss
+  goal's non-negative validation losses) as soon as they exceed what the goal allows. Such a check has
+  no validation error (``None``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edps_mlflow.config import OptimizerKind
+from edps_mlflow.config import OptimizerKind, OptimizerSettings
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.probes import ProbeHook
 from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
 from edps_mlflow.trials import TrialSetup
-from edps_mlflow.workloads import InputLayout, Workload
+from edps_mlflow.workloads import GoalMetric, InputLayout, Workload
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class EngineSettings:
     batch_size: int
     max_steps: int
     check_interval: int
-    # Most misclassified validation examples that still meet the goal (the workload decides).
-    allowed_errors: int
+    # The largest validation total that still meets the goal (Workload.goal_bound): the most misclassified
+    # validation examples of an error-rate goal, the largest summed validation loss of a loss goal.
+    allowed_errors: int | float
     # Seed of the data order; the same for every trial of a study, as in the original.
     data_seed: int
     early_abort_evaluation: bool = True
@@ -130,13 +134,30 @@ class BatchStream:
         return self.order[start:start + self.batch_size]
 
 
+def _torch_optimizer(parameters: list[Tensor], settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """PyTorch's optimizer for one trial (foreach): SGD with the paper's momenta, Adam, or AdamW."""
+    if settings.kind is OptimizerKind.ADAM:
+        return torch.optim.Adam(parameters, lr=settings.learning_rate, betas=(settings.beta1, settings.beta2),
+                                eps=settings.epsilon, foreach=True)
+    if settings.kind is OptimizerKind.ADAMW:
+        return torch.optim.AdamW(parameters, lr=settings.learning_rate, betas=(settings.beta1, settings.beta2),
+                                 eps=settings.epsilon, weight_decay=settings.weight_decay, foreach=True)
+    return torch.optim.SGD(
+        parameters, lr=settings.learning_rate,
+        momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
+        nesterov=settings.kind is OptimizerKind.NESTEROV, foreach=True,
+    )
+
+
 class SingleTrainer:
     """The plain fast path for one trial."""
 
     def __init__(self, workload: Workload, setup: TrialSetup, device: torch.device, channels_last: bool) -> None:
         model = workload.build_model()
         model.load_state_dict(setup.initial_parameters)
-        self.loss, self.errors = workload.loss, workload.errors
+        self.loss, self.validation_total = workload.loss, workload.validation_total
+        # Error counts are integers; a loss goal sums floats (in float64, so the sum only grows).
+        self.exact_count = workload.goal_metric is GoalMetric.ERROR_RATE
         # Channels-last is a memory format of 4-D tensors: tokens or features stay as they are.
         images = workload.input_layout is InputLayout.IMAGES
         self.memory_format = torch.channels_last if channels_last and images else torch.contiguous_format
@@ -144,12 +165,7 @@ class SingleTrainer:
         self.parameters = list(self.model.parameters())
         names = [name for name, _ in self.model.named_parameters()]
         self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in names]
-        settings = setup.optimizer
-        self.optimizer = torch.optim.SGD(
-            self.parameters, lr=settings.learning_rate,
-            momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
-            nesterov=settings.kind is OptimizerKind.NESTEROV, foreach=True,
-        )
+        self.optimizer = _torch_optimizer(self.parameters, setup.optimizer)
 
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         if learning_rates is not None:
@@ -158,20 +174,23 @@ class SingleTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.masks is not None:
-            # Masking the gradient keeps pruned weights and their momentum buffers exactly zero.
+            # Masking the gradient keeps pruned weights and their optimizer buffers exactly zero.
             torch._foreach_mul_([p.grad for p in self.parameters], self.masks)
         self.optimizer.step()
         return loss.detach().reshape(1)
 
     @torch.no_grad()
-    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
-                     batch_size: int) -> tuple[list[int], list[bool]]:
+    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | float | None, skip: Sequence[bool],
+                     batch_size: int) -> tuple[list[int | float], list[bool]]:
+        """The validation total (wrong examples, or summed loss) and whether it is complete (not cut short
+        once past ``allowed``)."""
         if skip[0]:
             return [0], [False]
-        errors = 0
+        errors: int | float = 0 if self.exact_count else 0.0
         for start in range(0, labels.shape[0], batch_size):
             chunk = images[start:start + batch_size].contiguous(memory_format=self.memory_format)
-            errors += int(self.errors(self.model(chunk), labels[start:start + batch_size]))
+            value = self.validation_total(self.model(chunk), labels[start:start + batch_size])
+            errors += int(value) if self.exact_count else float(value)
             if allowed is not None and errors > allowed:
                 return [errors], [False]
         return [errors], [True]
@@ -203,17 +222,27 @@ class PackedTrainer:
         self.kind = kinds.pop()
         self.device = device
         self.learning_rates = torch.tensor([s.optimizer.learning_rate for s in setups], device=device)
+        # The same rates as Python floats: Adam's step sizes are computed from them in double precision.
+        self.rates = [s.optimizer.learning_rate for s in setups]
         self.momenta = torch.tensor([s.optimizer.momentum for s in setups], device=device)
         self.buffers = ({n: torch.zeros_like(p) for n, p in self.params.items()}
-                        if self.kind is not OptimizerKind.SGD else None)
+                        if self.kind in (OptimizerKind.MOMENTUM, OptimizerKind.NESTEROV) else None)
+        # Adam's per-trial constants (Python floats: its bias corrections are computed as PyTorch computes
+        # them) and its two moments; the step count is shared, as the trials of a chunk start together.
+        self.adam = [(s.optimizer.beta1, s.optimizer.beta2, s.optimizer.epsilon, s.optimizer.weight_decay)
+                     for s in setups]
+        self.adam_step = 0
+        self.moments = ({n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in self.params.items()}
+                        if self.kind.is_adam else None)
+        self.exact_count = workload.goal_metric is GoalMetric.ERROR_RATE
 
-        loss, errors = workload.loss, workload.errors
+        loss, total = workload.loss, workload.validation_total
 
         def loss_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
             return loss(functional_call(self.template, params, (images,)), labels)
 
         def errors_of(params: dict[str, Tensor], images: Tensor, labels: Tensor) -> Tensor:
-            return errors(functional_call(self.template, params, (images,)), labels)
+            return total(functional_call(self.template, params, (images,)), labels)
 
         self._gradients = vmap(grad_and_value(loss_of), in_dims=(0, None, None))
         self._errors = vmap(errors_of, in_dims=(0, None, None))
@@ -226,6 +255,10 @@ class PackedTrainer:
         gradients, losses = self._gradients(self.params, images, labels)
         if learning_rates is not None:
             self.learning_rates = torch.tensor(learning_rates, device=self.device)
+            self.rates = list(learning_rates)
+        if self.moments is not None:
+            self._adam_step(gradients)
+            return losses
         for name in self.names:
             gradient = gradients[name]
             if self.masks is not None:
@@ -239,11 +272,43 @@ class PackedTrainer:
             self.params[name].sub_(self._per_trial(self.learning_rates, gradient) * gradient)
         return losses
 
+    def _adam_step(self, gradients: dict[str, Tensor]) -> None:
+        """torch.optim.Adam / AdamW's update (foreach, not fused, no amsgrad), each trial with its own
+        constants: m = lerp(m, g, 1 - beta1); v = beta2 v + (1 - beta2) g^2; [AdamW: w *= 1 - lr wd];
+        w -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)."""
+        self.adam_step += 1
+        step, rates = self.adam_step, self.rates
+        columns = {
+            "one_minus_beta1": [1.0 - b1 for b1, _, _, _ in self.adam],
+            "beta2": [b2 for _, b2, _, _ in self.adam],
+            "one_minus_beta2": [1.0 - b2 for _, b2, _, _ in self.adam],
+            "epsilon": [eps for _, _, eps, _ in self.adam],
+            "step_size": [rate / (1.0 - b1 ** step) for rate, (b1, _, _, _) in zip(rates, self.adam)],
+            "correction2_sqrt": [(1.0 - b2 ** step) ** 0.5 for _, b2, _, _ in self.adam],
+            "decay": [1.0 - rate * wd for rate, (_, _, _, wd) in zip(rates, self.adam)],
+        }
+        values = {key: torch.tensor(column, device=self.device) for key, column in columns.items()}
+        decoupled = self.kind is OptimizerKind.ADAMW
+        for name in self.names:
+            gradient = gradients[name]
+            if self.masks is not None:
+                gradient = gradient * self.masks[name]
+            first, second = self.moments[name]
+            per = {key: self._per_trial(value, gradient) for key, value in values.items()}
+            parameter = self.params[name]
+            if decoupled:
+                parameter.mul_(per["decay"])
+            first.lerp_(gradient, per["one_minus_beta1"])
+            # The order of PyTorch's kernels: (1 - beta2) g first, then times g; the step size times m / denom.
+            second.mul_(per["beta2"]).addcmul_(per["one_minus_beta2"] * gradient, gradient)
+            denominator = (second.sqrt() / per["correction2_sqrt"]).add_(per["epsilon"])
+            parameter.sub_(per["step_size"] * (first / denominator))
+
     @torch.no_grad()
-    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | None, skip: Sequence[bool],
-                     batch_size: int) -> tuple[list[int], list[bool]]:
+    def count_errors(self, images: Tensor, labels: Tensor, allowed: int | float | None, skip: Sequence[bool],
+                     batch_size: int) -> tuple[list[int | float], list[bool]]:
         count = len(skip)
-        errors = torch.zeros(count, dtype=torch.long, device=self.device)
+        errors = torch.zeros(count, dtype=torch.long if self.exact_count else torch.float64, device=self.device)
         # Activations grow with K; keep one evaluation chunk's memory about constant.
         chunk_size = max(50, batch_size // count)
         skipped = torch.tensor(list(skip), device=self.device)
@@ -262,6 +327,11 @@ class PackedTrainer:
             self.masks = {n: m.index_select(0, index) for n, m in self.masks.items()}
         if self.buffers is not None:
             self.buffers = {n: b.index_select(0, index) for n, b in self.buffers.items()}
+        if self.moments is not None:
+            self.moments = {n: (m.index_select(0, index), v.index_select(0, index))
+                            for n, (m, v) in self.moments.items()}
+        self.adam = [self.adam[k] for k in positions]
+        self.rates = [self.rates[k] for k in positions]
         self.learning_rates = self.learning_rates.index_select(0, index)
         self.momenta = self.momenta.index_select(0, index)
 
@@ -318,7 +388,7 @@ class ChunkRun:
         self.stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
         self.hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
                               settings.data_seed, workload.loss)
-        self.scheduled = any(s.optimizer.decay_steps is not None for s in setups)
+        self.scheduled = any(s.optimizer.scheduled for s in setups)
         self.loss_sums = torch.zeros(len(self.active), device=device)
 
     @property

@@ -69,11 +69,12 @@ def _run(name: str, type_: str, default: str | None, help_: str, through_mlproje
 # In StudySpec's order (the order of key_fields, hence of a study run's ``spec.*`` params and study.json).
 STUDY_FIELDS: tuple[StudyField, ...] = (
     _spec("workload", "str", "digits-simple-cnn", "the workload (dataset and network, edps workloads)"),
-    _spec("optimizer", "OptimizerKind", "sgd", "sgd, momentum or nesterov"),
+    _spec("optimizer", "OptimizerKind", "sgd", "sgd, momentum, nesterov, adam or adamw"),
     _spec("sparsity", "float", "0.0", "fraction of the parameters pruned at initialisation (by --pruning), in [0, 1)"),
     _spec("batch_size", "int", "256", "the batch size", option="--bs", parameter="bs"),
     _spec("trials", "int", "default", "quasi-random trials per study (Sobol order); default: the workload's"),
-    _spec("goal_error", "float", "default", "goal validation error; default: the workload's"),
+    _spec("goal_error", "float", "default", "goal validation error (or loss, of a loss-goal workload); default: the "
+                                            "workload's"),
     _spec("max_steps", "int", "default", "step cap; default: the workload's"),
     _spec("check_interval", "int", "default", "steps between validation checks; default: the workload's"),
     _spec("seed", "int", "0", "study seed (data order and trial seeds)"),

@@ -59,18 +59,29 @@ class Dimension:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Tuned dimensions in a fixed order (the order decides which Sobol coordinate each gets)."""
+    """Tuned dimensions in a fixed order (the order decides which Sobol coordinate each gets), and fixed
+    metaparameters that every point carries (an Adam warm-up, say): part of each trial's metaparameters, so
+    of its key, but never tuned. A space without fixed values has the points (and trial keys) it always had."""
 
     dimensions: tuple[Dimension, ...]
+    fixed: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.dimensions] + [name for name, _ in self.fixed]
+        if not self.dimensions:
+            raise ValueError("a search space tunes at least one dimension")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a search space names each metaparameter once, got {names}")
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dimensions)
 
     def points(self, count: int) -> list[dict[str, float]]:
-        """The first ``count`` metaparameter points of the paper's Sobol order."""
+        """The first ``count`` metaparameter points of the paper's Sobol order (with the fixed values)."""
         units = sobol_points(count, len(self.dimensions))
-        return [{d.name: d.value(float(u)) for d, u in zip(self.dimensions, row)} for row in units]
+        fixed = {name: float(value) for name, value in self.fixed}
+        return [{**{d.name: d.value(float(u)) for d, u in zip(self.dimensions, row)}, **fixed} for row in units]
 
     def units(self, point: dict[str, float]) -> np.ndarray:
         """The unit-cube coordinates of a point (used to order trials by closeness)."""
@@ -197,3 +208,18 @@ PAPER_SPACES: dict[str, SearchSpace] = {
     "momentum": SearchSpace((LEARNING_RATE, MOMENTUM)),
     "nesterov": SearchSpace((LEARNING_RATE, MOMENTUM)),
 }
+
+# Adam and AdamW (not the paper's): the learning rate on a log range around Adam's customary 1e-3 (the first
+# Sobol point is its middle, 1e-3), beta1 0.9, beta2 0.999 and epsilon 1e-8 fixed at PyTorch's defaults, a
+# constant schedule without warm-up; AdamW also tunes its decoupled weight decay (PyTorch's: each step
+# multiplies the weights by 1 - learning_rate * weight_decay). A workload may tune more (BETA2) or fix a
+# warm-up in its own spaces (docs/workloads.md).
+ADAM_LEARNING_RATE = Dimension("learning_rate", 1e-5, 0.1, Scale.LOG)
+WEIGHT_DECAY = Dimension("weight_decay", 1e-4, 1.0, Scale.LOG)
+BETA2 = Dimension("beta2", 0.99, 0.9999, Scale.REVERSE_LOG)
+ADAM_SPACES: dict[str, SearchSpace] = {
+    "adam": SearchSpace((ADAM_LEARNING_RATE,)),
+    "adamw": SearchSpace((ADAM_LEARNING_RATE, WEIGHT_DECAY)),
+}
+# Every optimizer on a workload of the paper's kind: the paper's three and Adam's two.
+DEFAULT_SPACES: dict[str, SearchSpace] = {**PAPER_SPACES, **ADAM_SPACES}

@@ -15,7 +15,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from edps_mlflow.config import OptimizerKind, Schedule, StudySpec, TrialSpec
+from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.fingerprint import splits_fingerprint
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
@@ -181,7 +181,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
     study that probes only its best trial)."""
     return EngineSettings(
         batch_size=spec.batch_size, max_steps=spec.max_steps, check_interval=spec.check_interval,
-        allowed_errors=workload.allowed_errors(spec.goal_error, validation_size), data_seed=spec.seed,
+        allowed_errors=workload.goal_bound(spec.goal_error, validation_size), data_seed=spec.seed,
         early_abort_evaluation=options.early_abort_evaluation,
         curve_interval=curve_interval_for(spec, validation_size, options.curve_interval),
         channels_last=uses_channels_last(workload.input_layout, spec.batch_size), probes=spec.probes,
@@ -224,7 +224,7 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
     """The schedule, the bytes each trial holds between its turns, and a warning when breadth-first would
     not fit the memory budget (resources.breadth_first_fits) and the study falls back to depth-first."""
     parameters = sum(p.numel() for p in workload.build_model().parameters())
-    held = held_bytes_per_trial(parameters, spec.optimizer is not OptimizerKind.SGD, spec.sparsity > 0, train_size)
+    held = held_bytes_per_trial(parameters, spec.optimizer.state_buffers, spec.sparsity > 0, train_size)
     if wanted is Schedule.BREADTH_FIRST and not breadth_first_fits(held * trials_to_train, device):
         return Schedule.DEPTH_FIRST, held, (
             f"warning: {trials_to_train} trials x {held} bytes held at once do not fit the memory budget on "

@@ -10,7 +10,6 @@ from torch import Tensor
 
 from edps_mlflow.config import OptimizerSettings, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.models import init_fan_in_truncated_normal
 from edps_mlflow.pruning.base import ScoreContext
 from edps_mlflow.pruning.cache import ScoreCache
 from edps_mlflow.pruning.mask import Mask
@@ -33,13 +32,14 @@ class TrialSetup:
 
 def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec,
                   score_cache: ScoreCache | None = None) -> TrialSetup:
-    """Initialise with the trial's own seed, prune at initialisation, and mask the initial weights.
+    """Initialise with the trial's own seed (the workload's initialisation), prune at initialisation, and mask
+    the initial weights.
 
     ``data`` may be on any device; the scores are computed where the data are. With ``score_cache`` (and the
     study's data fingerprint set), costly scores are computed once per initialisation and kept there.
     """
     model = workload.build_model()
-    init_fan_in_truncated_normal(model, torch.Generator().manual_seed(trial.init_seed))
+    workload.initialise(model, torch.Generator().manual_seed(trial.init_seed))
     model.to(data.train_images.device)
     context = ScoreContext(model, data, workload, trial.init_seed, trial.study.sparsity)
     mask, pruning = prune_at_initialisation(trial.study.pruning, context, trial.study.data_fingerprint, score_cache)

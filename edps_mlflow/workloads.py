@@ -1,12 +1,19 @@
-"""The workload registry: name -> dataset, network, loss, error metric, input layout, goal, step cap,
-protocol defaults, search spaces.
+"""The workload contract and the workload registry: name -> dataset, network and its initialisation, loss,
+goal metric, input layout, goal, step cap, protocol defaults, search spaces.
 
 The workload owns its objective, as AlgoPerf's workload contract does: the engine, SNIP and the probes
-ask it for its ``loss`` and for its ``errors`` (the error metric of the goal test), and lay out its
-inputs channels-last only when its ``input_layout`` says they are images. It owns its target too: the
-training loop asks ``allowed_errors`` and never hard-codes ``error <= goal``. It also owns its protocol defaults (trials per study, check interval, goal and
-cap), which ``edps study``, ``edps sweep`` and the MLproject entries use unless told otherwise, and
-it knows the sizes of its splits without loading any data, so that planning never loads a dataset.
+ask it for its ``loss`` and for its goal metric (``validation_total``: the count of wrong examples, or the
+summed loss of a loss goal), initialise its network through its ``initialise``, and lay out its inputs
+channels-last only when its ``input_layout`` says they are images. It owns its target too: the training
+loop asks ``goal_bound`` and never hard-codes ``error <= goal``. It also owns its protocol defaults (trials
+per study, check interval, goal and cap), which ``edps study``, ``edps sweep`` and the MLproject entries use
+unless told otherwise, and it knows the sizes of its splits without loading any data, so that planning
+never loads a dataset. docs/workloads.md documents the contract for workloads of one's own.
+
+Where workloads come from (``get_workload``): the built-in ones (``WORKLOADS``); those that installed
+packages declare in the entry-point group ``edps_mlflow.workloads``; and ``package.module:NAME``, a
+Workload imported from a module on the import path, which this process then also finds by its name, and
+so do the processes it starts (the reference travels in ``$EDPS_WORKLOAD_MODULES``).
 
 Importing this module imports neither torch nor any dataset: networks and loaders are imported when
 a workload builds or loads them.
@@ -14,23 +21,32 @@ a workload builds or loads them.
 
 from __future__ import annotations
 
+import importlib
+import math
+import os
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from edps_mlflow import goal
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.search import (
     DECAY_STEPS,
+    PAPER_SPACES,
+    WEIGHT_DECAY,
+    Dimension,
+    Scale,
+    DEFAULT_SPACES,
     END_LEARNING_RATE_FACTOR,
     LEARNING_RATE,
     MOMENTUM,
-    PAPER_SPACES,
     SearchSpace,
 )
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor, nn
 
     from edps_mlflow.data.splits import DataSplits
@@ -40,6 +56,13 @@ if TYPE_CHECKING:
 PAPER_TRIALS = 100
 # The paper's grid: its sparsities; batch sizes are the powers of two from 2 up to the split.
 PAPER_SPARSITIES = (0.0, 0.5, 0.7, 0.9)
+# The entry-point group through which an installed package offers workloads (docs/workloads.md).
+ENTRY_POINT_GROUP = "edps_mlflow.workloads"
+# ``package.module:NAME`` references imported in this process, for the processes it starts (pool workers,
+# Ray workers, `mlflow run` processes), separated by commas.
+MODULES_ENV = "EDPS_WORKLOAD_MODULES"
+# A workload's name: part of every key, of experiment names and of tags; ``:`` marks a module reference.
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 class InputLayout(Enum):
@@ -51,17 +74,43 @@ class InputLayout(Enum):
     FEATURES = "features"  # [N, D] floats
 
 
+class GoalMetric(Enum):
+    """What a workload's goal is a bound on, measured on the whole validation split at each check."""
+
+    # The validation error: ``errors`` counts the wrong examples of a batch; the goal is met when their
+    # rate is at most the goal (in (0, 1)), counted as the original does (goal.allowed_errors).
+    ERROR_RATE = "error_rate"
+    # The validation loss: ``loss_sum`` sums a batch's per-example losses (each >= 0); the goal is met when
+    # their mean over the validation split is at most the goal (a positive number, e.g. nats per token).
+    LOSS = "loss"
+
+
 # (network outputs, targets) -> a 0-d tensor. Both run under torch.func.vmap in the packed engine (and the
 # loss under grad too), so they use torch operations only: no .item(), no branch on a tensor's value.
 Loss = Callable[["Tensor", "Tensor"], "Tensor"]
 ErrorCount = Callable[["Tensor", "Tensor"], "Tensor"]
+# (network, the trial's generator) -> None: sets every parameter from the generator (or deterministically).
+Initialiser = Callable[["nn.Module", "torch.Generator"], None]
 
 
 def cross_entropy(logits: "Tensor", labels: "Tensor") -> "Tensor":
-    """The mean cross-entropy of a batch: the paper's loss."""
+    """The mean cross-entropy of a batch: the paper's loss. Outputs [N, C] with labels [N], or a sequence's
+    [N, T, C] with [N, T] (the mean over every position)."""
     from torch.nn import functional as F
 
+    if logits.dim() > 2:  # a sequence's positions, each an example of the mean
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     return F.cross_entropy(logits, labels)
+
+
+def cross_entropy_sum(logits: "Tensor", labels: "Tensor") -> "Tensor":
+    """The summed per-example cross-entropy of a batch (of a sequence: its mean over the positions), the goal
+    metric of a loss goal: over the validation split, its mean is the mean loss per position (nats)."""
+    from torch.nn import functional as F
+
+    positions = labels[0].numel() if labels.dim() > 1 else 1
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
+    return total / positions
 
 
 def argmax_errors(logits: "Tensor", labels: "Tensor") -> "Tensor":
@@ -69,18 +118,29 @@ def argmax_errors(logits: "Tensor", labels: "Tensor") -> "Tensor":
     return (logits.argmax(-1) != labels).sum()
 
 
+def fan_in_truncated_normal(model: "nn.Module", generator: "torch.Generator") -> None:
+    """The paper's initialisation (models/init.py): Conv2d and Linear weights fan-in truncated normal, biases
+    zero; other layers keep what their constructor set, deterministically."""
+    from edps_mlflow.models import init_fan_in_truncated_normal
+
+    init_fan_in_truncated_normal(model, generator)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One workload: what the engine, SNIP and the probes ask about the problem they train
-    (docs/architecture.md, "Adding a workload")."""
+    (docs/workloads.md, "The workload contract"). Validated on construction: one line naming the workload
+    and its first bad field."""
 
     name: str
     description: str
     load_data: Callable[[str | Path | None], "DataSplits"]
     build_model: Callable[[], "nn.Module"]
+    # The default goal: an error rate in (0, 1), or a loss to reach (goal_metric).
     goal_error: float
     max_steps: int
     search_spaces: Mapping[str, SearchSpace]
+    # True: the dataset is one of the data catalog's (data/catalog.py), in a data directory.
     needs_data_dir: bool
     dataset: str
     # Split sizes of the official data (the loaders check the real ones): planning needs no data.
@@ -98,6 +158,60 @@ class Workload:
     check_interval: int = 100
     # Steps between probe calls (the Lipschitz constant's interval in the paper: 1,000).
     probe_interval: int = 1000
+    # What the goal bounds: the error rate (``errors``) or the mean validation loss (``loss_sum``).
+    goal_metric: GoalMetric = GoalMetric.ERROR_RATE
+    # The summed per-example validation loss of a batch (each term >= 0, so that a partial sum only grows and
+    # the goal test may stop early, exactly): the goal metric of a loss goal.
+    loss_sum: Loss = cross_entropy_sum
+    # Sets the network's initial parameters from the trial's seeded generator.
+    initialise: Initialiser = fan_in_truncated_normal
+
+    def __post_init__(self) -> None:
+        def bad(field: str, problem: str) -> EdpsError:
+            return EdpsError(f"workload {self.name!r}: {field} {problem}")
+
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
+            raise bad("name", "must be 1-64 of a-z, 0-9, '.', '_' or '-', starting with a letter or digit")
+        for field in ("load_data", "build_model", "loss", "errors", "loss_sum", "initialise"):
+            if not callable(getattr(self, field)):
+                raise bad(field, "must be callable")
+        if not isinstance(self.input_layout, InputLayout):
+            raise bad("input_layout", f"must be an InputLayout, got {self.input_layout!r}")
+        if not isinstance(self.goal_metric, GoalMetric):
+            raise bad("goal_metric", f"must be a GoalMetric, got {self.goal_metric!r}")
+        for field in ("max_steps", "train_size", "validation_size", "default_trials", "check_interval",
+                      "probe_interval"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(field, f"must be a positive integer, got {value!r}")
+        if self.max_steps < self.check_interval:
+            raise bad("max_steps", f"({self.max_steps}) must be at least the check interval ({self.check_interval})")
+        problem = self.goal_problem(self.goal_error)
+        if problem:
+            raise bad("goal_error", problem)
+        if not self.search_spaces or not all(isinstance(v, SearchSpace) for v in self.search_spaces.values()):
+            raise bad("search_spaces", "must map optimizer names to SearchSpace values")
+        from edps_mlflow.config import OptimizerKind
+
+        known = {kind.value for kind in OptimizerKind}
+        unknown = sorted(set(self.search_spaces) - known)
+        if unknown:
+            raise bad("search_spaces", f"names unknown optimizers {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+    def goal_problem(self, goal_value: Any) -> str | None:
+        """Why ``goal_value`` cannot be this workload's goal, or None."""
+        if isinstance(goal_value, bool) or not isinstance(goal_value, (int, float)) or not math.isfinite(goal_value):
+            return f"must be a finite number, got {goal_value!r}"
+        if self.goal_metric is GoalMetric.ERROR_RATE and not 0.0 < goal_value < 1.0:
+            return f"must be in (0, 1), got {goal_value}"
+        if self.goal_metric is GoalMetric.LOSS and not goal_value > 0.0:
+            return f"must be a positive loss, got {goal_value}"
+        return None
+
+    @property
+    def goal_words(self) -> str:
+        """What the goal bounds, in words: "validation error" or "validation loss"."""
+        return "validation loss" if self.goal_metric is GoalMetric.LOSS else "validation error"
 
     def allowed_errors(self, goal_error: float, validation_size: int) -> int:
         """Most misclassified validation examples that still meet ``error <= goal_error``.
@@ -106,6 +220,19 @@ class Workload:
         goal 0.12 on 6,000 images that is 719, not 720.
         """
         return goal.allowed_errors(goal_error, validation_size)
+
+    def goal_bound(self, goal_value: float, validation_size: int) -> int | float:
+        """The largest validation total (``validation_total`` summed over the split) that meets the goal:
+        the allowed errors of an error-rate goal, ``goal * validation_size`` of a loss goal."""
+        if self.goal_metric is GoalMetric.LOSS:
+            return float(goal_value) * validation_size
+        return self.allowed_errors(goal_value, validation_size)
+
+    def validation_total(self, outputs: "Tensor", targets: "Tensor") -> "Tensor":
+        """The goal metric of a batch as a sum over its examples: wrong examples, or summed loss."""
+        if self.goal_metric is GoalMetric.LOSS:
+            return self.loss_sum(outputs, targets)
+        return self.errors(outputs, targets)
 
     def search_space(self, optimizer: str) -> SearchSpace:
         try:
@@ -168,6 +295,19 @@ def _digits_data(data_dir: str | Path | None) -> "DataSplits":
     return load_digits_splits()
 
 
+def _char_transformer() -> "nn.Module":
+    from edps_mlflow.data.shakespeare import ALPHABET, CONTEXT
+    from edps_mlflow.models.char_transformer import CharTransformer
+
+    return CharTransformer(vocabulary=len(ALPHABET), context=CONTEXT, width=LM_WIDTH, depth=LM_DEPTH, heads=LM_HEADS)
+
+
+def _init_char_transformer(model: "nn.Module", generator: "torch.Generator") -> None:
+    from edps_mlflow.models.char_transformer import init_char_transformer
+
+    init_char_transformer(model, generator)
+
+
 def _catalog_data(dataset: str) -> Callable[[str | Path | None], "DataSplits"]:
     def load(data_dir: str | Path | None) -> "DataSplits":
         from edps_mlflow.data.catalog import load_dataset
@@ -179,7 +319,7 @@ def _catalog_data(dataset: str) -> Callable[[str | Path | None], "DataSplits"]:
 
 def _paper_workload(name: str, dataset: str, description: str, build_model: Callable[[], "nn.Module"],
                     goal_error: float, max_steps: int, train_size: int, validation_size: int,
-                    search_spaces: Mapping[str, SearchSpace] = PAPER_SPACES) -> Workload:
+                    search_spaces: Mapping[str, SearchSpace] = DEFAULT_SPACES) -> Workload:
     """A workload of the paper: its dataset comes from the data catalog (a data directory)."""
     # The original's protocol: 100 trials per study (`--nruns 100`), a check every 100 steps.
     return Workload(name=name, description=description, load_data=_catalog_data(dataset), build_model=build_model,
@@ -187,6 +327,20 @@ def _paper_workload(name: str, dataset: str, description: str, build_model: Call
                     dataset=dataset, train_size=train_size, validation_size=validation_size,
                     input_layout=InputLayout.IMAGES, default_trials=PAPER_TRIALS, check_interval=100)
 
+
+# The character-level language model's network: small enough that a study runs on a CPU (docs/workloads.md
+# has the measurements behind these choices).
+LM_WIDTH, LM_DEPTH, LM_HEADS = 32, 2, 4
+LM_GOAL, LM_MAX_STEPS, LM_TRIALS, LM_CHECK_INTERVAL = 2.2, 3000, 8, 25
+# Its search spaces: Adam's learning rate on a range centred on 3e-3 (the first Sobol point), AdamW's weight
+# decay too; no warm-up (a fixed warm-up adds the same steps at every batch size, and steps-to-result at large
+# batch sizes is a few hundred). The paper's optimizers keep the paper's spaces.
+LM_LEARNING_RATE = Dimension("learning_rate", 1e-4, 0.1, Scale.LOG)
+LM_SPACES: dict[str, SearchSpace] = {
+    **PAPER_SPACES,
+    "adam": SearchSpace((LM_LEARNING_RATE,)),
+    "adamw": SearchSpace((LM_LEARNING_RATE, WEIGHT_DECAY)),
+}
 
 WORKLOADS: dict[str, Workload] = {
     "digits-simple-cnn": Workload(
@@ -200,7 +354,7 @@ WORKLOADS: dict[str, Workload] = {
         # 8 trials made the curve follow one noisy trajectory (docs/digits-workload.md).
         goal_error=0.03,
         max_steps=5000,
-        search_spaces=PAPER_SPACES,
+        search_spaces=DEFAULT_SPACES,
         needs_data_dir=False,
         dataset="digits",
         train_size=1618,
@@ -223,14 +377,158 @@ WORKLOADS: dict[str, Workload] = {
     "cifar10-resnet8": _paper_workload(
         "cifar10-resnet8", "cifar10", "CIFAR-10 (45,000 / 5,000), ResNet-8 without batch norm (75,050 parameters)",
         _resnet8, goal_error=0.40, max_steps=100_000, train_size=45_000, validation_size=5_000,
-        search_spaces={**PAPER_SPACES, "nesterov": SearchSpace(
+        search_spaces={**DEFAULT_SPACES, "nesterov": SearchSpace(
             (LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))}),
+    # The goal is the validation cross-entropy in nats per character (on the first 1,024 windows of the last 10%
+    # of the text, data/shakespeare.py); the sizes are those of the real file's windows of 32 characters.
+    "shakespeare-char-transformer": Workload(
+        name="shakespeare-char-transformer",
+        description="Tiny Shakespeare, characters (31,370 / 1,024 windows of 32), a decoder-only transformer "
+                    "(width 32, 2 blocks, 4 heads; 30,721 parameters); goal: validation loss, nats per character",
+        load_data=_catalog_data("tiny-shakespeare"),
+        build_model=_char_transformer,
+        goal_error=LM_GOAL,
+        max_steps=LM_MAX_STEPS,
+        search_spaces=LM_SPACES,
+        needs_data_dir=True,
+        dataset="tiny-shakespeare",
+        train_size=31_370,
+        validation_size=1_024,
+        input_layout=InputLayout.TOKENS,
+        default_trials=LM_TRIALS,
+        check_interval=LM_CHECK_INTERVAL,
+        probe_interval=LM_CHECK_INTERVAL,
+        goal_metric=GoalMetric.LOSS,
+        initialise=_init_char_transformer,
+    ),
 }
 
 
+# Workloads of this process that are not built in: imported from ``package.module:NAME`` references and
+# entry points, by name (a cache of what was imported, as Python's own module cache).
+_LOADED: dict[str, Workload] = {}
+_BY_REFERENCE: dict[str, Workload] = {}
+
+
 def get_workload(name: str) -> Workload:
-    try:
+    """The workload called ``name`` (built in, imported here before, named by a reference in
+    ``$EDPS_WORKLOAD_MODULES``, or offered by an installed package's entry point), or the one that a
+    ``package.module:NAME`` reference names. One line when there is none."""
+    if not isinstance(name, str):
+        raise EdpsError(f"a workload is named by a string, got {name!r}")
+    if ":" in name:
+        return _import_reference(name)
+    if name in WORKLOADS:
         return WORKLOADS[name]
-    except KeyError:
-        known = ", ".join(sorted(WORKLOADS))
-        raise EdpsError(f"unknown workload {name!r}; known workloads: {known}") from None
+    if name in _LOADED:
+        return _LOADED[name]
+    for reference in _environment_references():
+        if _import_reference(reference).name == name:
+            return _LOADED[name]
+    offered = [point for point in _entry_points() if point.name == name]
+    if len(offered) > 1:
+        raise EdpsError(f"workload {name!r} is offered by {len(offered)} installed entry points "
+                        f"({', '.join(point.value for point in offered)}); uninstall all but one")
+    if offered:
+        return _register(_load_entry_point(offered[0]), f"entry point {offered[0].value}")
+    known = ", ".join(sorted({*WORKLOADS, *_LOADED, *(point.name for point in _entry_points())}))
+    raise EdpsError(f"unknown workload {name!r}; known workloads: {known} (a workload of your own: an entry point "
+                    f"in the group {ENTRY_POINT_GROUP}, or --workload package.module:NAME; docs/workloads.md)")
+
+
+def workload_catalog() -> list[tuple[str, Workload | EdpsError]]:
+    """Every workload this process can find, by name: the built-in ones, then the imported and installed ones;
+    a workload that cannot be loaded is listed with its error (``edps workloads`` prints it and goes on)."""
+    found: dict[str, Workload | EdpsError] = dict(WORKLOADS)
+    found.update(_LOADED)
+    for reference in _environment_references():
+        try:
+            item = _import_reference(reference)
+            found[item.name] = item
+        except EdpsError as error:
+            found[reference] = error
+    for point in _entry_points():
+        if point.name not in found:
+            try:
+                found[point.name] = get_workload(point.name)
+            except EdpsError as error:
+                found[point.name] = error
+    return list(found.items())
+
+
+def _entry_points() -> list[Any]:
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _load_entry_point(point: Any) -> Workload:
+    try:
+        loaded = point.load()
+    except Exception as error:  # the user's package: any import error is theirs, said in one line
+        raise EdpsError(f"cannot load workload {point.name!r} from entry point {point.value}: "
+                        f"{type(error).__name__}: {error}") from None
+    item = _as_workload(loaded, f"entry point {point.value}")
+    if item.name != point.name:
+        raise EdpsError(f"entry point {point.name!r} ({point.value}) gives a workload named {item.name!r}: "
+                        f"name the entry point as the workload")
+    return item
+
+
+def _import_reference(reference: str) -> Workload:
+    """``package.module:NAME``: the Workload (or the function returning one) NAME of that module."""
+    reference = reference.strip()
+    if reference in _BY_REFERENCE:
+        return _BY_REFERENCE[reference]
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute or ":" in attribute:
+        raise EdpsError(f"a workload reference is package.module:NAME, got {reference!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise EdpsError(f"cannot import {module_name!r} for the workload {reference!r}: {error} (the working "
+                        f"directory is not on the import path: install the package, or add its directory to "
+                        f"PYTHONPATH)") from None
+    except Exception as error:
+        raise EdpsError(f"importing {module_name!r} for the workload {reference!r} failed: "
+                        f"{type(error).__name__}: {error}") from None
+    try:
+        loaded = getattr(module, attribute)
+    except AttributeError:
+        raise EdpsError(f"module {module_name!r} has no {attribute!r} (for the workload {reference!r})") from None
+    item = _register(_as_workload(loaded, reference), reference)
+    _BY_REFERENCE[reference] = item
+    references = _environment_references()
+    if reference not in references:
+        # The processes this one starts (pool workers, Ray workers, `mlflow run`) find it by its name too.
+        os.environ[MODULES_ENV] = ",".join((*references, reference))
+    return item
+
+
+def _as_workload(loaded: Any, source: str) -> Workload:
+    if callable(loaded) and not isinstance(loaded, Workload):
+        try:
+            loaded = loaded()
+        except EdpsError:
+            raise
+        except Exception as error:
+            raise EdpsError(f"building the workload of {source} failed: {type(error).__name__}: {error}") from None
+    if not isinstance(loaded, Workload):
+        raise EdpsError(f"{source} is a {type(loaded).__name__}, not an edps_mlflow.workloads.Workload")
+    return loaded
+
+
+def _register(item: Workload, source: str) -> Workload:
+    if item.name in WORKLOADS and WORKLOADS[item.name] is not item:
+        raise EdpsError(f"the workload of {source} is named {item.name!r}, the name of a built-in workload: "
+                        f"give it a name of its own")
+    previous = _LOADED.get(item.name)
+    if previous is not None and previous is not item:
+        raise EdpsError(f"two workloads are named {item.name!r} (the second from {source}): names must differ, "
+                        f"they are part of every key")
+    _LOADED[item.name] = item
+    return item
+
+
+def _environment_references() -> tuple[str, ...]:
+    return tuple(part.strip() for part in os.environ.get(MODULES_ENV, "").split(",") if part.strip())

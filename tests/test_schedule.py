@@ -126,7 +126,7 @@ def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(
     spec = study_spec(optimizer="momentum", sparsity=0.5)
     schedule, held, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert (schedule, warning) == (Schedule.BREADTH_FIRST, None)
-    assert held == held_bytes_per_trial(6090, momentum=True, sparse=True, train_size=1618)
+    assert held == held_bytes_per_trial(6090, optimizer_buffers=1, sparse=True, train_size=1618)
     monkeypatch.setattr(study, "breadth_first_fits", lambda held_bytes, device: False)
     schedule, _, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning

@@ -20,7 +20,7 @@ from edps_mlflow.resources import uses_channels_last
 from edps_mlflow.results import TrialStatus
 from edps_mlflow.search import PAPER_SPACES
 from edps_mlflow.trials import prepare_trial
-from edps_mlflow.workloads import InputLayout, Workload, argmax_errors, cross_entropy
+from edps_mlflow.workloads import GoalMetric, InputLayout, Workload, argmax_errors, cross_entropy, cross_entropy_sum
 
 from helpers import setups_for, study_spec
 
@@ -220,6 +220,67 @@ def test_snip_prunes_by_the_workloads_loss():
     assert any(not torch.equal(setup.mask.tensors[n], cross_entropy_mask.tensors[n]) for n in expected.tensors)
 
 
+@pytest.mark.parametrize("pack", [1, 2])
+def test_a_loss_goal_is_the_mean_validation_loss_and_early_abort_keeps_it_exact(pack):
+    """GoalMetric.LOSS: each check's value is the mean validation cross-entropy of the trial's weights at that
+    check (computed here without the engine), a trial reaches the goal at the first check at or below it, and
+    stopping the sum early (the per-example losses are non-negative) changes no outcome."""
+    data = _feature_data()
+    goal = 0.95  # nats: the four noisy classes start at ln 4 = 1.39
+    lossy = _workload("features-loss", InputLayout.FEATURES, FeatureNet, data, goal_metric=GoalMetric.LOSS)
+    assert lossy.goal_bound(goal, data.validation_size) == goal * data.validation_size
+    spec = study_spec(optimizer="momentum", sparsity=0.0, batch_size=64, trials=2)
+    points = [{"learning_rate": 0.003, "momentum": 0.9}, {"learning_rate": 0.3, "momentum": 0.9}]
+    setups = setups_for(spec, points[:pack], workload=lossy, data=data)
+    model, seen = FeatureNet(), []
+
+    class Log:
+        def on_check(self, index, check):
+            position = [state.setup.index for state in run.active].index(index)
+            parameters = (dict(run.trainer.model.named_parameters()) if pack == 1 else
+                          {name: stacked[position] for name, stacked in run.trainer.params.items()})
+            with torch.no_grad():
+                mean = float(F.cross_entropy(functional_call(model, parameters, (data.validation_images,)),
+                                             data.validation_labels))
+            seen.append((index, check.step, check.validation_error, mean))
+
+        def on_probe(self, index, step, values):
+            pass
+
+        def on_finish(self, result):
+            pass
+
+    outcomes = {}
+    for early_abort in (False, True):
+        settings = _settings(lossy, 64, goal_error=0.05, max_steps=200, check_interval=20, channels_last=True,
+                             early_abort_evaluation=early_abort)
+        settings = replace(settings, allowed_errors=lossy.goal_bound(goal, data.validation_size))
+        run = ChunkRun(lossy, data, setups, settings, Log())
+        bound = LocalStepBound(200, 20, False)
+        while not run.done:
+            run.advance(bound)
+        outcomes[early_abort] = _outcomes(run.results.values())
+        cut_short = sum(result.checks_cut_short for result in run.results.values())
+        assert (cut_short > 0) == early_abort  # the early checks, above the goal, stopped summing early
+        if not early_abort:
+            assert seen and all(value == pytest.approx(mean, rel=1e-5) for _, _, value, mean in seen)
+            first = {}
+            for index, step, _, mean in seen:
+                if mean <= goal:
+                    first.setdefault(index, step)
+            assert {i: s for i, _, s in outcomes[False] if s is not None} == first
+    assert outcomes[True] == outcomes[False]
+    assert any(s is not None for _, _, s in outcomes[False])
+
+
+def test_loss_sum_of_sequences_is_the_mean_per_position_summed_over_examples():
+    generator = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(5, 7, 11, generator=generator), torch.randint(0, 11, (5, 7), generator=generator)
+    per_position = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), reduction="none").reshape(5, 7)
+    assert float(cross_entropy_sum(logits, targets)) == pytest.approx(float(per_position.mean(1).sum()), rel=1e-6)
+    assert float(cross_entropy(logits, targets)) == pytest.approx(float(per_position.mean()), rel=1e-6)
+
+
 def test_default_objective_is_the_papers():
     """Cross-entropy and the argmax error, as the engine computed them before workloads owned them."""
     logits = torch.randn(50, 10, generator=torch.Generator().manual_seed(0))
@@ -229,5 +290,7 @@ def test_default_objective_is_the_papers():
     from edps_mlflow.workloads import WORKLOADS
 
     for workload in WORKLOADS.values():
-        assert workload.input_layout is InputLayout.IMAGES
+        if workload.input_layout is InputLayout.TOKENS:  # the language model: its own objective
+            continue
+        assert workload.input_layout is InputLayout.IMAGES and workload.goal_metric is GoalMetric.ERROR_RATE
         assert workload.loss is cross_entropy and workload.errors is argmax_errors

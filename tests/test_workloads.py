@@ -121,9 +121,13 @@ def test_search_spaces_per_workload():
     for point in cifar.search_space("nesterov").points(16):
         assert 30_000 <= point["decay_steps"] <= 60_000 and point["decay_steps"] == int(point["decay_steps"])
         assert 1e-4 <= point["end_learning_rate_factor"] <= 0.1
-    with pytest.raises(EdpsError, match="does not define optimizer 'adam'; it defines: momentum, nesterov, sgd"):
-        cifar.search_space("adam")
-    assert {(w.goal_error, w.max_steps) for n, w in WORKLOADS.items() if n != "digits-simple-cnn"} == \
+    # Every workload also tunes Adam and AdamW (search.ADAM_SPACES); an optimizer it has no space for is one line.
+    assert cifar.search_space("adamw").names == ("learning_rate", "weight_decay")
+    with pytest.raises(EdpsError, match="does not define optimizer 'lion'; it defines: adam, adamw, momentum, "
+                                        "nesterov, sgd"):
+        cifar.search_space("lion")
+    assert {(w.goal_error, w.max_steps) for n, w in WORKLOADS.items()
+            if n not in ("digits-simple-cnn", "shakespeare-char-transformer")} == \
         {(0.02, 40_000), (0.12, 40_000), (0.40, 100_000)}
 
 

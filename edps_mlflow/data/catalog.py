@@ -1,8 +1,9 @@
-"""The paper's datasets: where their files live, their published checksums, status and download.
+"""The datasets of the built-in workloads: where their files live, their published checksums, status and
+download.
 
 Layout: each dataset in its own folder under the data directory (``--data-dir``, else
 ``$EDPS_DATA_DIR``, else ``~/.cache/edps-mlflow/data``): ``mnist/``, ``fashion-mnist/``,
-``cifar10/``. Files placed directly in the data directory are found too.
+``cifar10/``, ``tiny-shakespeare/``. Files placed directly in the data directory are found too.
 
     edps data list
     edps data download mnist
@@ -26,6 +27,8 @@ from typing import BinaryIO, Callable
 from edps_mlflow.data.bounded import describe
 from edps_mlflow.data.cifar import ARCHIVE, ARCHIVE_FOLDER, TRAIN_BATCHES, load_cifar10_splits
 from edps_mlflow.data.idx import MNIST_TRAIN_FILES, load_idx_splits, resolve_data_dir
+from edps_mlflow.data.shakespeare import FILE as SHAKESPEARE_FILE
+from edps_mlflow.data.shakespeare import load_shakespeare_splits
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.uris import redact_uri
@@ -42,9 +45,26 @@ DOWNLOAD_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class RemoteFile:
+    """One file of a dataset with the checksum published for it: md5 (the paper's datasets publish md5) or
+    sha256 (where that is what was published); both are checked when both are given."""
+
     name: str
     urls: tuple[str, ...]
-    md5: str  # as published with the dataset
+    md5: str | None  # as published with the dataset
+    sha256: str | None = None
+
+    def matches(self, path: Path) -> bool:
+        """Whether the file at ``path`` has the published checksum(s)."""
+        return (self.md5 is None or md5_of(path) == self.md5) and \
+            (self.sha256 is None or sha256_of(path) == self.sha256)
+
+    @property
+    def checksum(self) -> str:
+        """The published checksum in words: ``md5 <hex>`` or ``sha256 <hex>``."""
+        return f"md5 {self.md5}" if self.md5 is not None else f"sha256 {self.sha256}"
+
+    def actual(self, path: Path) -> str:
+        return f"md5 {md5_of(path)}" if self.md5 is not None else f"sha256 {sha256_of(path)}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,17 @@ SOURCES: dict[str, DatasetSource] = {
                           "c32a1d4ab5d03f1284b67883e8d87530"),),
         alternatives=((ARCHIVE,), tuple(f"{ARCHIVE_FOLDER}/{n}" for n in TRAIN_BATCHES), TRAIN_BATCHES),
         load=load_cifar10_splits,
+    ),
+    # Karpathy's char-rnn file, as nanoGPT's shakespeare_char fetches it. Its sha256 (and size, 1,115,394
+    # bytes) as TensorFlow Datasets publishes them for this URL (tensorflow_datasets/url_checksums/
+    # tiny_shakespeare.txt); no md5 is published for it.
+    "tiny-shakespeare": DatasetSource(
+        name="tiny-shakespeare", title="Tiny Shakespeare (char-rnn input.txt)",
+        files=(RemoteFile(SHAKESPEARE_FILE,
+                          ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",),
+                          None, sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),),
+        alternatives=((SHAKESPEARE_FILE,),),
+        load=load_shakespeare_splits,
     ),
 }
 
@@ -146,7 +177,14 @@ def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
 
 
 def md5_of(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
+    return _digest_of(path, hashlib.md5(usedforsecurity=False))
+
+
+def sha256_of(path: Path) -> str:
+    return _digest_of(path, hashlib.sha256())
+
+
+def _digest_of(path: Path, digest: "hashlib._Hash") -> str:
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
@@ -164,7 +202,7 @@ def dataset_report(name: str, data_dir: str | Path | None) -> DatasetReport:
     except EdpsError as error:
         return DatasetReport(DatasetStatus.CORRUPT, directory, str(error))
     published = [f for f in source.files if (directory / f.name).is_file()]
-    differing = [f.name for f in published if md5_of(directory / f.name) != f.md5]
+    differing = [f.name for f in published if not f.matches(directory / f.name)]
     if differing:
         check = f"loads, but {', '.join(differing)} differ from the published files (checksum)"
     elif published:
@@ -223,7 +261,7 @@ class _TransferFailed(Exception):
 def _download_files(source: DatasetSource, directory: Path, limits: _Limits, report: Callable[[str], None]) -> None:
     for remote in source.files:
         target = directory / remote.name
-        if target.is_file() and md5_of(target) == remote.md5:
+        if target.is_file() and remote.matches(target):
             report(f"{remote.name}: already present, checksum verified")
             continue
         errors = []
@@ -239,7 +277,7 @@ def _download_files(source: DatasetSource, directory: Path, limits: _Limits, rep
             break
         else:
             raise EdpsError(f"could not fetch {remote.name} ({'; '.join(errors)}); download it by hand from "
-                            f"{remote.urls[0]} (md5 {remote.md5}) and put it in {target.parent}")
+                            f"{remote.urls[0]} ({remote.checksum}) and put it in {target.parent}")
 
 
 def _fetch_verified(url: str, remote: RemoteFile, target: Path, limits: _Limits) -> None:
@@ -252,9 +290,8 @@ def _fetch_verified(url: str, remote: RemoteFile, target: Path, limits: _Limits)
     partial_path = Path(partial)
     try:
         _fetch(url, partial_path, limits)
-        actual = md5_of(partial_path)
-        if actual != remote.md5:
-            raise _TransferFailed(f"checksum mismatch (expected md5 {remote.md5}, got {actual})")
+        if not remote.matches(partial_path):
+            raise _TransferFailed(f"checksum mismatch (expected {remote.checksum}, got {remote.actual(partial_path)})")
         # mkstemp creates the file readable by its owner only; a dataset should get the
         # permissions any file the user creates gets.
         partial_path.chmod(0o666 & ~_umask())

@@ -19,6 +19,7 @@ from edps_mlflow.process_settings import request_settings
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices
 from edps_mlflow.uris import redact_uri
+from edps_mlflow.workloads import MODULES_ENV
 
 if TYPE_CHECKING:
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
@@ -46,6 +47,8 @@ class RayExecutor:
         # Ray's workers do not inherit this process's environment: pass what training and the store client need.
         environment = {name: os.environ[name] for name in ALLOCATOR_ENVIRONMENT if name in os.environ}
         environment.update({**request_settings(), "OMP_NUM_THREADS": "1"})
+        if os.environ.get(MODULES_ENV):  # workloads named by package.module:NAME (an installed one needs nothing)
+            environment[MODULES_ENV] = os.environ[MODULES_ENV]
         init: dict[str, Any] = {"runtime_env": {"env_vars": environment}, "include_dashboard": False,
                                 "log_to_driver": False, "ignore_reinit_error": True}
         if options.ray_address:
