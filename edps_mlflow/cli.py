@@ -374,13 +374,15 @@ def workloads() -> None:
     those of installed packages (entry points) and of $EDPS_WORKLOAD_MODULES."""
     from edps_mlflow.workloads import GoalMetric, workload_catalog
 
-    for name, item in workload_catalog():
+    catalog = workload_catalog()
+    width = max(26, *(len(name) for name, _ in catalog))  # names of one's own may be longer than the built-in ones
+    for name, item in catalog:
         if isinstance(item, EdpsError):
-            click.echo(f"{name:<26} cannot be loaded: {item}")
+            click.echo(f"{name:<{width}} cannot be loaded: {item}")
             continue
         data = "needs --data-dir" if item.needs_data_dir else "built in"
         metric = "loss" if item.goal_metric is GoalMetric.LOSS else "error"
-        click.echo(f"{item.name:<26} {metric} <= {item.goal_error:<5g} cap {item.max_steps:<6} "
+        click.echo(f"{item.name:<{width}} {metric} <= {item.goal_error:<5g} cap {item.max_steps:<6} "
                    f"trials {item.default_trials:<3} check every {item.check_interval:<4} {data:<16} "
                    f"{item.description}")
 
