@@ -68,7 +68,8 @@ def test_sweep_with_credentials_and_refusal_without(auth_server, tmp_path, monke
     experiment = client.get_experiment_by_name("edps/digits-simple-cnn")
     runs = client.search_runs([experiment.experiment_id])
     kinds = sorted(r.data.tags.get("edps.kind") for r in runs)
-    assert kinds == ["study", "sweep", "trial", "trial"] and all(r.info.status == "FINISHED" for r in runs)
+    assert kinds == ["study", "study_index", "sweep", "trial", "trial"]  # the experiment's study index run too
+    assert all(r.info.status == "FINISHED" for r in runs)
 
     # The credentials in the URI work as well, and are never printed (MLflow's run links would show them).
     inline = auth_server.replace("http://", f"http://{ADMIN}:{PASSWORD}@")
