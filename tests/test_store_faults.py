@@ -97,10 +97,14 @@ def _store_files_size() -> int:
 
 
 def _statuses(uri: str) -> list[str]:
+    """The statuses of the store's study, trial and sweep runs (not of an experiment's study index run, which
+    is FINISHED from the start)."""
     database = uri.removeprefix("sqlite:///")
     connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
     try:
-        return [row[0] for row in connection.execute("select status from runs")]
+        return [row[0] for row in connection.execute(
+            "select status from runs where run_uuid not in "
+            "(select run_uuid from tags where key = 'edps.kind' and value = 'study_index')")]
     finally:
         connection.close()
 
