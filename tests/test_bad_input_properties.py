@@ -130,7 +130,7 @@ BAD_SWEEP_OPTIONS = st.one_of(
         st.lists(st.one_of(st.floats(max_value=-1e-12), st.floats(min_value=1.0), st.just(math.nan)),
                  min_size=1, max_size=3).map(lambda xs: ",".join(map(repr, xs))),
         st.sampled_from(["", "0,-0.0", "0,0", "0.5,,0.9", "nan", "inf", "1e400", "0;0.5"]), GARBAGE)),
-    st.tuples(st.just("--optimizers"), st.sampled_from(["", "sgd,sgd", "sgd,adam", ",", "SGD"])),
+    st.tuples(st.just("--optimizers"), st.sampled_from(["", "sgd,sgd", "sgd,lion", ",", "SGD"])),
     st.tuples(st.just("--executor"), GARBAGE.filter(lambda t: t not in ("local", "ray"))),
     st.tuples(st.just("--max-steps"), st.sampled_from(["nan", "inf", "1e19", "-5", "5"])),
     st.tuples(st.just("--seed"), st.integers(min_value=2**32, max_value=2**64).map(str)),
