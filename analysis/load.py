@@ -209,14 +209,18 @@ def describe_experiments(experiments: tuple[str, ...]) -> str:
     return ", ".join(experiments) if experiments else "every experiment with study runs"
 
 
-def _paged(client, experiment_ids: list[str], conditions: str) -> list:
-    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page."""
+def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = False) -> list:
+    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page; the active runs, or
+    with ``deleted`` the deleted ones."""
+    from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
     runs, token = [], None
+    view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
     while True:
         try:
-            page = client.search_runs(experiment_ids, filter_string=conditions, max_results=1000, page_token=token)
+            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
+                                      max_results=1000, page_token=token)
         except MlflowException as error:
             raise _store_error(str(client.tracking_uri), error) from None
         runs.extend(page)
@@ -227,24 +231,7 @@ def _paged(client, experiment_ids: list[str], conditions: str) -> list:
 
 def _searcher(client, experiment_ids: list[str]):
     """study_index's search over ``experiment_ids`` (every page; active runs, or the deleted ones)."""
-    from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
-
-    def search(conditions: str, deleted: bool) -> list:
-        runs, token = [], None
-        view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
-        while True:
-            try:
-                page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
-                                          max_results=1000, page_token=token)
-            except MlflowException as error:
-                raise _store_error(str(client.tracking_uri), error) from None
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
-
-    return search
+    return lambda conditions, deleted: _paged(client, experiment_ids, conditions, deleted)
 
 
 def _finished_studies(client, experiment_ids: list[str]) -> list:

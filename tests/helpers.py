@@ -70,9 +70,10 @@ def noise_data():
     return DataSplits(images[:500], labels[:500], images[500:], labels[500:])
 
 
-def reference_sgd_run(setup: TrialSetup, batch_size: int, steps: int, seed: int, data=None,
+def reference_torch_run(setup: TrialSetup, batch_size: int, steps: int, seed: int, data=None,
                       workload=DIGITS) -> dict[str, torch.Tensor]:
-    """Separate single-trial training with torch.optim.SGD: the ground truth for packed trials."""
+    """Separate single-trial training with torch.optim (SGD, momentum and Nesterov through SGD; Adam; AdamW):
+    the ground truth for packed trials."""
     from torch.nn import functional as F
 
     from edps_mlflow.engine import BatchStream
@@ -81,9 +82,14 @@ def reference_sgd_run(setup: TrialSetup, batch_size: int, steps: int, seed: int,
     model = workload.build_model()
     model.load_state_dict(setup.initial_parameters)
     settings = setup.optimizer
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
-                                momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
-                                nesterov=settings.kind is OptimizerKind.NESTEROV)
+    if settings.kind in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
+        common = {"lr": settings.learning_rate, "betas": (settings.beta1, settings.beta2), "eps": settings.epsilon}
+        optimizer = (torch.optim.AdamW(model.parameters(), weight_decay=settings.weight_decay, **common)
+                     if settings.kind is OptimizerKind.ADAMW else torch.optim.Adam(model.parameters(), **common))
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
+                                    momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
+                                    nesterov=settings.kind is OptimizerKind.NESTEROV)
     masks = [setup.mask.tensors[name] for name, _ in model.named_parameters()]
     stream = BatchStream(data.train_size, batch_size, seed, torch.device("cpu"))
     for step in range(steps):

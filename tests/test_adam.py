@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 from edps_mlflow.config import OptimizerKind, OptimizerSettings, StudySpec
 from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train_trials
@@ -13,35 +12,14 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.search import ADAM_SPACES, BETA2, SearchSpace
 from edps_mlflow.workloads import WORKLOADS
 
-from helpers import DIGITS, SMOOTH, digits_data, engine_settings, noise_data, packed_parameters, setups_for, study_spec
+from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, packed_parameters,
+                     reference_torch_run, setups_for, study_spec)
 
 
 def _adam_spec(kind: str, sparsity: float = 0.0, batch_size: int = 16, **protocol) -> StudySpec:
     spec = study_spec(sparsity=sparsity, batch_size=batch_size, **protocol)
     return StudySpec(spec.workload, OptimizerKind(kind), spec.sparsity, spec.batch_size, spec.trials, spec.goal_error,
                      spec.max_steps, spec.check_interval, spec.seed)
-
-
-def _torch_run(setup, batch_size: int, steps: int, seed: int, data, workload) -> dict[str, torch.Tensor]:
-    """One trial alone with torch.optim.Adam / AdamW, its learning rate set per step by the schedule."""
-    model = workload.build_model()
-    model.load_state_dict(setup.initial_parameters)
-    settings = setup.optimizer
-    common = {"lr": settings.learning_rate, "betas": (settings.beta1, settings.beta2), "eps": settings.epsilon}
-    optimizer = (torch.optim.AdamW(model.parameters(), weight_decay=settings.weight_decay, **common)
-                 if settings.kind is OptimizerKind.ADAMW else torch.optim.Adam(model.parameters(), **common))
-    masks = [setup.mask.tensors[name] for name, _ in model.named_parameters()]
-    stream = BatchStream(data.train_size, batch_size, seed, torch.device("cpu"))
-    for step in range(steps):
-        optimizer.param_groups[0]["lr"] = settings.learning_rate_at(step)
-        batch = stream.next()
-        loss = F.cross_entropy(model(data.train_images[batch]), data.train_labels[batch])
-        optimizer.zero_grad()
-        loss.backward()
-        for parameter, mask in zip(model.parameters(), masks):
-            parameter.grad.mul_(mask)
-        optimizer.step()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("kind,sparsity", [("adam", 0.0), ("adamw", 0.5)])
@@ -63,7 +41,7 @@ def test_packed_adam_trials_match_separate_torch_runs(kind, sparsity):
         trainer.step(data.train_images[batch], data.train_labels[batch],
                      [s.optimizer.learning_rate_at(step) for s in setups])
     for position, setup in enumerate(setups):
-        expected = _torch_run(setup, 16, steps, spec.seed, data, SMOOTH)
+        expected = reference_torch_run(setup, 16, steps, spec.seed, data, SMOOTH)
         got = packed_parameters(trainer, position)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)

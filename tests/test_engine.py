@@ -9,7 +9,7 @@ from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train
 from edps_mlflow.resources import choose_pack_size
 from edps_mlflow.results import TrialStatus
 
-from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, packed_parameters, reference_sgd_run,
+from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, packed_parameters, reference_torch_run,
                      setups_for, study_spec)
 
 
@@ -27,7 +27,7 @@ def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
         batch = stream.next()
         trainer.step(data.train_images[batch], data.train_labels[batch], None)
     for position, setup in enumerate(setups):
-        expected = reference_sgd_run(setup, 16, steps, spec.seed, data, workload=SMOOTH)
+        expected = reference_torch_run(setup, 16, steps, spec.seed, data, workload=SMOOTH)
         got = packed_parameters(trainer, position)
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
@@ -46,7 +46,7 @@ def test_packed_simple_cnn_matches_torch_sgd_over_a_few_steps(optimizer):
         batch = stream.next()
         trainer.step(data.train_images[batch], data.train_labels[batch], None)
     for position, setup in enumerate(setups):
-        expected = reference_sgd_run(setup, 16, 10, spec.seed, data)
+        expected = reference_torch_run(setup, 16, 10, spec.seed, data)
         for name, value in packed_parameters(trainer, position).items():
             torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
 
@@ -64,7 +64,7 @@ def test_packed_linear_decay_matches_reference():
         rates = [s.optimizer.learning_rate_at(step) for s in setups]
         trainer.step(data.train_images[batch], data.train_labels[batch], rates)
     for position, setup in enumerate(setups):
-        expected = reference_sgd_run(setup, 8, 40, spec.seed, data, workload=SMOOTH)
+        expected = reference_torch_run(setup, 8, 40, spec.seed, data, workload=SMOOTH)
         for name, value in packed_parameters(trainer, position).items():
             torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
 
