@@ -506,8 +506,12 @@ def main(argv: list[str] | None = None) -> None:
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     configure_process()
-    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED.
+    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED. Ctrl-C
+    # (SIGINT) goes through the same handler, which holds the interrupt back until a tracking-store call in
+    # flight ends: Python's default raises inside the call, where it can leave a sqlite transaction open
+    # whose lock then refuses the very writes that mark the runs KILLED (seen on a loaded CI machine).
     signal.signal(signal.SIGTERM, raise_interrupt)
+    signal.signal(signal.SIGINT, raise_interrupt)
     try:
         try:
             cli.main(args=args, prog_name="edps", standalone_mode=False)

@@ -1,7 +1,7 @@
-"""SIGTERM as KeyboardInterrupt, held back while a tracking-store call is in flight.
+"""SIGTERM and Ctrl-C as KeyboardInterrupt, held back while a tracking-store call is in flight.
 
 A study stopped by SIGTERM (a cancelled `mlflow run`, a job scheduler, a sweep stopping its workers)
-records that it was stopped: its runs become KILLED. Raised in the middle of a store call, the
+or by Ctrl-C records that it was stopped: its runs become KILLED. Raised in the middle of a store call, the
 interrupt can leave a sqlite transaction open in the stopping process, whose lock then blocks that
 very record and every other process on the store ("database is locked"). So the handler raises at
 once outside store calls, and at the end of the call inside one (``store_call``); store calls end
@@ -13,6 +13,7 @@ No imports of mlflow or torch.
 
 from __future__ import annotations
 
+import signal
 import threading
 from contextlib import contextmanager
 from types import FrameType
@@ -23,17 +24,20 @@ _pending = False  # a SIGTERM arrived during one
 
 
 def raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    """The SIGTERM handler: KeyboardInterrupt now, or when the store call in flight ends."""
+    """The SIGTERM and SIGINT handler: KeyboardInterrupt now, or when the store call in flight ends."""
     global _pending
-    if _depth:
+    if _depth and not (_pending and signum == signal.SIGINT):
         _pending = True
         return
+    # Outside a store call, or a second Ctrl-C while one hangs (a store that stopped answering can hold a
+    # call for its whole retry budget): the user insists, and an open transaction is the lesser harm.
+    _pending = False
     raise KeyboardInterrupt
 
 
 @contextmanager
 def store_call() -> Iterator[None]:
-    """Around one call to the tracking store: a SIGTERM inside it is raised when it ends."""
+    """Around one call to the tracking store: a SIGTERM or SIGINT inside it is raised when it ends."""
     global _depth, _pending
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -116,15 +116,30 @@ class _Deferred:
         return pickle.loads(self.data)
 
 
+# Python's resource tracker (one process, shared by a parent and every worker it spawns, started with the
+# parent's warning options) releases the locks of a process that ended without releasing them: a worker
+# stopped with SIGKILL, or one that ended itself with os._exit when its parent died. That is its job; but it
+# then prints "leaked semaphore" warnings, lines that would follow the one-line error or interruption the
+# user is reading. This option, in place before the tracker starts, keeps it quiet about exactly that.
+_QUIET_RESOURCE_TRACKER = "ignore:resource_tracker:UserWarning"
+
+
+def _quiet_resource_tracker() -> None:
+    if _QUIET_RESOURCE_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(_QUIET_RESOURCE_TRACKER)
+
+
 def shared_int(initial: int) -> Any:
     """A signed 64-bit integer in shared memory with a lock (``.value``, ``.get_lock()``), to hand
     to workers in ``worker_args``."""
+    _quiet_resource_tracker()
     return _CONTEXT.Value("q", initial)
 
 
 def shared_ints(count: int, initial: int) -> Any:
     """``count`` signed 64-bit integers in shared memory with a lock (indexable, ``.get_lock()``), to hand
     to workers in ``worker_args``."""
+    _quiet_resource_tracker()
     return _CONTEXT.Array("q", [initial] * count)
 
 
@@ -140,6 +155,7 @@ def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], Non
         raise RuntimeError("worker processes must be started from the main thread")
     if not spec.worker_args:
         raise ValueError("a pool needs at least one worker")
+    _quiet_resource_tracker()
     task_queue, events = _CONTEXT.Queue(), _CONTEXT.Queue()
     for task in tasks:
         task_queue.put(task)

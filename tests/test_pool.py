@@ -219,3 +219,35 @@ def test_sweep_workers_die_when_the_sweep_process_is_sigkilled(tmp_path):
         print(f"sweep: {len(descendants)} descendants gone {seconds:.2f} s after the parent's SIGKILL")
     finally:
         _clean_up(parent)
+
+
+# A worker that takes a lock of its own (as a study's trial pool does inside a sweep's worker) and ends without
+# releasing it, as a worker stopped with SIGKILL or one whose parent died (os._exit) does.
+LEAKING_PARENT = """
+import multiprocessing
+import os
+
+from edps_mlflow.pool import PoolSpec, WorkerError, run_pool
+
+
+def leak(worker):
+    lock = multiprocessing.get_context("spawn").Lock()
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    try:
+        run_pool(PoolSpec("test-worker", leak, ((),)), [], print)
+    except WorkerError as error:
+        print("failed as expected:", str(error).splitlines()[0])
+"""
+
+
+def test_a_worker_that_ends_without_releasing_its_locks_adds_no_warnings_to_the_output(tmp_path):
+    """Python's resource tracker releases what such a worker held and would then print "leaked semaphore"
+    warnings after the command's own last line (seen after a one-line store error in a sweep): not ours."""
+    (tmp_path / "parent.py").write_text(LEAKING_PARENT)
+    done = subprocess.run([sys.executable, "parent.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=clean_environment(PYTHONPATH=str(REPO)))
+    assert done.returncode == 0 and "failed as expected" in done.stdout, (done.stdout, done.stderr)
+    assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr
