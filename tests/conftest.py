@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -136,6 +138,16 @@ class CpuDurations:
         phases[phase] = _since(start)
         if phase == "teardown":
             item.user_properties.append(("cpu_seconds", f"{sum(o + c for o, c, _ in phases.values()):.2f}"))
+            # Under xdist the summary is written by the controller, which sees only the reports: the phases ride
+            # along (own, children, wall per phase).
+            item.user_properties.append(("cpu_phases", {name: list(value) for name, value in phases.items()}))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown" or not hasattr(report, "node"):  # only a controller's reports carry node
+            return
+        for name, value in report.user_properties:
+            if name == "cpu_phases":
+                self.tests[report.nodeid] = {phase: tuple(numbers) for phase, numbers in value.items()}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item):
@@ -262,6 +274,24 @@ def _private_caches(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
     for name in ("EDPS_SCORE_CACHE", "EDPS_DATA_DIR"):
         os.environ.pop(name, None)
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> Any:
+    """What ``build(folder)`` returns (JSON-serialisable), built once per session: under xdist by the first worker
+    that asks, in a folder every worker of the session shares, while the others wait for it and read it. A module
+    fixture alone is built once per worker that runs one of the module's tests (each of them a whole sweep)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return build(factory.mktemp(name))
+    from filelock import FileLock
+
+    shared = factory.getbasetemp().parent / f"built-once-{name}"  # the session's folder, above the workers' own
+    answer = shared / "built.json"
+    with FileLock(f"{shared}.lock"):
+        if not answer.exists():  # a worker whose build failed left none: the next one builds, and says why
+            shared.mkdir(exist_ok=True)
+            answer.write_text(json.dumps(build(shared)))
+    return json.loads(answer.read_text())
 
 
 def fresh_store(database: Path) -> str:

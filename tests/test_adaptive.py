@@ -29,7 +29,7 @@ from edps_mlflow.cli import main
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 
-from conftest import fresh_store, run_edps
+from conftest import built_once, fresh_store, run_edps
 
 RANGE = powers_of_two(2, 1024)
 
@@ -243,17 +243,23 @@ def _measured(uri: str) -> dict[int, float | None]:
             for r in _runs(uri, "study") if r.info.status == "FINISHED"}
 
 
-@pytest.fixture(scope="module")
-def adaptive_store(tmp_path_factory):
-    """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store."""
-    directory = tmp_path_factory.mktemp("adaptive-sweep")
+def _build_adaptive_store(directory: Path) -> list:
     uri = fresh_store(directory / "mlflow.db")
     first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert first.returncode == 0, first.stderr[-3000:]
     trained_first = len(_runs(uri, "trial"))
     second = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert second.returncode == 0, second.stderr[-3000:]
-    return directory, uri, first.stdout, second.stdout, trained_first
+    return [str(directory), uri, first.stdout, second.stdout, trained_first]
+
+
+@pytest.fixture(scope="module")
+def adaptive_store(tmp_path_factory):
+    """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store (once per
+    session, whichever worker asks first)."""
+    directory, uri, first, second, trained_first = built_once(tmp_path_factory, "adaptive-sweep",
+                                                              _build_adaptive_store)
+    return Path(directory), uri, first, second, trained_first
 
 
 @pytest.mark.slow

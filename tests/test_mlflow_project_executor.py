@@ -225,6 +225,37 @@ def test_sigterm_during_a_store_call_is_raised_when_the_call_ends():
         signals.signal(signals.SIGTERM, previous)
 
 
+
+def test_ctrl_c_during_a_store_call_waits_for_its_end_and_a_second_one_does_not():
+    """Ctrl-C (SIGINT) is held back like SIGTERM; pressed again while the call still hangs, it stops at once."""
+    import signal as signals
+
+    from edps_mlflow.interrupts import raise_interrupt, store_call
+
+    previous = signals.signal(signals.SIGINT, raise_interrupt)
+    try:
+        finished = []
+        with pytest.raises(KeyboardInterrupt):
+            with store_call():
+                os.kill(os.getpid(), signals.SIGINT)
+                time.sleep(0.2)  # held back
+                finished.append(True)
+        assert finished == [True]
+        interrupted_inside = []
+        with pytest.raises(KeyboardInterrupt):
+            with store_call():
+                os.kill(os.getpid(), signals.SIGINT)
+                time.sleep(0.2)
+                try:
+                    os.kill(os.getpid(), signals.SIGINT)  # the second press: raised inside the call
+                    time.sleep(5)
+                except KeyboardInterrupt:
+                    interrupted_inside.append(True)
+                    raise
+        assert interrupted_inside == [True]
+    finally:
+        signals.signal(signals.SIGINT, previous)
+
 # ---- bad input: one line, before any work ------------------------------------------------------
 JOB_TEMPLATE = """\
 apiVersion: batch/v1

@@ -54,3 +54,10 @@ def test_tf32_is_off_unless_asked_for_and_is_part_of_the_key():
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def test_the_digits_protocol_is_the_one_whose_curve_shape_was_measured():
+    """bench/digits_shape.py measured that the digits curves fall to a plateau with exactly this protocol (minutes
+    of CPU, so the suite does not run it): change any of these and run it again (docs/digits-workload.md)."""
+    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.9, 64)
+    assert (spec.goal_error, spec.max_steps, spec.check_interval, spec.trials) == (0.03, 5000, 20, 32)

@@ -37,7 +37,10 @@ def test_a_sweep_of_plain_process_jobs_claims_each_study_once(sqlite_store, tmp_
 
     monkeypatch.setitem(EXECUTORS, "processes", "process_backend:ProcessExecutor")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    spec = SweepSpec.build("digits-simple-cnn", ("sgd",), (64, 128), trials=4)
+    # A short protocol (the test is of the path, not of the numbers): the workload's own trains every trial to
+    # thousands of steps, minutes of CPU for nothing this test checks.
+    spec = SweepSpec.build("digits-simple-cnn", ("sgd",), (64, 128), trials=2, goal_error=0.1, max_steps=300,
+                           check_interval=20)
     options = SweepOptions(experiment="queued", executor="processes", workers=2)
     out = io.StringIO()
     results = run_sweep(spec, options, out)
