@@ -74,7 +74,24 @@ def _own_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
 
 
+def _pin_xdist_worker() -> None:
+    """Under xdist (``-n N``) on a machine with at least N cores, this worker and every process its tests start
+    run on cores of their own (N = 2 on the 2-core CI machine: one core each). Each command under test then sizes
+    its workers and threads to the cores it sees, as it would on a machine of that size, instead of two commands
+    each starting a process per core of a machine they share. Measured on the 2-core machine: two sweeps at once
+    cost a third less CPU and wall time pinned, and the whole suite 28 minutes pinned against 37 unpinned."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // int(count)
+    if share >= 1:  # more workers than cores: the kernel schedules them
+        index = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, cores[index * share:(index + 1) * share])
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _pin_xdist_worker()
     torch.set_num_threads(TEST_THREADS)
     if config.getoption("cpu_durations") is not None:
         config.pluginmanager.register(CpuDurations(config.getoption("cpu_durations")), "edps-cpu-durations")
