@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Iterator
 
 _depth = 0  # store calls of the main thread in flight
-_pending = False  # a SIGTERM arrived during one
+_pending = False  # a SIGTERM or SIGINT arrived during one
 
 
 def raise_interrupt(signum: int, frame: FrameType | None) -> None:

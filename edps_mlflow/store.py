@@ -92,8 +92,9 @@ def uri_error(uri: str, error: BaseException) -> EdpsError:
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
 # dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
 _TRANSIENT_MARKERS = ("database is locked", "database table is locked", "connection reset", "connection aborted",
-                      "connection refused", "connection broken", "max retries exceeded", "remote end closed", "timed out",
-                      "temporarily unavailable", "too many requests", "internal server error", "bad gateway",
+                      "connection refused", "connection broken", "max retries exceeded", "remote end closed",
+                      "timed out", "temporarily unavailable", "too many requests", "internal server error",
+                      "bad gateway",
                       "service unavailable", "gateway timeout", "status code 500", "status code 502",
                       "status code 503", "status code 504", "too many 500 error", "too many 502 error",
                       "too many 503 error", "too many 504 error")
