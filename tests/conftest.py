@@ -302,12 +302,12 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
         return build(factory.mktemp(name))
     from filelock import FileLock
 
-    shared = factory.getbasetemp().parent / f"built-once-{name}"  # the session's folder, above the workers' own
-    answer = shared / "built.json"
-    with FileLock(f"{shared}.lock"):
-        if not answer.exists():  # a worker whose build failed left none: the next one builds, and says why
-            shared.mkdir(exist_ok=True)
-            answer.write_text(json.dumps(build(shared)))
+    answer = factory.getbasetemp().parent / f"built-once-{name}.json"  # in the session's folder, above the workers'
+    with FileLock(f"{answer}.lock"):
+        if not answer.exists():  # a worker whose build failed left none: the next one builds anew, and says why
+            # In the building worker's own new folder, which the others can read: a failed build's leftovers are
+            # never in the way of the next try.
+            answer.write_text(json.dumps(build(factory.mktemp(name))))
     return json.loads(answer.read_text())
 
 
