@@ -75,19 +75,20 @@ def _own_environment() -> dict[str, str]:
 
 
 def _pin_xdist_worker() -> None:
-    """Under xdist (``-n N``) on a machine with at least N cores, this worker and every process its tests start
-    run on cores of their own (N = 2 on the 2-core CI machine: one core each). Each command under test then sizes
-    its workers and threads to the cores it sees, as it would on a machine of that size, instead of two commands
-    each starting a process per core of a machine they share. Measured on the 2-core machine: two sweeps at once
-    cost a third less CPU and wall time pinned, and the whole suite 28 minutes pinned against 37 unpinned."""
+    """Under xdist (``-n N``) each worker and every process its tests start run on cores of their own: with
+    at least N cores, a share of them each; with more workers than cores, one core each, dealt round-robin
+    (``-n 4`` on the 2-core CI machine: two workers a core). Each command under test then sizes its workers
+    and threads to the cores it sees, as it would on a machine of that size, instead of two commands each
+    starting a process per core of a machine they share. Measured on the 2-core machine: two sweeps at once
+    cost a third less CPU and wall time pinned, and the whole suite 28 minutes pinned against 37 unpinned.
+    Two workers a core keep both cores busy while a test waits (on a lease, a server, a paused process)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // int(count)
-    if share >= 1:  # more workers than cores: the kernel schedules them
-        index = int(worker.removeprefix("gw"))
-        os.sched_setaffinity(0, cores[index * share:(index + 1) * share])
+    index, count = int(worker.removeprefix("gw")), int(count)
+    share = len(cores) // count
+    os.sched_setaffinity(0, cores[index * share:(index + 1) * share] if share >= 1 else [cores[index % len(cores)]])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -311,10 +312,11 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
     return json.loads(answer.read_text())
 
 
-def fresh_store(database: Path) -> str:
+def fresh_store(database: Path, default_artifacts: str | None = None) -> str:
     """A new, fully migrated, empty sqlite store at ``database`` (which must not exist); its URI. For
     tests that need a store to work in, not of how a store is created (those start from no file). The
-    Default experiment's artifacts go next to the copy, as MLflow would put them creating it there."""
+    Default experiment's artifacts go next to the copy, as MLflow would put them creating it there, or to
+    ``default_artifacts`` (a server's)."""
     if database.exists():
         raise FileExistsError(database)
     database.parent.mkdir(parents=True, exist_ok=True)
@@ -323,7 +325,7 @@ def fresh_store(database: Path) -> str:
     try:
         with connection:
             connection.execute("update experiments set artifact_location = ? where experiment_id = 0",
-                               (str(database.parent / "mlruns" / "0"),))
+                               (default_artifacts or str(database.parent / "mlruns" / "0"),))
     finally:
         connection.close()
     return f"sqlite:///{database}"
@@ -347,11 +349,19 @@ def start_mlflow_server(root: Path, backend_uri: str | None = None, extra_args: 
     process group (``os.killpg`` stops it with its workers); ``extra_args`` (e.g. ``--app-name basic-auth``,
     where "{port}" is replaced by its port) and environment added."""
     port = port or _free_port()
+    if backend_uri is None:
+        # The store copied from the session's template (a migration costs the server 3-4 CPU-seconds; tests of
+        # a server building its store pass their own URI), with the Default experiment's artifacts where the
+        # server would put them: proxied.
+        database = root / "server.db"
+        if not database.exists():
+            fresh_store(database, default_artifacts="mlflow-artifacts:/0")
+        backend_uri = f"sqlite:///{database}"
     environment = clean_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **extra_environment)
     log = open(root / "server.log", "a")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", backend_uri or f"sqlite:///{root / 'server.db'}",
+         "--backend-store-uri", backend_uri,
          "--artifacts-destination", str(root / "artifacts"), *(a.replace("{port}", str(port)) for a in extra_args)],
         stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root, start_new_session=True,
     )
@@ -388,6 +398,37 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> str:
     process, url = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
     yield url
     stop_process(process)
+
+
+def edps_here(args: list[str], tracking_uri: str) -> tuple[int, str]:
+    """`edps <args>` in this process against ``tracking_uri``: (exit code, what it printed). For commands a test
+    uses to check its outcome (doctor, status), where a process of their own would add only its start-up (about
+    4 CPU-seconds of imports); a test of a command's process behaviour runs it with ``run_edps``. The signal
+    handlers the command installs are put back; the environment it sets is put back by the autouse fixture."""
+    import contextlib
+    import io
+
+    from edps_mlflow.cli import main
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "EDPS_TRAINING_ENVIRONMENT")}
+    os.environ.update(MLFLOW_TRACKING_URI=tracking_uri, EDPS_TRAINING_ENVIRONMENT="1")
+    printed = io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return code, printed.getvalue()
 
 
 def run_edps(args: list[str], cwd: Path, timeout: float = 300, **environment: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
-"""Faults on purpose: concurrent first use of a store, SIGKILL at random moments, concurrent sweeps,
-a tracking server that goes away. Real processes, real signals, the digits workload."""
+"""Faults on purpose: SIGKILL at random moments, the same study several times at once, concurrent sweeps,
+a tracking server that goes away (concurrent first use of a new store: tests/test_store_plugin.py). Real
+processes, real signals, the digits workload."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, fresh_store, run_edps
+from conftest import REPO, clean_environment, edps_here, run_edps
+from edps_mlflow.cli import main
 
 EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
@@ -30,24 +32,11 @@ def _popen(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_four_studies_at_once_on_a_new_store_all_succeed(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    processes = [_popen([*EDPS, *SMALL_STUDY, "--bs", str(bs), "--experiment", "concurrent"], tmp_path,
-                        MLFLOW_TRACKING_URI=uri) for bs in (16, 32, 64, 128)]
-    outputs = [p.communicate(timeout=240) for p in processes]
-    assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1500:] for _, err in outputs]
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("concurrent")
-    studies = client.search_runs([experiment.experiment_id], "tags.`edps.kind` = 'study'")
-    assert sorted(r.data.tags["edps.batch_size"] for r in studies) == ["128", "16", "32", "64"]
-    assert all(r.info.status == "FINISHED" for r in studies)
-
-
-@pytest.mark.slow
 def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
     rng = random.Random(os.getpid())
     moments = []
-    for number in range(4):
+    rounds = 3  # two kills at random moments of the migration, one before it begins
+    for number in range(rounds):
         database = tmp_path / f"store-{number}" / "mlflow.db"
         database.parent.mkdir()
         uri = f"sqlite:///{database}"
@@ -55,10 +44,10 @@ def test_sigkill_during_initialisation_leaves_a_usable_store(tmp_path):
         # Wait for the migration to begin (its temporary file appears), then kill at a random moment
         # of it (it takes several seconds here); the last round kills before it begins.
         started = time.monotonic()
-        while number < 3 and not list(database.parent.glob(".mlflow.db.*")) and victim.poll() is None:
+        while number < rounds - 1 and not list(database.parent.glob(".mlflow.db.*")) and victim.poll() is None:
             assert time.monotonic() - started < 120
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 4.0) if number < 3 else 0.5)
+        time.sleep(rng.uniform(0.0, 4.0) if number < rounds - 1 else 0.5)
         building = bool(list(database.parent.glob(".mlflow.db.*")))
         os.killpg(victim.pid, signal.SIGKILL)
         victim.communicate()
@@ -118,22 +107,26 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     steps = studies[0].data.metrics.get("steps_to_result")
     waited = outputs[2][0]
     assert f"steps_to_result = {int(steps)}" in waited if steps is not None else True
-    doctor = run_edps(["doctor", "--experiment", "same-study"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    code, printed = edps_here(["doctor", "--experiment", "same-study"], uri)
+    assert code == 0, printed
 
 
-@pytest.mark.slow
-def test_mlflow_run_id_of_a_finished_study_is_refused(tmp_path):
-    uri = fresh_store(tmp_path / "mlflow.db")
-    first = run_edps([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert first.returncode == 0, first.stderr[-2000:]
-    client = MlflowClient(uri)
+def test_mlflow_run_id_of_a_finished_study_is_refused(sqlite_store, monkeypatch, capsys):
+    """`mlflow run` hands its run to the study through MLFLOW_RUN_ID; the id of a finished study's run (a
+    stale variable, a copied command line) is refused in one line and the finished run is left as it was.
+    In this process (the refusal is the CLI's, not a process boundary's): no re-exec."""
+    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
+    main([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"])
+    client = MlflowClient(sqlite_store)
     experiment_id = client.get_experiment_by_name("launcher").experiment_id
     study = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")[0]
-    again = run_edps([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"], cwd=tmp_path,
-                     MLFLOW_TRACKING_URI=uri, MLFLOW_RUN_ID=study.info.run_id)
-    assert again.returncode == 2
-    assert again.stderr.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in again.stderr, again.stderr
+    capsys.readouterr()
+    monkeypatch.setenv("MLFLOW_RUN_ID", study.info.run_id)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in stderr, stderr
     after = client.get_run(study.info.run_id)
     assert after.info.status == "FINISHED" and "edps.error" not in after.data.tags
 

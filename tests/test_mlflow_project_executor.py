@@ -21,7 +21,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, fresh_store, run_edps
+from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps
 from edps_mlflow.cli import cli, main
 
 GRID = ["sweep", "--batch-sizes", "16,64", "--trials", "2", "--goal-error", "0.06", "--max-steps", "300",
@@ -141,8 +141,8 @@ def test_project_runs_give_the_local_results_and_a_failed_run_is_reported(local_
         assert tags["mlflow.project.backend"] == "local" and tags["mlflow.project.entryPoint"] == "main"
         assert study.data.params["bs"] == tags["edps.batch_size"]
         assert study.data.params["sweep_run"] == tags["edps.submitted_by"]
-    doctor = run_edps(["doctor", "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    code, printed = edps_here(["doctor", "--experiment", EXPERIMENT], uri)
+    assert code == 0, printed
     complete = run_edps([*GRID, *PROJECT, "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert complete.returncode == 0 and "already complete: 2 studies done" in complete.stdout
 
@@ -154,17 +154,31 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(tmp_path):
     uri = fresh_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     lease = {"MLFLOW_TRACKING_URI": uri, "EDPS_LEASE_SECONDS": "6"}
-    # Studies that outlive the resumed sweep's start on an idle machine: a goal no trial reaches, so each
-    # trial trains to the cap (GRID's studies can end before the resumed sweep has planned).
-    grid = [*GRID[:GRID.index("--goal-error")], "--goal-error", "0.001", "--max-steps", "1500", "--log-interval",
+    # A goal no trial reaches, so each trial trains to the cap.
+    grid = [*GRID[:GRID.index("--goal-error")], "--goal-error", "0.001", "--max-steps", "1000", "--log-interval",
             "5", "--workers", "2"]
     process = _sweep([*grid, *PROJECT, "--experiment", EXPERIMENT], tmp_path, **lease)
     adopted = _wait_for_adopted(client, process, {"16", "64"})
     os.killpg(process.pid, signal.SIGKILL)
-    process.communicate()
-    assert all(client.get_run(r).info.status == "RUNNING" for r in adopted.values())
-
-    resumed = run_edps([*grid, *PROJECT, "--experiment", EXPERIMENT, "--wait"], cwd=tmp_path, timeout=600, **lease)
+    killed = time.monotonic()
+    # The resumed sweep plans once the killed sweep's run is past its lease (6 s), and must find the studies
+    # still training then, whatever the machine's speed: they are held still (SIGSTOP) while it starts, and
+    # woken 4 s after the kill, so that their heartbeats are fresh when it looks (a race on a loaded machine
+    # otherwise: CI saw them finish first).
+    groups = {os.getpgid(_study_process(run_id)) for run_id in adopted.values()}
+    assert os.getpgrp() not in groups  # the submitted runs run in sessions of their own
+    for group in groups:
+        os.killpg(group, signal.SIGSTOP)
+    try:
+        process.communicate()
+        assert all(client.get_run(r).info.status == "RUNNING" for r in adopted.values())
+        resumed_process = _sweep([*grid, *PROJECT, "--experiment", EXPERIMENT, "--wait"], tmp_path, **lease)
+        time.sleep(max(0.0, killed + 4 - time.monotonic()))
+    finally:
+        for group in groups:
+            os.killpg(group, signal.SIGCONT)
+    stdout, stderr = resumed_process.communicate(timeout=600)
+    resumed = subprocess.CompletedProcess(resumed_process.args, resumed_process.returncode, stdout, stderr)
     assert resumed.returncode == 0, (resumed.stdout[-3000:], resumed.stderr[-3000:])
     assert "submitted as run" not in resumed.stdout, resumed.stdout[-3000:]
     waited = [r for r in adopted.values() if f"the live run {r} of another process is training it" in resumed.stdout]

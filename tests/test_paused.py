@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, fresh_store, run_edps
+from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps
 
 LEASE = "4"  # seconds: heartbeats every 0.67 s; a pause of 6 s is past it
 
@@ -119,8 +119,8 @@ def test_a_study_paused_past_its_lease_writes_nothing_when_it_wakes(tmp_path):
     _assert_wrote_nothing_after(client, experiment_id, stopped, {stalled_study})
     finished = client.search_runs([experiment_id], "tags.`edps.kind` = 'study' and attributes.status = 'FINISHED'")
     assert len(finished) == 1
-    doctor = run_edps(["doctor", "--experiment", "paused"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    code, printed = edps_here(["doctor", "--experiment", "paused"], uri)
+    assert code == 0, printed
 
 
 @pytest.mark.slow
@@ -148,5 +148,5 @@ def test_a_sweep_paused_past_its_lease_leaves_the_resumed_sweep_finished(mlflow_
     time.sleep(2)  # anything the woken process still wrote would be in the store by now
     assert client.get_run(sweep_run).info.status == "FINISHED", "the woken sweep overwrote the resumed sweep's end"
     _assert_wrote_nothing_after(client, experiment_id, stopped, stalled_studies)
-    doctor = run_edps(["doctor", "--experiment", experiment], cwd=tmp_path, MLFLOW_TRACKING_URI=mlflow_server)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    code, printed = edps_here(["doctor", "--experiment", experiment], mlflow_server)
+    assert code == 0, printed

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from edps_mlflow.executors import EXECUTORS
-from conftest import REPO, run_edps
+from conftest import REPO, edps_here
 
 
 def test_the_command_line_of_a_job_makes_the_study_the_sweep_planned(monkeypatch):
@@ -63,5 +63,5 @@ def test_a_sweep_of_plain_process_jobs_claims_each_study_once(sqlite_store, tmp_
     again = io.StringIO()
     assert run_sweep(spec, options, again) == results
     assert "already complete" in again.getvalue()
-    doctor = run_edps(["doctor", "--experiment", "queued"], cwd=tmp_path, MLFLOW_TRACKING_URI=sqlite_store)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    code, printed = edps_here(["doctor", "--experiment", "queued"], sqlite_store)
+    assert code == 0, printed

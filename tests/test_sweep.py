@@ -15,7 +15,8 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, built_once, clean_environment, fresh_store, run_edps, start_mlflow_server, stop_process
+from conftest import (REPO, built_once, clean_environment, edps_here, fresh_store, run_edps, start_mlflow_server,
+                      stop_process)
 
 GRID = ["sweep", "--batch-sizes", "16,64", "--sparsities", "0,0.5", "--trials", "3", "--goal-error", "0.06",
         "--max-steps", "600", "--log-interval", "2"]
@@ -191,9 +192,9 @@ def _finished_trials(uri: str) -> int:
     return sum(r.info.status == "FINISHED" for r in runs)
 
 
-def _doctor(uri: str, cwd: Path) -> None:
-    doctor = run_edps(["doctor", "--experiment", EXPERIMENT], cwd=cwd, MLFLOW_TRACKING_URI=uri)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+def _doctor(uri: str) -> None:
+    code, printed = edps_here(["doctor", "--experiment", EXPERIMENT], uri)
+    assert code == 0, printed
 
 
 @pytest.mark.slow
@@ -238,7 +239,7 @@ def test_sigkill_at_random_moments_then_resume(reference_sweep, tmp_path):
     if killed_mid_way:  # the resume starts from what the victims finished (at least two trials)
         plan = re.search(r"plan: (\d+) done, (\d+) partly done", resumed.stdout)
         assert plan and int(plan.group(1)) + int(plan.group(2)) >= 1, resumed.stdout
-    _doctor(uri, tmp_path)
+    _doctor(uri)
     assert _results(uri) == _results(reference_uri)
 
 
@@ -252,7 +253,7 @@ def test_concurrent_and_overlapping_sweeps_train_each_study_once(reference_sweep
                         MLFLOW_TRACKING_URI=uri) for args in (GRID, GRID, overlapping)]
     outputs = [p.communicate(timeout=900) for p in processes]
     assert [p.returncode for p in processes] == [0, 0, 0], [err[-1500:] for _, err in outputs]
-    _doctor(uri, tmp_path)
+    _doctor(uri)
     # The results checks that each study key has one finished run and no trial key two.
     assert _results(uri, sweep_count=2) == _results(reference_uri)
 
@@ -285,7 +286,7 @@ def test_tracking_server_killed_and_restarted_during_a_sweep(reference_sweep, tm
             assert resumed.returncode == 0, resumed.stderr[-3000:]
             outcome = f"failed with one line after a {outage:.0f} s outage ({lines[0]}); the resume completed it"
         print(f"server killed and restarted: {outcome}")
-        _doctor(url, tmp_path)
+        _doctor(url)
         assert _results(url) == _results(reference_uri)
     finally:
         if process.poll() is None:
