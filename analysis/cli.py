@@ -314,7 +314,8 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
     size, S_min and B_crit with intervals, whether its normalised curve has the dense one's shape, its steps
     over its shuffle's; a figure per (workload, optimizer, sparsity)."""
     from analysis.plots import pruning_figure
-    from analysis.pruning_methods import comparison_keys, pruning_comparison, pruning_summary, summary_for_people
+    from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
+                                          summary_for_people)
     from analysis.regimes import with_curve_axes
 
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
@@ -327,6 +328,9 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
     summary = pruning_summary(studies, fits, tolerance)
     paths = [p for w, o, s in comparison_keys(studies) for p in pruning_figure(comparison, w, o, s, Path(out_dir))]
     human = summary_for_people(summary).to_string(index=False)
+    footnote = intervals_footnote(summary)
+    if footnote:
+        human += "\n" + footnote
     human += "\n\nsteps relative to dense, per batch size:\n" + comparison.pivot_table(
         index=["optimizer", "sparsity", "batch_size"], columns="pruning", values="relative_to_dense").to_string(
         float_format=lambda v: f"{v:.3g}")
@@ -338,7 +342,8 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
                       ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
     """The report's comparison of pruning methods (none when the pruned curves are all SNIP's) and its tables."""
     from analysis.plots import pruning_figure
-    from analysis.pruning_methods import comparison_keys, pruning_comparison, pruning_summary, summary_for_people
+    from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
+                                          summary_for_people)
     from analysis.regimes import with_curve_axes
 
     table = with_curve_axes(studies)
@@ -349,6 +354,9 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
     paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory)]
     title = (f"Pruning methods at each sparsity, against the dense network (shape: the normalised curves agree "
              f"within {tolerance:.0%} at every batch size both measured)")
+    footnote = intervals_footnote(summary)
+    if footnote:
+        title += f" ({footnote})"
     return [(title, summary_for_people(summary), paths)], {"pruning_summary": summary, "pruning_comparison": comparison}
 
 

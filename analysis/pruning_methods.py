@@ -6,8 +6,9 @@ dense curve (sparsity 0, pruned by none: one curve for every method):
 
 - :func:`pruning_comparison`, per batch size: the method's steps-to-result, the dense steps, their ratio
   (steps relative to dense), and both curves normalised by their own first (smallest batch size) point;
-- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's), the dense
-  curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
+- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's, with what
+  they rest on: over studies with a single reaching trial they say little, and no overlap is claimed from
+  them), the dense curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
   the shape test: the ratio divided by its value at the smallest common batch size (the quotient of the two
   normalised curves) stays within the regime tolerance at every common batch size ("same shape"), or
   "differs" at the largest deviation; whether B_crit's interval overlaps the dense one's; and, for a method
@@ -24,7 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.regimes import curve_columns, with_curve_axes
+from analysis.regimes import BASIS_COLUMNS, curve_columns, interval_basis_warning, with_curve_axes
 from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
 
 SUMMARY_COLUMNS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high")
@@ -83,7 +84,7 @@ def _fit_of(fits: pd.DataFrame | None, head: dict, sparsity: float, pruning: str
     if not match.any():
         return {}
     row = fits[match].iloc[0]
-    return {c: row.get(c) for c in SUMMARY_COLUMNS if c in fits.columns}
+    return {c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in fits.columns}
 
 
 def _number(value: object) -> float:
@@ -138,6 +139,13 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
                         "shape": f"{len(both)} batch size(s) where it and the dense curve both have a result: too few "
                                  f"to compare"})
         row["b_crit_overlaps_dense"] = _overlap(fit, dense_fit)
+        # Intervals that rest on one reaching trial per study (exact early stopping) have no width: two of
+        # them not overlapping says nothing, so no answer is given, and the note says why.
+        little = [f"{name}: {warning}" for name, warning in (("its", interval_basis_warning(fit)),
+                                                              ("dense", interval_basis_warning(dense_fit))) if warning]
+        if little:
+            row["b_crit_overlaps_dense"] = None
+        row["note"] = "; ".join(little)
         row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, family, sparsity, pruning)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -187,14 +195,28 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
             "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
             "dense B_crit": _interval(row, "dense_b_crit"),
-            "B_crit overlaps dense": "-" if overlap is None or (isinstance(overlap, float) and math.isnan(overlap))
-            else ("yes" if overlap else "no"),
+            "B_crit overlaps dense": (NOT_JUDGED if row.get("note") else "-")
+            if overlap is None or (isinstance(overlap, float) and math.isnan(overlap)) else ("yes" if overlap else "no"),
             "steps / dense": "-" if math.isnan(ratio) else
             f"{ratio:.3g} ({_number(row['relative_to_dense_low']):.3g}..{_number(row['relative_to_dense_high']):.3g})",
             "shape vs dense": row["shape"],
             "steps / its shuffle": "-" if math.isnan(shuffle) else f"{shuffle:.3g}",
         })
     return pd.DataFrame(rows)
+
+
+NOT_JUDGED = "not judged*"
+
+
+def intervals_footnote(summary: pd.DataFrame) -> str | None:
+    """The footnote of NOT_JUDGED (None when no curve has it): why the B_crit intervals were not compared."""
+    notes = summary["note"] if "note" in summary.columns else pd.Series(dtype=object)
+    count = int(notes.fillna("").astype(bool).sum())
+    if not count:
+        return None
+    return (f"* not judged: the B_crit intervals of {count} curve(s) or of the dense curve rest on one reaching trial "
+            "in most studies (exact early stopping supersedes the others), so they have almost no width and say "
+            "little; studies with --full-trials true or more trials give intervals that mean something")
 
 
 def comparison_keys(table: pd.DataFrame) -> list[tuple]:

@@ -345,7 +345,7 @@ def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_pat
     import pandas as pd
 
     from analysis.load import read_csv
-    from analysis.pruning_methods import pruning_comparison, pruning_summary, summary_for_people
+    from analysis.pruning_methods import intervals_footnote, pruning_comparison, pruning_summary, summary_for_people
     from analysis.regimes import fit_table, with_curve_axes
 
     sizes = (16, 64, 256, 1024)
@@ -367,6 +367,17 @@ def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_pat
     assert summary.loc["snip", "relative_to_shuffle"] == pytest.approx(1 / 1.1)
     assert summary.loc["snip", "b_crit"] == pytest.approx(summary.loc["snip", "dense_b_crit"], rel=1e-3)
     assert list(summary_for_people(summary.reset_index())["method"]) == ["magnitude", "shuffle(snip)", "snip"]
+    # Intervals resting on one reaching trial a study (exact early stopping) have no width: two of them that do
+    # not overlap say nothing, so no overlap is judged, and the footnote says why (seen on the digits sweep).
+    fits = fit_table(table, None, repeats=0).assign(b_crit_low=lambda f: f["b_crit"], b_crit_high=lambda f: f["b_crit"])
+    judged = pruning_summary(table, fits).set_index("pruning")
+    assert judged.loc["magnitude", "b_crit_overlaps_dense"] == False and intervals_footnote(judged) is None  # noqa: E712
+    narrow = fits.assign(interval_studies=4, interval_studies_one_reaching=3, interval_trials_superseded=90)
+    unjudged = pruning_summary(table, narrow)
+    assert unjudged["b_crit_overlaps_dense"].isna().all()
+    assert "one reaching trial" in unjudged.set_index("pruning").loc["magnitude", "note"]
+    assert set(summary_for_people(unjudged)["B_crit overlaps dense"]) == {"not judged*"}
+    assert intervals_footnote(unjudged).startswith("* not judged: the B_crit intervals of 3 curve(s)")
     # A CSV written before methods existed is SNIP's; a name that is no method is refused with its row.
     legacy = tmp_path / "legacy.csv"
     pd.DataFrame(rows).drop(columns="pruning").to_csv(legacy, index=False)
