@@ -47,6 +47,7 @@ from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
+from edps_mlflow.executors.base import executor_session
 from edps_mlflow.ownership import abort_guard, clear_expired, lease_seconds
 from edps_mlflow.resources import cuda_devices
 from edps_mlflow.store import store_errors, ui_link
@@ -278,13 +279,15 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     if stale:
         print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
     cache: dict[str, MeasuredStudy] = {}
+    # One executor for every round, and its session held across them (a local Ray instance starts once).
+    executor = get_executor(options.executor)()
 
     def measure(studies: list[StudySpec]) -> dict[str, MeasuredStudy]:
         plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         if pending:
             progress = sweep_progress(plan, out, options.log_interval)
-            dispatch(pending, options, sweep, progress, out)
+            dispatch(pending, options, sweep, progress, out, executor)
             progress.close()
         found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache)
         if found is None:
@@ -294,7 +297,8 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     def announce(round_index: int, lines: list[str]) -> None:
         print(f"round {round_index}: " + "; ".join(lines), file=out, flush=True)
 
-    result = adapt(spec, measure, lambda: time.monotonic() - started, announce)
+    with executor_session(executor, options, out):
+        result = adapt(spec, measure, lambda: time.monotonic() - started, announce)
     assert result is not None  # measure never gives up
     buffer = io.StringIO()
     result.decisions.to_csv(buffer, index=False)

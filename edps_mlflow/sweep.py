@@ -31,7 +31,7 @@ from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
-from edps_mlflow.executors.base import SweepRun, study_label
+from edps_mlflow.executors.base import Executor, SweepRun, study_label
 from edps_mlflow.names import KIND_SWEEP
 from edps_mlflow.ownership import (
     ClaimRules,
@@ -259,12 +259,13 @@ def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> Sw
 
 
 def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
-             out: TextIO) -> None:
-    """Run the pending studies on the chosen executor (executors/), as studies of ``sweep``; one line naming
-    the studies that failed once the others are done."""
+             out: TextIO, executor: Executor | None = None) -> None:
+    """Run the pending studies on the chosen executor (executors/; ``executor``: an instance the caller holds
+    a session of), as studies of ``sweep``; one line naming the studies that failed once the others are done."""
     # Large batches first: they dominate the cost, so starting them early shortens the tail.
     pending = sorted(pending, key=lambda s: -s.batch_size)
-    failures = get_executor(options.executor)().run(pending, sweep, options, progress, out)
+    executor = executor if executor is not None else get_executor(options.executor)()
+    failures = executor.run(pending, sweep, options, progress, out)
     if failures:
         raise EdpsError(f"{len(failures)} of {len(pending)} studies failed (reported above; first: {failures[0]}); "
                         f"run the same command again to retry them: finished trials and studies are reused")

@@ -400,19 +400,21 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> str:
     stop_process(process)
 
 
-def edps_here(args: list[str], tracking_uri: str) -> tuple[int, str]:
-    """`edps <args>` in this process against ``tracking_uri``: (exit code, what it printed). For commands a test
-    uses to check its outcome (doctor, status), where a process of their own would add only its start-up (about
-    4 CPU-seconds of imports); a test of a command's process behaviour runs it with ``run_edps``. The signal
-    handlers the command installs are put back; the environment it sets is put back by the autouse fixture."""
+def edps_here(args: list[str], tracking_uri: str, **environment: str) -> tuple[int, str]:
+    """`edps <args>` in this process against ``tracking_uri``, with ``environment`` added: (exit code, what it
+    printed). For commands whose outcome is the command line's, not a process boundary's (doctor, status, a
+    refusal), where a process of their own would add only its start-up (about 4 CPU-seconds of imports); a
+    test of a command's process behaviour runs it with ``run_edps``. The signal handlers the command installs
+    and the environment are put back (the autouse fixture puts back what the command itself sets)."""
     import contextlib
     import io
 
     from edps_mlflow.cli import main
 
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "EDPS_TRAINING_ENVIRONMENT")}
-    os.environ.update(MLFLOW_TRACKING_URI=tracking_uri, EDPS_TRAINING_ENVIRONMENT="1")
+    added = {"MLFLOW_TRACKING_URI": tracking_uri, "EDPS_TRAINING_ENVIRONMENT": "1", **environment}
+    saved = {name: os.environ.get(name) for name in added}
+    os.environ.update(added)
     printed = io.StringIO()
     code = 0
     try:

@@ -29,7 +29,7 @@ from edps_mlflow.cli import main
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 
-from conftest import built_once, fresh_store, run_edps
+from conftest import built_once, edps_here, fresh_store, run_edps
 
 RANGE = powers_of_two(2, 1024)
 
@@ -297,8 +297,8 @@ def test_adaptive_sweep_decides_replays_and_is_reused(adaptive_store):
     assert f"**Stopped: {stop}.**" in note and "| round | decision |" in note
 
     # Run again: the finished sweep is replayed from the store and nothing is trained.
-    again = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
-    assert again.returncode == 0 and "already complete" in again.stdout, again.stdout + again.stderr[-2000:]
+    code, printed = edps_here(["sweep", "--adaptive", "--max-studies", "6", *TINY], uri)
+    assert code == 0 and "already complete" in printed, printed[-3000:]
     assert len(_runs(uri, "trial")) == 2 * measured
     assert client.get_run(run.info.run_id).info.end_time == run.info.end_time
 
@@ -313,13 +313,17 @@ def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_pat
     pytest.importorskip("ray")
     _, local_uri, _, local, _ = adaptive_store
     uri = fresh_store(tmp_path / "mlflow.db")
-    # The coarse grid and one adaptive round on Ray (each round starts a Ray instance: kept to two).
+    # The coarse grid and one adaptive round on Ray, both in one Ray instance (the executor's session).
     result = run_edps(["sweep", "--adaptive", "--max-studies", "5", *TINY, "--executor", "ray", "--workers", "2"],
                       cwd=tmp_path, timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    assert result.stdout.count("ray: started a local instance") == 1, result.stdout[-3000:]  # for both rounds
     rounds = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     local_rounds = [line for line in local.splitlines() if line.startswith("round ")]
     assert len(rounds) == 2 and rounds == local_rounds[:2]
     # The same studies as the local sweep measured in those rounds: the same keys, the same results.
     ray, local_measured = _measured(uri), _measured(local_uri)
     assert len(ray) == 5 and ray == {b: local_measured[b] for b in ray}
+    # ... and the store as the local executor leaves it: one run per study and trial, nothing left RUNNING.
+    code, printed = edps_here(["doctor", "--experiment", "adaptive-test"], uri)
+    assert code == 0, printed

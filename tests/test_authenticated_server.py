@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import run_edps, start_mlflow_server, stop_process
+from conftest import edps_here, run_edps, start_mlflow_server, stop_process
 
 ADMIN, PASSWORD = "admin", "adm1n-Pa55word"
 TINY_SWEEP = ["sweep", "--batch-sizes", "64", "--trials", "2", "--max-steps", "40", "--check-interval", "20"]
@@ -47,11 +47,11 @@ def auth_server(tmp_path_factory):
     stop_process(process)
 
 
-def _one_clean_line(result, prefix: str = "edps: error: ") -> str:
-    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
+def _one_clean_line(code: int, printed: str, prefix: str = "edps: error: ") -> str:
+    assert code == 2, printed[-3000:]
+    assert "Traceback" not in printed
+    lines = printed.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), printed
     return lines[0]
 
 
@@ -71,19 +71,24 @@ def test_sweep_with_credentials_and_refusal_without(auth_server, tmp_path, monke
     assert kinds == ["study", "study_index", "sweep", "trial", "trial"]  # the experiment's study index run too
     assert all(r.info.status == "FINISHED" for r in runs)
 
+    # The rest in this process (the command line's behaviour; the sweep above was a real process).
     # The credentials in the URI work as well, and are never printed (MLflow's run links would show them).
     inline = auth_server.replace("http://", f"http://{ADMIN}:{PASSWORD}@")
-    result = run_edps(["status", "--experiment", "edps/digits-simple-cnn"], cwd=tmp_path, MLFLOW_TRACKING_URI=inline)
-    assert result.returncode == 0 and PASSWORD not in result.stdout + result.stderr, result.stderr
-
-    runs_before = len(client.search_runs([experiment.experiment_id]))
     for name in credentials:
         monkeypatch.delenv(name)  # the commands below must not inherit them
+    code, printed = edps_here(["status", "--experiment", "edps/digits-simple-cnn"], inline)
+    assert code == 0 and PASSWORD not in printed, printed
+
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    runs_before = len(client.search_runs([experiment.experiment_id]))
+    for name in credentials:
+        monkeypatch.delenv(name)
     for environment in ({}, {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": "wrong"}):
-        line = _one_clean_line(run_edps(["status", "--experiment", "edps/digits-simple-cnn"], cwd=tmp_path,
-                                        MLFLOW_TRACKING_URI=auth_server, **environment))
+        line = _one_clean_line(*edps_here(["status", "--experiment", "edps/digits-simple-cnn"], auth_server,
+                                          **environment))
         assert "401" in line and "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in line
-        line = _one_clean_line(run_edps(TINY_SWEEP, cwd=tmp_path, MLFLOW_TRACKING_URI=auth_server, **environment))
+        line = _one_clean_line(*edps_here(TINY_SWEEP, auth_server, **environment))
         assert "401" in line
     for name, value in credentials.items():
         monkeypatch.setenv(name, value)

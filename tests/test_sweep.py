@@ -1,4 +1,5 @@
-"""Sweeps: a complete grid, a real SIGKILL and resume, Ray against local, PostgreSQL behind a server."""
+"""Sweeps: a complete grid, a real SIGKILL and resume, PostgreSQL behind a server (Ray against local: the adaptive
+sweep on Ray in test_adaptive.py, and the example workload package on every executor in test_user_workloads.py)."""
 
 import os
 import random
@@ -97,9 +98,9 @@ def test_complete_sweep_and_status(reference_sweep):
     assert "| trials 12/12 |" in stdout.splitlines()[-3], stdout[-2000:]
     results = _results(uri)
     assert len(results) == 4 and all(steps is not None for steps, _, _ in results.values())
-    status = run_edps(["status", "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
-    assert status.returncode == 0, status.stderr
-    lines = status.stdout.splitlines()
+    code, printed = edps_here(["status", "--experiment", EXPERIMENT], uri)
+    assert code == 0, printed
+    lines = printed.splitlines()
     assert lines[0] == "digits-simple-cnn / sgd: steps-to-result (or trials finished)"
     assert "sparsity 0" in lines[1] and "sparsity 0.5" in lines[1]
     for steps, batch_size, sparsity in results.values():
@@ -115,23 +116,12 @@ def test_complete_sweep_and_status(reference_sweep):
         row = next(line for line in note.splitlines() if line.startswith(f"| {batch_size} |"))
         assert str(int(steps)) in row
     # Running the same sweep again trains nothing.
-    again = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=directory, MLFLOW_TRACKING_URI=uri)
-    assert again.returncode == 0 and "already complete: 4 studies done" in again.stdout, again.stdout
+    code, printed = edps_here([*GRID, "--experiment", EXPERIMENT], uri)
+    assert code == 0 and "already complete: 4 studies done" in printed, printed
     assert _results(uri) == results
     # ... and leaves the finished sweep run as it was: its end, its summary metrics.
     rerun = client.get_run(sweep.info.run_id)
     assert rerun.info.end_time == sweep.info.end_time and rerun.data.metrics == sweep.data.metrics
-
-
-@pytest.mark.slow
-def test_ray_executor_gives_the_local_results(reference_sweep, tmp_path):
-    pytest.importorskip("ray")
-    _, reference_uri, _ = reference_sweep
-    uri = fresh_store(tmp_path / "mlflow.db")
-    result = run_edps([*GRID, "--experiment", EXPERIMENT, "--executor", "ray", "--workers", "2"], cwd=tmp_path,
-                      timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
-    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
-    assert _results(uri) == _results(reference_uri)
 
 
 def _postgres_available() -> str | None:
@@ -169,8 +159,8 @@ def test_sweep_against_a_postgresql_backed_server(postgres_uri, reference_sweep,
         result = run_edps([*GRID, "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=url)
         assert result.returncode == 0, result.stderr[-3000:]
         assert _results(url) == _results(reference_uri)
-        status = run_edps(["status", "--experiment", EXPERIMENT], cwd=tmp_path, MLFLOW_TRACKING_URI=url)
-        assert status.returncode == 0 and "sparsity 0.5" in status.stdout
+        code, printed = edps_here(["status", "--experiment", EXPERIMENT], url)
+        assert code == 0 and "sparsity 0.5" in printed, printed
     finally:
         stop_process(process)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TextIO
 
@@ -59,6 +60,17 @@ class Executor(Protocol):
         """Run every study (large batch sizes first is the caller's order); the failures, one line each.
         An executor that cannot go on raises an ``EdpsError`` instead. It calls ``sweep.require_ours()``
         between studies, so that a sweep stalled past its lease stops starting work."""
+
+    # Optional: ``session(options, out)``, a context manager held around every ``run`` of one sweep (an adaptive
+    # sweep calls ``run`` once a round), for what is worth starting once per sweep rather than once per
+    # ``run`` (Ray's local instance and its workers, which import torch again when restarted). Without it,
+    # each ``run`` stands alone; see ``executor_session``.
+
+
+def executor_session(executor: Any, options: "SweepOptions", out: TextIO) -> AbstractContextManager[None]:
+    """The executor's ``session(options, out)`` where it has one, else nothing to hold."""
+    session = getattr(executor, "session", None)
+    return session(options, out) if session is not None else nullcontext()
 
 
 def study_label(study: StudySpec) -> str:
