@@ -126,3 +126,25 @@ def test_mnist_workload_is_the_paper_network(tmp_path):
     data = workload.load_data(tmp_path)
     assert workload.build_model()(data.validation_images).shape == (20, 10)
     assert workload.allowed_errors(0.02, 6000) == 120
+
+
+def test_digits_are_scikit_learns_read_without_importing_it(monkeypatch):
+    """The digits table read from scikit-learn's file equals load_digits' exactly (pixels and labels), without
+    importing scikit-learn (a CPU-second per training process); where the file is not found, load_digits."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from edps_mlflow.data import digits
+
+    bunch = load_digits()
+    expected = np.column_stack([bunch.data, bunch.target])
+    table = digits.digits_table()
+    assert table.dtype == expected.dtype and np.array_equal(table, expected)
+    imported = subprocess.run([sys.executable, "-c", "import sys; from edps_mlflow.data.digits import "
+                               "load_digits_splits; load_digits_splits(); print('sklearn' in sys.modules)"],
+                              capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "False"
+    monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)
+    assert np.array_equal(digits.digits_table(), expected)

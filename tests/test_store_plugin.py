@@ -103,23 +103,24 @@ def _assert_complete(database: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_mlflow_runs_two_studies_and_a_server_at_once_on_a_new_store_all_succeed(tmp_path):
-    """The issue's case: `mlflow run . -P bs=...` launches at once on a store that does not exist (the issue
-    saw 4 of 4 fail inside MLflow's migration; how many do depends on how close together they reach it),
-    beside two `edps study` commands (which build it through edps's own initialisation) and the MLflow UI's
-    server starting on it too: all succeed, and the store is built once, complete."""
+def test_an_mlflow_run_two_studies_and_a_server_at_once_on_a_new_store_all_succeed(tmp_path):
+    """The issue's case: first uses of a store that does not exist, at once (the issue saw 4 of 4 `mlflow run`s
+    fail inside MLflow's migration; how many do depends on how close together they reach it): an `mlflow run .
+    -P bs=...` and the MLflow UI's server (MLflow processes: the plugin builds the store) beside two `edps study`
+    commands (edps's own initialisation): all succeed, and the store is built once, complete. Four MLflow
+    clients at once through the plugin alone: the test above."""
     database = tmp_path / "new" / "mlflow.db"
     uri = f"sqlite:///{database}"
     environment = _plugin_environment(tmp_path, MLFLOW_TRACKING_URI=uri)
     protocol = ["trials=1", "goal_error=0.06", "max_steps=60", "check_interval=20", "workers=1"]
     launches = []
-    for batch_size in (16, 32):
+    for batch_size in (16,):
         command = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", f"bs={batch_size}"]
         for parameter in protocol:
             command += ["-P", parameter]
         launches.append(subprocess.Popen(command, cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, text=True))
-    for batch_size in (64, 128):
+    for batch_size in (32, 64):
         command = [sys.executable, "-c", "from edps_mlflow.cli import main; main()", "study", "--bs", str(batch_size),
                    "--experiment", "Default", "--trials", "1", "--goal-error", "0.06", "--max-steps", "60",
                    "--check-interval", "20", "--workers", "1"]
@@ -139,15 +140,15 @@ def test_two_mlflow_runs_two_studies_and_a_server_at_once_on_a_new_store_all_suc
     finally:
         stop_process(server)
     seconds = time.monotonic() - started
-    assert [launch.returncode for launch in launches] == [0, 0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert [launch.returncode for launch in launches] == [0, 0, 0], [err[-2000:] for _, err in outputs]
     logs = [out + err for out, err in outputs] + [(tmp_path / "server.log").read_text()]
     # One creation, by whichever came first: the plugin in an MLflow process says it on stderr, edps on stdout.
     assert sum(log.count("created a new tracking store at") for log in logs) == 1, [log[-1500:] for log in logs]
     _assert_complete(database)
     studies = MlflowClient(uri).search_runs(["0"], "tags.`edps.kind` = 'study'")
-    assert sorted(int(run.data.tags["edps.batch_size"]) for run in studies) == [16, 32, 64, 128]
+    assert sorted(int(run.data.tags["edps.batch_size"]) for run in studies) == [16, 32, 64]
     assert {run.info.status for run in studies} == {"FINISHED"}
-    print(f"2 mlflow runs, 2 studies and a server at once on a new store: all succeeded in {seconds:.0f} s, "
+    print(f"an mlflow run, 2 studies and a server at once on a new store: all succeeded in {seconds:.0f} s, "
           "one creation")
 
 
