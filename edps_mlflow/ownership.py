@@ -53,6 +53,9 @@ from edps_mlflow.store import StoreClient, describe_store_error, index_study_run
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
 _HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the lease when that is shorter
+# Seconds between a new run's two looks for an earlier run of its key (claim): longer than a process is
+# descheduled between taking its start time and writing its run, on a loaded machine.
+_SETTLE_SECONDS = 1.0
 _RUNNING = RunStatus.to_string(RunStatus.RUNNING)
 
 
@@ -385,6 +388,13 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
                                 f"process before this one started); its work was taken over: raise "
                                 f"{LEASE_VARIABLE} on loaded machines")
             rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
+            if rival is None:
+                # A rival that took its start time before ours but was descheduled before its run reached the
+                # store (a loaded machine: seen with three sweeps on one core) is not visible yet, and on its
+                # own check it finds ours later than its own and keeps its run: both would train. Look once
+                # more after such a delay; the later of the two then gives way, whoever looks.
+                time.sleep(_SETTLE_SECONDS)
+                rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
             if rival is None:
                 return Claim(owned=OwnedRun(client, run_id, token, rules.label), created=True)
             (give_way or (lambda mine, winner: yield_run(client, mine, winner.run_id)))(run_id, rival)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import time
 
+import pytest
 from mlflow.entities import Metric, RunStatus
 from mlflow.tracking import MlflowClient
 
@@ -213,3 +214,36 @@ def test_doctor_finds_a_trial_finished_after_its_study_run_ended_from_the_study_
     out = io.StringIO()
     assert run_doctor("late", False, out, sqlite_store) == 1, out.getvalue()
     assert f"{late}: trial run FINISHED after its lease was lost" in out.getvalue(), out.getvalue()
+
+
+def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_wins(sqlite_store):
+    """A process takes its run's start time, is descheduled, and writes its run only after another process
+    made its own run of the same key and looked for rivals (seen on a loaded machine: two finished runs of one
+    study). The claim looks again after a moment, finds the earlier run and gives way: one run keeps the key."""
+    import threading
+
+    from edps_mlflow.descriptions import study_tags
+    from edps_mlflow.errors import EdpsError
+    from edps_mlflow.ownership import ClaimRules, OnLive, claim, live_runs
+
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "late-rival")
+    spec = _spec(64)
+    started = int(time.time() * 1000) - 5_000  # the rival's start time, taken before ours
+    rival: list[str] = []
+
+    def late_rival() -> None:
+        time.sleep(0.2)  # after our first look for rivals
+        tags = {**study_tags(spec), n.TAG_HEARTBEAT: f"{time.time():.3f}"}
+        rival.append(client.create_run(experiment_id, start_time=started, tags=tags).info.run_id)
+
+    def create(token: str | None) -> str:
+        run_id = create_study_run(client, experiment_id, spec)
+        threading.Thread(target=late_rival).start()
+        return run_id
+
+    rules = ClaimRules(kind=n.KIND_STUDY, key=spec.study_key, label="study 64", on_live=OnLive.REFUSE)
+    with pytest.raises(EdpsError, match="not starting a duplicate"):
+        claim(client, experiment_id, rules, create, io.StringIO())
+    runs = registry.keyed_runs(client, experiment_id, n.KIND_STUDY, spec.study_key)
+    assert [r.run_id for r in live_runs(runs, 120.0)] == rival  # ours gave way
