@@ -6,14 +6,14 @@ dense curve (sparsity 0, pruned by none: one curve for every method):
 
 - :func:`pruning_comparison`, per batch size: the method's steps-to-result, the dense steps, their ratio
   (steps relative to dense), and both curves normalised by their own first (smallest batch size) point;
-- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's, with what
-  they rest on: over studies with a single reaching trial they say little, and no overlap is claimed from
-  them), the dense curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
+- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's, with what they
+  rest on: over studies with a single reaching trial they say little, and no overlap is claimed from them), the
+  dense curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
   the shape test: the ratio divided by its value at the smallest common batch size (the quotient of the two
-  normalised curves) stays within the regime tolerance at every common batch size ("same shape"), or
-  "differs" at the largest deviation; whether B_crit's interval overlaps the dense one's; and, for a method
-  whose shuffle was measured, the geometric mean of its steps over its shuffle's (Frankle et al.'s check:
-  about 1 when only the per-tensor densities matter).
+  normalised curves) stays within the regime tolerance at every common batch size ("same shape"), or "differs" at
+  the largest deviation; whether B_crit's interval overlaps the dense one's; and, for a method whose shuffle was
+  measured, the geometric mean of its steps over its shuffle's (Frankle et al.'s check: about 1 when only the
+  per-tensor densities matter).
 
 Pandas and the fit table only: no MLflow, no training.
 """
@@ -183,6 +183,12 @@ def _interval(row: pd.Series, name: str) -> str:
     return text if math.isnan(low) or math.isnan(high) else f"{text} [{low:.4g}, {high:.4g}]"
 
 
+def _overlap_words(overlap: object, not_judged: bool) -> str:
+    if overlap is None or (isinstance(overlap, float) and math.isnan(overlap)):
+        return NOT_JUDGED if not_judged else "-"
+    return "yes" if overlap else "no"
+
+
 def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with values and intervals as text, one row per pruned curve, the dense curve's fit first."""
     rows = []
@@ -195,8 +201,7 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
             "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
             "dense B_crit": _interval(row, "dense_b_crit"),
-            "B_crit overlaps dense": (NOT_JUDGED if row.get("note") else "-")
-            if overlap is None or (isinstance(overlap, float) and math.isnan(overlap)) else ("yes" if overlap else "no"),
+            "B_crit overlaps dense": _overlap_words(overlap, bool(row.get("note"))),
             "steps / dense": "-" if math.isnan(ratio) else
             f"{ratio:.3g} ({_number(row['relative_to_dense_low']):.3g}..{_number(row['relative_to_dense_high']):.3g})",
             "shape vs dense": row["shape"],

@@ -17,7 +17,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, clean_environment, edps_here, run_edps
-from edps_mlflow.cli import main
 
 EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
@@ -111,22 +110,19 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     assert code == 0, printed
 
 
-def test_mlflow_run_id_of_a_finished_study_is_refused(sqlite_store, monkeypatch, capsys):
+def test_mlflow_run_id_of_a_finished_study_is_refused(sqlite_store):
     """`mlflow run` hands its run to the study through MLFLOW_RUN_ID; the id of a finished study's run (a
     stale variable, a copied command line) is refused in one line and the finished run is left as it was.
-    In this process (the refusal is the CLI's, not a process boundary's): no re-exec."""
-    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
-    main([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"])
+    In this process (the refusal is the CLI's, not a process boundary's)."""
+    code, printed = edps_here([*SMALL_STUDY, "--bs", "64", "--experiment", "launcher"], sqlite_store)
+    assert code == 0, printed[-2000:]
     client = MlflowClient(sqlite_store)
     experiment_id = client.get_experiment_by_name("launcher").experiment_id
     study = client.search_runs([experiment_id], "tags.`edps.kind` = 'study'")[0]
-    capsys.readouterr()
-    monkeypatch.setenv("MLFLOW_RUN_ID", study.info.run_id)
-    with pytest.raises(SystemExit) as exit_info:
-        main([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"])
-    assert exit_info.value.code == 2
-    stderr = capsys.readouterr().err
-    assert stderr.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in stderr, stderr
+    code, printed = edps_here([*SMALL_STUDY, "--bs", "128", "--experiment", "launcher"], sqlite_store,
+                              MLFLOW_RUN_ID=study.info.run_id)
+    assert code == 2
+    assert printed.strip().count("\n") == 0 and "MLFLOW_RUN_ID" in printed, printed
     after = client.get_run(study.info.run_id)
     assert after.info.status == "FINISHED" and "edps.error" not in after.data.tags
 

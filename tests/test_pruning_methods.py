@@ -371,7 +371,8 @@ def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_pat
     # not overlap say nothing, so no overlap is judged, and the footnote says why (seen on the digits sweep).
     fits = fit_table(table, None, repeats=0).assign(b_crit_low=lambda f: f["b_crit"], b_crit_high=lambda f: f["b_crit"])
     judged = pruning_summary(table, fits).set_index("pruning")
-    assert judged.loc["magnitude", "b_crit_overlaps_dense"] == False and intervals_footnote(judged) is None  # noqa: E712
+    assert judged.loc["magnitude", "b_crit_overlaps_dense"] == False  # noqa: E712 (a numpy bool)
+    assert intervals_footnote(judged) is None
     narrow = fits.assign(interval_studies=4, interval_studies_one_reaching=3, interval_trials_superseded=90)
     unjudged = pruning_summary(table, narrow)
     assert unjudged["b_crit_overlaps_dense"].isna().all()

@@ -15,10 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from analysis.cli import main
 from analysis.timing import CostModel, fastest_table, step_seconds, time_table
-from edps_mlflow.cli import main as edps
 from edps_mlflow.errors import EdpsError
 
-from conftest import fresh_store, run_edps
+from conftest import edps_here, fresh_store, run_edps
 
 # Three measured batch sizes of one curve; a network of 10^6 float32 parameters (4 MB of gradients).
 STUDIES = pd.DataFrame({
@@ -131,7 +130,7 @@ def _metric(client: MlflowClient, run_id: str, name: str) -> float:
 
 
 @pytest.mark.slow
-def test_time_on_a_real_sweep(tmp_path, capsys, monkeypatch):
+def test_time_on_a_real_sweep(tmp_path, capsys):
     """A tiny digits sweep logs each trial's seconds per step and device; a packed study and one that reuses
     trials record their best trial's; `edps-analyze time` and the report turn them into hours."""
     uri = fresh_store(tmp_path / "mlflow.db")
@@ -139,15 +138,13 @@ def test_time_on_a_real_sweep(tmp_path, capsys, monkeypatch):
     result = run_edps(["sweep", "--batch-sizes", "16,64", "--sparsities", "0", "--trials", "3", *protocol],
                       cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
     assert result.returncode == 0, result.stderr[-3000:]
-    # The studies in this process (a process of their own would add only its start-up): no re-exec.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")
-    monkeypatch.chdir(tmp_path)
-    edps(["study", "--bs", "32", "--trials", "3", "--pack-size", "3", "--workers", "1", *protocol])
+    # The studies in this process (a process of their own would add only its start-up).
+    code, printed = edps_here(["study", "--bs", "32", "--trials", "3", "--pack-size", "3", "--workers", "1",
+                               *protocol], uri)
+    assert code == 0, printed[-3000:]
     # Another protocol (4 trials) at batch size 64: three trials reused from the sweep, one trained.
-    capsys.readouterr()
-    edps(["study", "--bs", "64", "--trials", "4", "--workers", "1", *protocol])
-    assert "reusing 3 finished trials" in capsys.readouterr().out
+    code, printed = edps_here(["study", "--bs", "64", "--trials", "4", "--workers", "1", *protocol], uri)
+    assert code == 0 and "reusing 3 finished trials" in printed, printed[-3000:]
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name("t").experiment_id
     trials = client.search_runs([experiment_id], "tags.`edps.kind` = 'trial'")

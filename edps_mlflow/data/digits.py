@@ -32,4 +32,4 @@ def digits_table() -> np.ndarray:
 def load_digits_splits() -> DataSplits:
     table = digits_table()
     images = (table[:, :-1].reshape(-1, 8, 8) / 16.0).astype(np.float32)[:, None, :, :]
-    return split_train_validation(images, table[:, -1].astype(int).astype(np.int64))
+    return split_train_validation(images, table[:, -1].astype(np.int64))
