@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -15,7 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -212,24 +213,33 @@ class CpuDurations:
             write(f"{cpu:8.1f} {count:7d}  {name} ({scope})")
 
 
-@pytest.fixture(autouse=True)
-def _leaves_the_process_as_it_found_it():
-    """Whatever a test changes in this process (environment variables, e.g. MLflow's request settings
-    that a command in this process applies; the working directory; torch's threads, denormal flushing and
-    precision flags, which training in this process sets) is put back before the next test starts, so no
-    test's outcome depends on the tests that ran before it."""
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Whatever changes in this process inside the block (environment variables, e.g. MLflow's request
+    settings that a command in this process applies; the working directory; torch's threads, denormal
+    flushing and precision flags, which training in this process sets) is put back when it ends."""
     environment = _own_environment()
     cwd = os.getcwd()
     settings = _torch_settings()
-    yield
-    if _torch_settings() != settings:
-        _restore_torch_settings(settings)  # first: torch may set variables of its own while it does
-    for name in [name for name in _own_environment() if name not in environment]:
-        del os.environ[name]
-    for name, value in environment.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
-    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        if _torch_settings() != settings:
+            _restore_torch_settings(settings)  # first: torch may set variables of its own while it does
+        for name in [name for name in _own_environment() if name not in environment]:
+            del os.environ[name]
+        for name, value in environment.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        os.chdir(cwd)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_process_as_it_found_it() -> Iterator[None]:
+    """What a test changes in this process is put back before the next test starts, so no test's outcome
+    depends on the tests that ran before it (tests/test_fixtures.py checks the promise)."""
+    with process_state_kept():
+        yield
 
 
 _TRACKING_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")

@@ -1,5 +1,6 @@
 """The shared fixtures keep their promises: a copied store is one the commands accept as it is, and what a
-test changes in this process is put back before the next test (these two tests run in this order)."""
+test changes in this process is put back before the next test (by the block the autouse fixture puts around
+every test)."""
 
 import os
 from pathlib import Path
@@ -9,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow.store import open_store
 
-from conftest import TEST_THREADS, fresh_store
+from conftest import TEST_THREADS, fresh_store, process_state_kept
 
 
 def test_a_copied_store_is_accepted_as_it_is_and_keeps_its_artifacts_beside_it(tmp_path):
@@ -26,9 +27,6 @@ def test_a_copied_store_is_accepted_as_it_is_and_keeps_its_artifacts_beside_it(t
     assert MlflowClient(uri).get_experiment(experiment_id).lifecycle_stage == "active"
 
 
-_BEFORE = {}
-
-
 def _state() -> dict[str, object]:
     environment = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     return {"environment": environment, "cwd": os.getcwd(), "threads": torch.get_num_threads(),
@@ -36,19 +34,18 @@ def _state() -> dict[str, object]:
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "default_dtype": torch.get_default_dtype()}
 
 
-def test_a_test_that_changes_the_process_state(tmp_path):
-    _BEFORE.update(_state())
-    assert _BEFORE["threads"] == TEST_THREADS and not _BEFORE["flushes_denormals"]
-    os.environ["EDPS_FIXTURE_PROBE"] = "set by a test"
-    os.environ.pop("PATH")
-    os.chdir(tmp_path)
-    torch.set_num_threads(TEST_THREADS + 1)
-    torch.set_flush_denormal(True)  # as training in this process does
-    torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
-    torch.set_default_dtype(torch.float64)
-    assert _state() != _BEFORE
-
-
-def test_finds_it_as_it_was_before():
-    assert _BEFORE, "runs after test_a_test_that_changes_the_process_state"
-    assert _state() == _BEFORE
+def test_what_a_test_changes_in_the_process_is_put_back(tmp_path):
+    # One test, not a pair relying on their order: under xdist two tests of a file may run on two workers.
+    # The autouse fixture is exactly this block around each test.
+    before = _state()
+    assert before["threads"] == TEST_THREADS and not before["flushes_denormals"]
+    with process_state_kept():
+        os.environ["EDPS_FIXTURE_PROBE"] = "set by a test"
+        os.environ.pop("PATH")
+        os.chdir(tmp_path)
+        torch.set_num_threads(TEST_THREADS + 1)
+        torch.set_flush_denormal(True)  # as training in this process does
+        torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
+        torch.set_default_dtype(torch.float64)
+        assert _state() != before
+    assert _state() == before
