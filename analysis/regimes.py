@@ -229,6 +229,9 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
     columns = curve_columns(table)
     grouped = curves(table)
     base = len(CURVE_KEYS)
+    # Each study's trials, grouped once: a comparison per study would cost studies x trials.
+    trials_of = ({str(k): t for k, t in trials.groupby(trials["study_key"].astype(str), sort=False)}
+                 if trials is not None and len(trials) else {})
     for key, group in grouped.items():
         row: dict = {**dict(zip(columns, key)), "points": int(group["steps_to_result"].notna().sum()), "note": ""}
         siblings = [other for other in grouped if other[:base] == key[:base]]
@@ -253,9 +256,8 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
             pass
         row["slopes"] = " ".join(f"{lo}-{hi}:{slope:+.2f}" for lo, hi, slope in local_slopes(b, s))
         if trials is not None and fit is not None and len(trials):
-            by_size = {int(bs): trials[trials["study_key"] == key]
-                       for bs, key in zip(group["batch_size"], group["study_key"])}
-            by_size = {bs: t for bs, t in by_size.items() if len(t)}
+            by_size = {int(bs): trials_of[str(key)] for bs, key in zip(group["batch_size"], group["study_key"])
+                       if pd.notna(key) and str(key) in trials_of}
             if len(by_size) >= MIN_POINTS:
                 for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
                     row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high

@@ -151,8 +151,8 @@ class StoredStudy:
     steps_to_result: int | None
     full_trials: bool  # measured with every trial run to its own end
     start_time: int = 0  # ms
-    # Its trials from its tag edps.trial_outcomes (None: a study written before the tag; see study_trial_outcomes)
-    trial_outcomes: tuple[TrialOutcome, ...] | None = None
+    # Its tag edps.trial_outcomes as written (decoded on demand by trial_outcomes: most readers only count)
+    trial_outcomes_text: str | None = None
     live: bool = False  # RUNNING with its lease renewed in time
     trials_so_far: int = 0  # trials it reused when it started and trial runs it finished since (see _trials_so_far)
 
@@ -163,6 +163,13 @@ class StoredStudy:
     @property
     def order(self) -> tuple[int, str]:
         return (self.start_time, self.run_id)
+
+    @property
+    def trial_outcomes(self) -> tuple[TrialOutcome, ...] | None:
+        """Its trials, from its tag edps.trial_outcomes (None: a study written before the tag; see
+        study_trial_outcomes). Decoded when asked: at 1,500 studies decoding all costs about a second."""
+        decoded = decode_trial_outcomes(self.trial_outcomes_text)
+        return tuple(decoded) if decoded is not None else None
 
 
 def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: float) -> list[StoredStudy]:
@@ -178,7 +185,7 @@ def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: fl
             parent_run_id=run.data.tags.get(MLFLOW_PARENT_RUN_ID),
             steps_to_result=int(steps) if steps is not None else None,
             full_trials=run.data.tags.get(TAG_STOPPING) == STOPPING_FULL_TRIALS, start_time=run.info.start_time or 0,
-            trial_outcomes=_outcomes(run.data.tags.get(TAG_TRIAL_OUTCOMES)), live=_leased(run).live(lease, now),
+            trial_outcomes_text=run.data.tags.get(TAG_TRIAL_OUTCOMES), live=_leased(run).live(lease, now),
             trials_so_far=_trials_so_far(run)))
     return stored
 
@@ -212,11 +219,6 @@ def planned_trial_counts(client: StoreClient, experiment_id: str, stored: list[S
             stopped.append(key)
     counts.update(finished_trial_counts(client, experiment_id, stopped))
     return counts
-
-
-def _outcomes(text: str | None) -> tuple[TrialOutcome, ...] | None:
-    decoded = decode_trial_outcomes(text)
-    return tuple(decoded) if decoded is not None else None
 
 
 def finished_trial_counts(client: StoreClient, experiment_id: str, study_keys: Iterable[str]) -> dict[str, int]:

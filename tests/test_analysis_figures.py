@@ -4,6 +4,7 @@ fit, times in readable units, studies found wherever they are, and analysis runs
 Generated data through the real plotting code (matplotlib Agg) and a real local store."""
 
 import json
+import shutil
 import math
 import subprocess
 
@@ -196,3 +197,33 @@ def test_studies_in_the_default_experiment_are_found_and_analysis_runs_carry_con
         ("+g" + commit.strip()[:12], "+g" + commit.strip()[:12] + ".dirty"))
     assert analysis.data.params["experiments"] == "Default"
     assert "fit/sgd/sp0/perfect_scaling_end" in analysis.data.metrics
+
+
+def test_the_trials_come_with_the_study_table_without_a_second_read_of_the_store(tmp_path):
+    from analysis.load import load_studies, load_trials
+    from edps_mlflow.results import TrialOutcome, TrialStatus, encode_trial_outcomes
+
+    uri = fresh_store(tmp_path / "store" / "mlflow.db")
+    client = MlflowClient(uri)
+    for batch_size, steps in ((16, 600.0), (64, 200.0), (256, 120.0), (1024, 100.0)):
+        _study_run(client, "0", batch_size, steps)
+    outcomes = {}
+    for run in client.search_runs(["0"]):
+        key = run.data.tags[n.TAG_STUDY_KEY]
+        best = int(run.data.metrics[n.METRIC_STEPS_TO_RESULT])
+        outcomes[key] = [TrialOutcome(0, TrialStatus.REACHED, best, best),
+                         TrialOutcome(1, TrialStatus.REACHED, best + 40, best + 40),
+                         TrialOutcome(2, TrialStatus.NOT_REACHED, None, 3000)]
+        client.set_tag(run.info.run_id, n.TAG_TRIAL_OUTCOMES, encode_trial_outcomes(outcomes[key]))
+    studies = load_studies((), uri)
+    filtered = studies[studies["batch_size"] >= 16].reset_index(drop=True)  # as the commands filter the table
+    shutil.move(tmp_path / "store", tmp_path / "gone")  # a second read of the store would now fail
+    trials = load_trials(filtered, uri)
+    assert len(trials) == 12 and list(trials.columns) == ["study_key", "trial_index", "status", "steps_to_result",
+                                                          "steps_trained"]
+    for key, expected in outcomes.items():
+        rows = trials[trials["study_key"] == key].sort_values("trial_index")
+        assert list(rows["status"]) == [o.status.value for o in expected]
+        assert list(rows["steps_trained"]) == [float(o.steps_trained) for o in expected]
+    fits = fit_table(filtered, trials, repeats=50)
+    assert fits.loc[0, "interval_studies"] == 4 and fits.loc[0, "s_min_low"] is not None
