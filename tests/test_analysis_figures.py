@@ -4,8 +4,8 @@ fit, times in readable units, studies found wherever they are, and analysis runs
 Generated data through the real plotting code (matplotlib Agg) and a real local store."""
 
 import json
-import shutil
 import math
+import shutil
 import subprocess
 
 import numpy as np
@@ -226,4 +226,4 @@ def test_the_trials_come_with_the_study_table_without_a_second_read_of_the_store
         assert list(rows["status"]) == [o.status.value for o in expected]
         assert list(rows["steps_trained"]) == [float(o.steps_trained) for o in expected]
     fits = fit_table(filtered, trials, repeats=50)
-    assert fits.loc[0, "interval_studies"] == 4 and fits.loc[0, "s_min_low"] is not None
+    assert fits.loc[0, "interval_studies"] == 4 and pd.notna(fits.loc[0, "s_min_low"])
