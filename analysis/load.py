@@ -330,17 +330,17 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
     # The tags read with the study table when it came from the store, else (or for runs it did not read)
     # one read of the study index.
     read = studies.attrs.get(_TRIAL_OUTCOMES_READ)
-    read = read if isinstance(read, _ReadTags) else _ReadTags({})
+    texts = {run_id: read.get(run_id) for run_id, _ in wanted if isinstance(read, _ReadTags) and run_id in read}
+    missing = {run_id for run_id, _ in wanted if run_id not in texts}
     client = None
-    if any(run_id not in read for run_id, _ in wanted):
+    if missing:
         client = _client(tracking_uri)
-        tags = _study_tags(client, studies, {run_id for run_id, _ in wanted})
-        read = _ReadTags({run_id: read.get(run_id) if run_id in read else tags.get(run_id, {}).get(
-            n.TAG_TRIAL_OUTCOMES) for run_id, _ in wanted})
+        texts.update({run_id: tags.get(n.TAG_TRIAL_OUTCOMES)
+                      for run_id, tags in _study_tags(client, studies, missing).items()})
     columns: dict[str, list] = {name: [] for name in TRIAL_COLUMNS}
     downloads = []
     for run_id, key in wanted:
-        decoded = decode_trial_outcomes(read.get(run_id))
+        decoded = decode_trial_outcomes(texts.get(run_id))
         if decoded is None:
             downloads.append((run_id, key))
             continue
