@@ -231,7 +231,8 @@ def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = F
 
 def _searcher(client, experiment_ids: list[str]):
     """study_index's search over ``experiment_ids`` (every page; active runs, or the deleted ones)."""
-    return lambda conditions, deleted: _paged(client, experiment_ids, conditions, deleted)
+    return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids),
+                              lambda conditions, deleted: _paged(client, experiment_ids, conditions, deleted))
 
 
 def _finished_studies(client, experiment_ids: list[str]) -> list:

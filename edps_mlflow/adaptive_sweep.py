@@ -49,7 +49,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
 from edps_mlflow.ownership import abort_guard, clear_expired, lease_seconds
-from edps_mlflow.resources import cuda_devices
+from edps_mlflow.resources import refuse_missing_device
 from edps_mlflow.store import store_errors, ui_link
 from edps_mlflow.sweep import (
     PlanState,
@@ -203,13 +203,14 @@ def _decision_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
-          cache: dict[str, MeasuredStudy]) -> dict[str, MeasuredStudy] | None:
+          cache: dict[str, MeasuredStudy], views: list[Any] | None = None) -> dict[str, MeasuredStudy] | None:
     """The finished runs of ``studies`` with their trials (None when one is not done), from one read of
-    the workload's study runs (the study index), not one search per study."""
+    the workload's study runs (the study index, or ``views`` as registry.study_views read them since the
+    last change), not one search per study."""
     missing = [study for study in studies if study.study_key not in cache]
     latest: dict[tuple[str, bool], registry.StoredStudy] = {}
     if missing:
-        stored = registry.study_runs(client, experiment_id, missing[0].workload, lease_seconds())
+        stored = registry.study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views)
         for run in sorted((r for r in stored if r.finished), key=lambda r: r.order):
             latest[(run.study_key, run.full_trials)] = run
     found = {}
@@ -234,7 +235,7 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
     started = time.monotonic()
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
+    refuse_missing_device(options.device, indexed=False)  # cuda without a CUDA device: before any work
     if spec.grid.protocol.data_fingerprint is None:
         fingerprint = workload.data_fingerprint(options.data_dir)
         protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
@@ -258,8 +259,9 @@ def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextI
     client, runs = done.client, done.runs
     with store_errors(client):
         cache: dict[str, MeasuredStudy] = {}
+        # Nothing is trained while replaying: every round reads the study runs that finished_sweep read.
         result = adapt(spec, lambda studies: _read(client, done.experiment_id, studies, options.full_trials,
-                                                   cache), lambda: 0.0)
+                                                   cache, done.studies), lambda: 0.0)
     if result is None:
         return None
     print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(result.measured)} studies "
@@ -283,13 +285,15 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     executor = get_executor(options.executor)()
 
     def measure(studies: list[StudySpec]) -> dict[str, MeasuredStudy]:
-        plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials)
+        views = registry.study_views(sweep.client, sweep.experiment_id)
+        plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials, views)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         if pending:
             progress = sweep_progress(plan, out, options.log_interval)
             dispatch(pending, options, sweep, progress, out, executor)
             progress.close()
-        found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache)
+            views = None  # the studies just run changed the store: read it again
+        found = _read(sweep.client, sweep.experiment_id, studies, options.full_trials, cache, views)
         if found is None:
             raise RuntimeError("a study of the adaptive sweep did not finish")
         return found

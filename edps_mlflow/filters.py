@@ -41,11 +41,13 @@ def filter_string(tags: Mapping[str, str] | None = None, status: str | None = No
                   metrics_above: Mapping[str, float] | None = None, tags_absent: Sequence[str] = (),
                   tags_present: Sequence[str] = (), tags_not: Mapping[str, Sequence[str]] | None = None,
                   run_ids: Sequence[str] = (), run_name: str | None = None,
-                  started_from: int | None = None, ended_from: int | None = None) -> str:
+                  started_from: int | None = None, ended_from: int | None = None,
+                  started_before: int | None = None) -> str:
     """Runs whose tags equal ``tags``, whose status is ``status`` and whose metrics exceed ``metrics_above``;
     that lack every tag of ``tags_absent`` and carry every tag of ``tags_present``; whose tag ``k`` of
     ``tags_not`` is set to none of its values (a run without the tag does not match); whose id is one of
-    ``run_ids``; named ``run_name``; started, or ended, at or after these times (ms).
+    ``run_ids``; named ``run_name``; started, or ended, at or after these times (ms); started before
+    ``started_before`` (ms).
 
     A condition on a tag's value makes the store look at that tag of every run; conditions on the run's own
     attributes (status, id, name, times) do not: the cheap searches of a large store use only those.
@@ -69,6 +71,8 @@ def filter_string(tags: Mapping[str, str] | None = None, status: str | None = No
     for attribute, bound in (("start_time", started_from), ("end_time", ended_from)):
         if bound is not None:
             conditions.append(f"attributes.{attribute} >= {int(bound)}")
+    if started_before is not None:
+        conditions.append(f"attributes.start_time < {int(started_before)}")
     for key, bound in (metrics_above or {}).items():
         if not math.isfinite(bound):
             raise ValueError(f"a metric bound must be finite, got {bound!r}")

@@ -12,6 +12,7 @@ import csv
 import math
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -172,10 +173,20 @@ class StoredStudy:
         return tuple(decoded) if decoded is not None else None
 
 
-def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: float) -> list[StoredStudy]:
+def study_views(client: StoreClient, experiment_id: str) -> list[study_index.RunView]:
+    """Every study run of the experiment, as study_index.study_runs reads it: one read, which a command that
+    asks several questions of the studies (a sweep's plan and its sweep runs) passes to each."""
+    return study_index.study_runs(_searcher(client, [experiment_id]))
+
+
+def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: float,
+               views: list[study_index.RunView] | None = None) -> list[StoredStudy]:
     """Every study run of a workload in the experiment: the finished ones from the study index, the others
-    from the store (study_index.study_runs); ``lease`` tells a live run (ownership.lease_seconds)."""
-    runs = study_index.study_runs(_searcher(client, [experiment_id]), {TAG_WORKLOAD: workload})
+    from the store (study_index.study_runs); ``lease`` tells a live run (ownership.lease_seconds). ``views``:
+    the experiment's study runs as :func:`study_views` read them, instead of reading them again."""
+    wanted = {TAG_WORKLOAD: workload}
+    runs = (study_index.study_runs(_searcher(client, [experiment_id]), wanted) if views is None
+            else study_index.with_tags(views, wanted))
     now = time.time()
     stored = []
     for run in runs:
@@ -317,14 +328,16 @@ def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> 
     return sorted((_leased(r) for r in runs), key=lambda r: r.order)
 
 
-def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str) -> list[LeasedRun]:
+def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str,
+               views: list[study_index.RunView] | None = None) -> list[LeasedRun]:
     """The sweep runs of ``sweep_key``, earliest first, found without a search by tag when it can be: the
-    parents of the key's study runs (from the study index) and the RUNNING sweep runs of the key. A sweep run
-    of the key that parents no study and has ended is missed then (it did nothing); when none is found this
-    way, the sweep runs are searched by their key (keyed_runs)."""
+    parents of the key's study runs (from the study index, or ``views`` as :func:`study_views` read them) and
+    the RUNNING sweep runs of the key. A sweep run of the key that parents no study and has ended is missed
+    then (it did nothing); when none is found this way, the sweep runs are searched by their key (keyed_runs)."""
     search = _searcher(client, [experiment_id])
-    parents = {run.data.tags.get(MLFLOW_PARENT_RUN_ID)
-               for run in study_index.study_runs(search, {TAG_SWEEP_KEY: sweep_key})}
+    wanted = {TAG_SWEEP_KEY: sweep_key}
+    keyed = study_index.study_runs(search, wanted) if views is None else study_index.with_tags(views, wanted)
+    parents = {run.data.tags.get(MLFLOW_PARENT_RUN_ID) for run in keyed}
     candidates = [*study_index.by_ids(search, parents - {None}),
                   *search(filter_string(status=RunState.RUNNING.value), False)]
     found = {run.info.run_id: _leased(run) for run in candidates
@@ -543,16 +556,19 @@ def doctor_read(client: StoreClient, experiment_id: str, checked_until: int | No
     add(study_index.by_ids(search, {p for run in studies if (p := run.data.tags.get(MLFLOW_PARENT_RUN_ID))}))
     if checked_until is None:
         known_kinds = (KIND_STUDY, KIND_TRIAL, KIND_SWEEP, KIND_ANALYSIS, KIND_STUDY_INDEX)
-        for conditions in (filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_TRIAL_KEY]),
-                           filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_STUDY_KEY]),
-                           filter_string(tags_absent=[TAG_KIND], tags_present=[TAG_VERSION]),
-                           filter_string(tags_present=[TAG_KIND], tags_not={TAG_KIND: known_kinds}),
-                           filter_string(tags={TAG_KIND: KIND_TRIAL}, status=finished,
-                                         tags_absent=[MLFLOW_PARENT_RUN_ID]),
-                           # every sweep run (a few): one that finished its grid may have been overwritten
-                           # FAILED, and one that ran no study is not the parent of any
-                           filter_string(tags={TAG_KIND: KIND_SWEEP})):
-            add(search(conditions, False))
+        searches = (filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_TRIAL_KEY]),
+                    filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_STUDY_KEY]),
+                    filter_string(tags_absent=[TAG_KIND], tags_present=[TAG_VERSION]),
+                    filter_string(tags_present=[TAG_KIND], tags_not={TAG_KIND: known_kinds}),
+                    filter_string(tags={TAG_KIND: KIND_TRIAL}, status=finished, tags_absent=[MLFLOW_PARENT_RUN_ID]),
+                    # every sweep run (a few): one that finished its grid may have been overwritten FAILED,
+                    # and one that ran no study is not the parent of any
+                    filter_string(tags={TAG_KIND: KIND_SWEEP}))
+        # Each scans the tags of every run in the store (about a second at 150,000 runs); sent at once, they
+        # share the store's cores (sqlite releases the GIL while it reads; a server serves requests in parallel).
+        with ThreadPoolExecutor(max_workers=len(searches)) as pool:
+            for runs in pool.map(search, searches):
+                add(runs)
     else:
         since = checked_until - CLOCK_MARGIN_MS
         add(search(filter_string(started_from=since), False))

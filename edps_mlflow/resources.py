@@ -90,6 +90,13 @@ def cuda_devices(requested: str | None, indexed: bool = True) -> int:
     return count
 
 
+def refuse_missing_device(requested: str | None, indexed: bool = True) -> None:
+    """cuda_devices' refusals before any work, without loading torch (a second) when no device was asked
+    for: then there is nothing to refuse."""
+    if requested is not None:
+        cuda_devices(requested, indexed)
+
+
 def resolve_device(requested: str | None) -> "torch.device":
     """``None``: cuda when available, else cpu. Anything else must name a usable device."""
     import torch

@@ -793,7 +793,7 @@ def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list
 
 def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Search:
     """study_index's search over ``experiment_ids``: every page, active runs or deleted ones."""
-    def search(conditions: str, deleted: bool) -> list[Run]:
+    def runs_found(conditions: str, deleted: bool) -> list[Run]:
         view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
         runs: list[Run] = []
         token = None
@@ -805,7 +805,7 @@ def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Sear
             if not token:
                 return runs
 
-    return search
+    return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids), runs_found)
 
 
 # ---- the study index (study_index.py: what it holds and why; these are its writes) ----------------------
@@ -818,7 +818,8 @@ INDEX_DESCRIPTION = (
 
 def make_index_run(client: StoreClient, experiment_id: str, complete: bool) -> str:
     """A new index run of the experiment; ``complete``: every study run of the experiment will be in it."""
-    run = client.create_run(experiment_id, tags={
+    # Made at the epoch: readers find it by its start time (study_index.index_runs).
+    run = client.create_run(experiment_id, start_time=n.INDEX_START_TIME, tags={
         n.TAG_KIND: n.KIND_STUDY_INDEX, n.TAG_VERSION: __version__, n.MLFLOW_RUN_NAME: n.INDEX_RUN_NAME,
         n.MLFLOW_NOTE: INDEX_DESCRIPTION, n.TAG_INDEX_COMPLETE: "true" if complete else "false"})
     # FINISHED at once: nothing renews a lease on it, and tags can still be written to a finished run.

@@ -6,7 +6,8 @@ metrics, which cost a few milliseconds per run to build, so reading 1,500 study 
 the 5 s a command may take; and a filter on a tag's value scans the tags of every run in the store
 (about a second at that size, per search), while a filter on a run's own attributes (its id, name,
 status, start time) is cheap. So each study run is also kept as one tag of an index run
-(``edps.kind=study_index``, named ``edps study index``, found by its name): ``edps.index.<run id>`` holds
+(``edps.kind=study_index``, named ``edps study index``, made with the start time 1 ms after the epoch and
+found by it): ``edps.index.<run id>`` holds
 that run's state, its tags of the project (``edps.*``) and its parent, its params and its metrics, as JSON
 (:func:`entry_of`). A command that reads every study (``edps status``, a sweep's plan, ``edps doctor``,
 the analysis) reads the index run, then by id the runs whose entry says RUNNING, and the RUNNING runs
@@ -45,6 +46,7 @@ from typing import Any, Callable, Iterable, Mapping
 from edps_mlflow.filters import filter_string
 from edps_mlflow.names import (
     INDEX_RUN_NAME,
+    INDEX_START_TIME,
     KIND_STUDY,
     KIND_STUDY_INDEX,
     MLFLOW_PARENT_RUN_ID,
@@ -138,15 +140,30 @@ def entries(index_run: Any) -> dict[str, str]:
             if key.startswith(TAG_INDEX_PREFIX)}
 
 
-# (filter string, deleted runs instead of active ones) -> the runs found, every page.
-Search = Callable[[str, bool], Iterable[Any]]
+@dataclass(frozen=True)
+class Search:
+    """A search of the runs of some experiments: ``search(filter string, deleted)`` returns every run found
+    (every page; the deleted runs instead of the active ones with ``deleted``). Callers make it over their
+    own client (store.searcher, analysis/load.py); ``experiment_ids`` are the experiments it covers."""
+
+    experiment_ids: tuple[str, ...]
+    runs: Callable[[str, bool], Iterable[Any]]
+
+    def __call__(self, conditions: str, deleted: bool = False) -> list[Any]:
+        return list(self.runs(conditions, deleted))
 
 
 def index_runs(search: Search) -> list[Any]:
-    """The active index runs, earliest first (a writer adds to the first): found by their name (an attribute:
-    no scan of the tags), then told apart from a user's run of that name by their kind."""
-    found = [run for run in search(filter_string(run_name=INDEX_RUN_NAME), False)
+    """The active index runs, earliest first (a writer adds to the first): found by their start time, the
+    epoch (a column of the run: no scan of the tags), then told apart from a user's run by their kind. An
+    index run made by an earlier version of this project started when it was made: it is found by its name,
+    a search that looks at every run's tags, made only for an experiment without an index run at the epoch."""
+    found = [run for run in search(filter_string(started_before=INDEX_START_TIME + 1), False)
              if run.data.tags.get(TAG_KIND) == KIND_STUDY_INDEX]
+    without = set(search.experiment_ids) - {str(run.info.experiment_id) for run in found}
+    if without:
+        found += [run for run in search(filter_string(run_name=INDEX_RUN_NAME), False)
+                  if run.data.tags.get(TAG_KIND) == KIND_STUDY_INDEX and str(run.info.experiment_id) in without]
     return sorted(found, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
 
@@ -165,6 +182,11 @@ def by_ids(search: Search, run_ids: Iterable[str], deleted: bool = False) -> lis
 
 def _matches(run: Any, wanted: Mapping[str, str]) -> bool:
     return all(run.data.tags.get(key) == value for key, value in wanted.items())
+
+
+def with_tags(views: Iterable[RunView], tags: Mapping[str, str]) -> list[RunView]:
+    """The runs of ``views`` (as :func:`study_runs` returned them) that carry ``tags``."""
+    return [view for view in views if _matches(view, tags)]
 
 
 def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[RunView]:
@@ -186,9 +208,12 @@ def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[Ru
         found.pop(run_id)
     fresh = [*by_ids(search, stale), *(run for run in search(filter_string(status=RUNNING), False)
                                        if run.data.tags.get(TAG_KIND) == KIND_STUDY)]
-    if not complete(indexes):
+    incomplete = {experiment_id for experiment_id in search.experiment_ids
+                  if not complete([run for run in indexes if str(run.info.experiment_id) == experiment_id])}
+    if incomplete:
         # Study runs made before the index (or by an older version): searched by their tags.
-        fresh += search(filter_string(tags=wanted), False)
+        fresh += [run for run in search(filter_string(tags=wanted), False)
+                  if str(run.info.experiment_id) in incomplete]
     for run in fresh:
         found[run.info.run_id] = replace(RunView.of(run), indexed=run.info.run_id in listed)
     for run in by_ids(search, [run_id for run_id, view in found.items() if view.indexed], deleted=True):

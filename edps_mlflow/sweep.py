@@ -47,7 +47,7 @@ from edps_mlflow.ownership import (
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.progress import SweepProgress, SweepStudy
-from edps_mlflow.resources import cuda_devices
+from edps_mlflow.resources import refuse_missing_device
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.store import experiment_name_for, open_store, resolve_experiment, store_errors, ui_link
@@ -70,16 +70,18 @@ class PlannedStudy:
     steps_to_result: int | None
 
 
-def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool) -> list[PlannedStudy]:
+def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool,
+               views: list[Any] | None = None) -> list[PlannedStudy]:
     """Each study of the grid: done (a finished study run in the same early-stopping mode), partly done
     (finished trials to reuse) or to do."""
-    return plan_studies(client, experiment_id, spec.workload, spec.studies(), full_trials)
+    return plan_studies(client, experiment_id, spec.workload, spec.studies(), full_trials, views)
 
 
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
-                 full_trials: bool) -> list[PlannedStudy]:
-    """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`)."""
-    stored = registry.study_runs(client, experiment_id, workload, lease_seconds())
+                 full_trials: bool, views: list[Any] | None = None) -> list[PlannedStudy]:
+    """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`). ``views``:
+    the experiment's study runs as registry.study_views read them a moment ago, instead of a new read."""
+    stored = registry.study_runs(client, experiment_id, workload, lease_seconds(), views)
     finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
     # Finished trials are counted only for the studies that have a study run but are not done (a few):
     # a study without any run has no trial runs of its key (they are made under its study run).
@@ -106,7 +108,7 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     out = out or sys.stdout
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
-    cuda_devices(options.device, indexed=False)  # refuses cuda without a CUDA device, before any work
+    refuse_missing_device(options.device, indexed=False)  # cuda without a CUDA device: before any work
     if spec.protocol.data_fingerprint is None:
         # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
@@ -131,6 +133,7 @@ class FinishedSweep:
     client: Any
     experiment_id: str
     runs: list[registry.LeasedRun]
+    studies: list[Any]  # the experiment's study runs, as registry.study_views read them to find the sweep runs
 
 
 def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
@@ -143,10 +146,11 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
         found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
         if found is None:
             return None
-        runs = registry.sweep_runs(client, found.experiment_id, sweep_key)
+        studies = registry.study_views(client, found.experiment_id)
+        runs = registry.sweep_runs(client, found.experiment_id, sweep_key, studies)
     if not runs or not all(r.state.is_finished for r in runs):
         return None
-    return FinishedSweep(client, found.experiment_id, runs)
+    return FinishedSweep(client, found.experiment_id, runs, studies)
 
 
 def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
@@ -158,7 +162,7 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
         return None
     client, runs = done.client, done.runs
     with store_errors(client):
-        plan = plan_sweep(client, done.experiment_id, spec, options.full_trials)
+        plan = plan_sweep(client, done.experiment_id, spec, options.full_trials, done.studies)
     if any(p.state is not PlanState.DONE for p in plan):
         return None
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(plan)} studies done in sweep run "

@@ -253,10 +253,15 @@ class Workload:
         from edps_mlflow.data.fingerprint import cached_fingerprint, splits_fingerprint
 
         if not self.needs_data_dir:
-            return splits_fingerprint(self.load_data(data_dir))
+            from edps_mlflow.data.digits import digits_file
+
+            bundled = digits_file() if self.dataset == "digits" else None
+            if bundled is None:
+                return splits_fingerprint(self.load_data(data_dir))
+            return cached_fingerprint([bundled], lambda: self.load_data(data_dir), self.name)
         from edps_mlflow.data.catalog import dataset_files
 
-        return cached_fingerprint(dataset_files(self.dataset, data_dir), lambda: self.load_data(data_dir))
+        return cached_fingerprint(dataset_files(self.dataset, data_dir), lambda: self.load_data(data_dir), self.name)
 
     def largest_batch_size(self) -> int:
         """The largest power of two that fits the training split."""

@@ -280,3 +280,12 @@ def test_fingerprints_of_data_files_are_cached_per_file_set(tmp_path, monkeypatc
     source.write_bytes(b"other")  # another size (and mtime): loaded and hashed again
     cached_fingerprint([source], load)
     assert len(loads) == 2
+    # Another workload may split the same files differently: its own entry.
+    halved = type(data)(data.train_images[:10], data.train_labels[:10], data.validation_images,
+                        data.validation_labels)
+    assert cached_fingerprint([source], lambda: halved, "another-workload") == splits_fingerprint(halved) != first
+    assert cached_fingerprint([source], load) == first and len(loads) == 2
+    # The bundled digits: cached by their file, so a sweep plans without loading them (or torch).
+    digits = get_workload("digits-simple-cnn")
+    assert digits.data_fingerprint(None) == splits_fingerprint(data) == digits.data_fingerprint(None)
+    assert len(list((tmp_path / "cache").rglob("*.txt"))) == 4  # two file sets, another workload, the digits

@@ -49,7 +49,7 @@ def _recording(client: StoreClient, experiment_id: str) -> tuple[study_index.Sea
         sent.append(conditions)
         return search(conditions, deleted)
 
-    return recorded, sent
+    return study_index.Search(search.experiment_ids, recorded), sent
 
 
 def _keys(runs) -> dict[str, str]:
@@ -76,7 +76,8 @@ def test_readers_see_each_study_run_once_and_a_complete_index_is_read_by_run_att
     assert _keys(runs) == {done.study_run_id: FINISHED, live.study_run_id: "RUNNING", ended.study_run_id: FAILED}
     assert next(r for r in runs if r.info.run_id == done.study_run_id).data.tags[n.TAG_BATCH_SIZE] == "16"
     assert all(run.indexed for run in runs)
-    assert sent and not [conditions for conditions in sent if "tags." in conditions], sent
+    # MLflow searches a run's name as a tag: the index run is found by its start time instead.
+    assert sent and not [conditions for conditions in sent if "tags." in conditions or "run_name" in conditions], sent
     # The sweep's plan reads the same: one run per study, the finished one done.
     stored = {s.study_key: s for s in registry.study_runs(client, experiment_id, "digits-simple-cnn", 60.0)}
     assert stored[_spec(16).study_key].finished and stored[_spec(32).study_key].live
@@ -127,6 +128,39 @@ def test_an_incomplete_index_is_read_with_the_study_runs_and_repair_completes_it
     search, sent = _recording(client, experiment_id)
     assert set(_keys(study_index.study_runs(search))) == {old, new.study_run_id}
     assert not [conditions for conditions in sent if "tags." in conditions], sent
+
+
+def test_an_index_run_made_when_it_was_created_is_found_by_its_name_and_each_experiment_keeps_its_own_index(
+        sqlite_store):
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    # An experiment whose index run an earlier version made: started when it was made, found by its name.
+    earlier = raw.create_experiment("index-made-earlier")
+    index = raw.create_run(earlier, tags={n.TAG_KIND: n.KIND_STUDY_INDEX, n.MLFLOW_RUN_NAME: n.INDEX_RUN_NAME,
+                                          n.TAG_INDEX_COMPLETE: "true"}).info.run_id
+    assert raw.get_run(index).info.start_time > n.INDEX_START_TIME
+    first = _study(client, earlier, _spec(16))
+    first.finish_study()
+    assert n.TAG_INDEX_PREFIX + first.study_run_id in raw.get_run(index).data.tags  # written to that index run
+    # An experiment made now, with its index run at the epoch, and a study run written after it.
+    current = resolve_experiment(client, "index-made-now")
+    second = _study(client, current, _spec(32))
+    second.finish_study()
+    # A study run in an experiment without an index run (made by hand): searched by its tags.
+    bare = raw.create_experiment("no-index")
+    by_hand = raw.create_run(bare, tags={n.TAG_KIND: n.KIND_STUDY, n.TAG_STUDY_KEY: "by-hand"}).info.run_id
+    raw.set_terminated(by_hand, FINISHED)
+
+    search, sent = _recording(client, earlier)
+    assert [run.info.run_id for run in study_index.index_runs(search)] == [index]
+    assert set(_keys(study_index.study_runs(search))) == {first.study_run_id}
+    # Over all three: each experiment's study runs, though one of them has a complete index at the epoch.
+    both = searcher(client, [earlier, current, bare])
+    assert {str(run.info.experiment_id) for run in study_index.index_runs(both)} == {earlier, current}
+    assert set(_keys(study_index.study_runs(both))) == {first.study_run_id, second.study_run_id, by_hand}
+    search, sent = _recording(client, current)
+    assert set(_keys(study_index.study_runs(search))) == {second.study_run_id}
+    assert not [conditions for conditions in sent if "run_name" in conditions or "tags." in conditions], sent
 
 
 def _trial(client: MlflowClient, experiment_id: str, parent: str, family: str, trial_key: str) -> str:

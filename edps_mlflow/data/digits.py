@@ -6,9 +6,12 @@ import gzip
 import importlib.util
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from edps_mlflow.data.splits import DataSplits, split_train_validation
+if TYPE_CHECKING:
+    from edps_mlflow.data.splits import DataSplits
 
 
 def digits_table() -> np.ndarray:
@@ -16,20 +19,30 @@ def digits_table() -> np.ndarray:
     reads it (``np.loadtxt``, float64) but without importing scikit-learn, whose import costs about a CPU-second
     in every process that trains (a study's, each of its workers', a sweep's). Where a scikit-learn release
     keeps the file elsewhere, ``load_digits`` itself."""
-    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        path = Path(location) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            with gzip.open(path, "rt") as handle:
-                return np.loadtxt(handle, delimiter=",")
+    path = digits_file()
+    if path is not None:
+        with gzip.open(path, "rt") as handle:
+            return np.loadtxt(handle, delimiter=",")
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     return np.column_stack([bunch.data, bunch.target])
 
 
+def digits_file() -> Path | None:
+    """scikit-learn's ``digits.csv.gz``, found without importing scikit-learn; None where a release keeps it
+    elsewhere."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    for location in list(spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(location) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
 def load_digits_splits() -> DataSplits:
+    from edps_mlflow.data.splits import split_train_validation
+
     table = digits_table()
     images = (table[:, :-1].reshape(-1, 8, 8) / 16.0).astype(np.float32)[:, None, :, :]
     return split_train_validation(images, table[:, -1].astype(np.int64))

@@ -3,8 +3,8 @@
 Two different copies of a dataset (another MNIST download, an edited file) must not share keys, so
 the keys hash the tensors actually loaded: sha256 over the shape, dtype and bytes of the training
 and validation images and labels (after the split and normalisation, which are part of the data a
-study sees). For datasets read from files it is cached per file set by (path, size, mtime), so a
-sweep can plan without loading them again; the bundled digits are hashed on every load (~10 ms).
+study sees). It is cached per workload and file set by (path, size, mtime), the bundled digits' file
+included, so that a sweep plans without loading the data again, or loading torch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from edps_mlflow.data.splits import DataSplits
+if TYPE_CHECKING:  # the data module loads torch: a cached fingerprint is read without it
+    from edps_mlflow.data.splits import DataSplits
 
 # Bump when the way of hashing changes: it is part of the cache's file names, not of the keys.
 _SCHEME = "sha256-tensors-v1"
@@ -35,10 +36,15 @@ def _cache_dir() -> Path:
     return Path(cache) / "edps-mlflow" / "fingerprints"
 
 
-def cached_fingerprint(files: list[Path], load: Callable[[], DataSplits]) -> str:
-    """The fingerprint of what ``load`` returns, remembered for this exact set of files."""
+def cached_fingerprint(files: list[Path], load: Callable[[], DataSplits], scope: str = "") -> str:
+    """The fingerprint of what ``load`` returns, remembered for this exact set of files and ``scope`` (the
+    workload: two workloads may split or normalise the same files differently) in this version of the
+    package (whose split may change)."""
+    from edps_mlflow import __version__
+
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(files)]
-    entry = _cache_dir() / (hashlib.sha256(json.dumps([_SCHEME, stats]).encode()).hexdigest() + ".txt")
+    entry = _cache_dir() / (hashlib.sha256(json.dumps([_SCHEME, scope, __version__, stats]).encode()).hexdigest()
+                            + ".txt")
     try:
         text = entry.read_text().strip()
         if len(text) == 64:

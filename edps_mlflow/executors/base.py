@@ -21,7 +21,6 @@ from edps_mlflow.ownership import LeaseLost
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.results import StudyReport
 from edps_mlflow.store import connect
-from edps_mlflow.study import ExecutionOptions, run_study
 
 if TYPE_CHECKING:
     from edps_mlflow.sweep_run import SweepTracker
@@ -115,6 +114,10 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
                                           task.spec.full_trials(task.full_trials))
     if done is not None:
         return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
+    # Here, not at the top: the study loads torch (over a second), which the sweep's parent, planning and
+    # dispatching, never needs; the processes that train import it with their first study.
+    from edps_mlflow.study import ExecutionOptions, run_study
+
     # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.
     options = ExecutionOptions(
         full_trials=task.full_trials, device=task.device, workers=1, experiment=task.experiment_name,
