@@ -1,31 +1,40 @@
-"""The decision rule of an adaptive sweep: which batch size each curve measures next, and when to stop.
+"""The decision rule of an adaptive sweep: which batch sizes to measure next, and when to stop.
 
-    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.9 --target 2 --max-studies 16
+    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5 --target b_crit:2
 
 Adaptivity chooses only *where* to measure. Every point is an ordinary exact study with its ordinary
 key (the same trials, goal, cap and check interval as any sweep's), so the registry reuses it like any
-other. The rule, per curve (curves.CurveId: optimizer x sparsity x pruning), on the fit of the points measured so far
-(``analysis.regimes.fit_table``: hyperbola, bootstrap intervals, model-free regime boundaries):
+other. What a batch size costs decides the order: a study's trial-steps grow about as S(B), which the
+hyperbola S(B) = S_min (1 + B_crit / B) makes largest at the smallest batch sizes (on digits, batch 2 and 4
+are more than half of a grid's trial-steps). So each curve (curves.CurveId: optimizer x sparsity x
+pruning) starts where measurement is cheap, the largest batch sizes of the range (START_POINTS of them),
+and walks down one doubling at a time only as far as its question needs; the fit is
+``analysis.regimes.fit_table`` (hyperbola, bootstrap intervals, model-free regime boundaries).
 
-- B_crit: its 95% interval must lie within a factor ``target`` of the estimate. Its excess is
-  ``log2(max(estimate / low, high / estimate)) - log2(target)`` doublings. The batch size that helps
-  is an unmeasured power of two inside the interval, as far (in doublings) from every measured one
-  as possible, the nearest to the estimate on a tie.
-- The end of perfect scaling: the last measured batch size that scales perfectly and the first that
-  does not must be adjacent powers of two. Excess: the doublings between them beyond one; the batch
-  size that helps bisects them. Perfect scaling through every measured point: extend upwards.
-- The start of maximal data parallelism (the plateau): the measured batch size before it must be
-  half of it. Excess and choice as above; a curve that has not shown its plateau yet measures
-  between its two largest points, else extends upwards.
-- A curve without a fit (fewer than 3 points with a result), or whose fit the analysis calls doubtful
-  (steps rising with batch size, B_crit far outside the measured range: ``analysis.regimes.fit_warnings``),
-  bisects its widest gap first: a B_crit interval of a hyperbola that does not describe the curve
-  answers nothing, however narrow.
+The question (``--target``, :class:`Goal`):
 
-Each round every curve measures the batch size of its largest excess (one per curve, so a round's
-studies run in parallel). The sweep stops when no curve has an excess left (``target met``), when
-what is left cannot be narrowed by another batch size (``exhausted``: that needs more trials per
-study, which adaptivity never changes), or when ``--max-studies`` or ``--budget`` runs out.
+- ``b_crit:F`` (the default, F = 2): B_crit's estimate lies at least a factor F inside the measured range
+  at both ends (measured points at or below B_crit / F, where steps are about 1 + F times S_min, and at or
+  above F x B_crit), the plateau is shown (two batch sizes within the tolerance of each other at the top),
+  and the hyperbola describes the curve (``analysis.regimes.fit_warnings``). The bootstrap interval is
+  reported with it, not chased: with exact early stopping most studies keep one reaching trial, so the
+  interval "says little" (the analysis' note), and narrowing it would spend the smallest, dearest batch
+  sizes on noise.
+- ``threshold``: the threshold critical batch size (the largest batch size within the tolerance of ideal
+  linear scaling from the smallest measured one) with its bracket: measured down until two successive
+  doublings at the bottom scale perfectly, so that the smallest point lies in perfect scaling; the
+  bracket is then two adjacent powers of two, because the walk measures every power of two it passes.
+- ``boundaries``: both regime boundaries between adjacent measured powers of two: the threshold's walk,
+  and the plateau shown at the top.
+
+A curve whose walk reaches the end of the range, or whose fit stays doubtful there, says so and stops
+spending: more trials per study would help it, not more batch sizes. Rounds keep the executor's workers
+busy (``width``, the sweep's workers): one batch size per curve with an open question, largest excess
+first, and, when there are more workers than such curves, the next doublings down of the curves that are
+walking down (the walk's next steps are known in advance: measured early, they save a round of wall clock
+at the risk of one doubling the walk would not have needed). The sweep stops when no curve has an open
+question (``target met``), when what is open cannot be narrowed by another batch size (``exhausted``),
+or when ``--max-studies`` or ``--budget`` runs out.
 
 Pure: plain numbers and pandas in, decisions out. No MLflow, no torch, no training.
 """
@@ -44,22 +53,36 @@ from analysis.regimes import fit_table, is_degenerate
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 
-# At least this many points per curve in the coarse grid (the hyperbola has two parameters).
-COARSE_POINTS = 4
-# The coarse grid takes about every 4th power of two of the range.
-COARSE_STRIDE = 4
-# An interval that is not there (too few bootstrap fits) or a boundary with no bracket counts as
-# this many doublings of excess: larger than any measured one, so it is attended to first.
+# Each curve starts with the largest batch sizes of the range: two to show the plateau, one where
+# scaling may begin.
+START_POINTS = 3
+# A curve walks down until this many successive doublings at its bottom scale perfectly (threshold and
+# boundaries goals).
+PERFECT_DOUBLINGS = 2
+# An open question that no fit can size yet (no fit, a doubtful fit, no plateau, a walk not finished)
+# counts as this many doublings of excess: larger than any measured one, so it is attended to first.
 UNKNOWN_EXCESS = 20.0
 BOOTSTRAP_REPEATS = 200
 BOOTSTRAP_SEED = 0
 TOLERANCE = 0.2  # of the regime boundaries (analysis.regimes)
+# Bumped when the rule changes: part of an adaptive sweep's key, so a rerun never replays another rule.
+RULE = "walk-down-1"
+
+
+class Goal(str, Enum):
+    """What an adaptive sweep pins (``--target``)."""
+
+    B_CRIT = "b_crit"
+    THRESHOLD = "threshold"
+    BOUNDARIES = "boundaries"
 
 
 class UncertaintyKind(str, Enum):
     NO_FIT = "no fit"
     DOUBTFUL_FIT = "doubtful fit"  # analysis.regimes says the hyperbola does not describe the curve
-    B_CRIT = "B_crit interval"
+    PLATEAU = "plateau not shown"
+    B_CRIT = "B_crit not bracketed"
+    PERFECT_SCALING = "perfect scaling not reached"
     PERFECT_SCALING_END = "end of perfect scaling"
     MAXIMAL_PARALLELISM_START = "start of maximal data parallelism"
 
@@ -114,12 +137,15 @@ class Budget:
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """When an adaptive sweep stops: ``target`` (factor of B_crit's 95% interval around its estimate),
-    and optionally at most ``max_studies`` studies or a ``budget``."""
+    """What an adaptive sweep pins (``goal``; ``target``: the factor of the B_crit goal) and when it stops
+    otherwise: at most ``max_studies`` studies or a ``budget``. ``width``: studies per round (the sweep's
+    workers): it changes which batch sizes are measured, so it is part of the key."""
 
     target: float = 2.0
     max_studies: int | None = None
     budget: Budget | None = None
+    goal: Goal = Goal.B_CRIT
+    width: int = 1
 
     def __post_init__(self) -> None:
         number = isinstance(self.target, (int, float)) and not isinstance(self.target, bool)
@@ -130,10 +156,32 @@ class AdaptiveSettings:
             raise EdpsError(f"max studies must be a positive integer, got {self.max_studies!r}")
         if self.budget is not None and not isinstance(self.budget, Budget):
             raise EdpsError(f"budget must be a Budget, got {self.budget!r}")
+        if not isinstance(self.goal, Goal):
+            raise EdpsError(f"goal must be a Goal, got {self.goal!r}")
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise EdpsError(f"width must be a positive integer, got {self.width!r}")
+
+    @classmethod
+    def parse_target(cls, text: str) -> tuple[Goal, float]:
+        """``--target``: ``b_crit`` or ``b_crit:F`` (a bare ``F`` too), ``threshold`` or ``boundaries``."""
+        name, colon, factor = (text or "").strip().partition(":")
+        try:
+            if not colon and name and name[0].isdigit():
+                return Goal.B_CRIT, float(name)
+            goal = Goal(name)
+            if colon and (goal is not Goal.B_CRIT or not factor):
+                raise ValueError
+            return goal, float(factor) if factor else 2.0
+        except ValueError:
+            raise EdpsError(f"target {text!r} is not b_crit, b_crit:<factor> (e.g. b_crit:2), threshold or "
+                            f"boundaries") from None
+
+    def target_text(self) -> str:
+        return f"b_crit:{self.target:g}" if self.goal is Goal.B_CRIT else self.goal.value
 
     def key_fields(self) -> dict:
-        return {"target": float(self.target), "max_studies": self.max_studies,
-                "budget": self.budget.text() if self.budget else None}
+        return {"rule": RULE, "goal": self.goal.value, "target": float(self.target), "width": self.width,
+                "max_studies": self.max_studies, "budget": self.budget.text() if self.budget else None}
 
 
 def is_power_of_two(value: int) -> bool:
@@ -145,26 +193,22 @@ def powers_of_two(low: int, high: int) -> tuple[int, ...]:
     return tuple(1 << e for e in range(max(low, 1).bit_length() - 1, high.bit_length()) if low <= 1 << e <= high)
 
 
-def coarse_grid(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """About every COARSE_STRIDE-th power of two of the range, evenly spread in log2, both ends included,
-    at least COARSE_POINTS points (all of them when the range is that short)."""
-    ordered = sorted(batch_sizes)
-    count = max(COARSE_POINTS, math.ceil((len(ordered) - 1) / COARSE_STRIDE) + 1)
-    if count >= len(ordered):
-        return tuple(ordered)
-    indices = sorted({int(round(i)) for i in np.linspace(0, len(ordered) - 1, count)})
-    return tuple(ordered[i] for i in indices)
+def start_grid(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Where every curve starts: the START_POINTS largest batch sizes of the range (the cheapest)."""
+    return tuple(sorted(batch_sizes)[-START_POINTS:])
 
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """One open question about one curve: how far from the target (doublings), in words, and the batch
-    size that would narrow it (None: none left to measure)."""
+    """One open question about one curve: how far from the target (doublings), in words, the batch
+    size that would narrow it (None: none left to measure) and, for a walk down, the smallest batch size
+    the fit so far expects it to need (None: not known), below which no free worker measures ahead."""
 
     kind: UncertaintyKind
     excess: float
     description: str
     batch_size: int | None
+    walk_to: int | None = None
 
     @property
     def open(self) -> bool:
@@ -199,105 +243,97 @@ def _value(fit: dict, name: str) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _distance(b: int, measured: list[int]) -> float:
-    return min(abs(math.log2(b / m)) for m in measured) if measured else math.inf
-
-
-def _bisect(low: int, high: int, candidates: list[int]) -> int | None:
-    """The unmeasured power of two nearest the log-midpoint of (low, high), the smaller on a tie."""
-    inside = [c for c in candidates if low < c < high]
-    if not inside:
-        return None
-    middle = (math.log2(low) + math.log2(high)) / 2
-    return min(inside, key=lambda c: (abs(math.log2(c) - middle), c))
-
-
-def _widest_gap(measured: list[int], unmeasured: list[int]) -> int | None:
-    """The batch size that bisects the widest gap between measured ones (else the next above them)."""
-    gaps = sorted(((math.log2(high / low), low, high) for low, high in zip(measured, measured[1:])), reverse=True)
-    for _, low, high in gaps:
-        choice = _bisect(low, high, unmeasured)
-        if choice is not None:
-            return choice
-    above = [c for c in unmeasured if c > measured[-1]] if measured else unmeasured
-    return above[0] if above else None
-
-
-def _gap_text(low: int, high: int) -> str:
-    return f"between {low} and {high} ({math.log2(high / low):.0f} doublings apart)"
+def perfect_doublings(points: pd.DataFrame) -> int:
+    """How many successive doublings, from the smallest measured batch size up, scale perfectly: steps x
+    batch size grows by at most the tolerance (S(2B) 2B <= (1 + TOLERANCE) S(B) B). 0 when the smallest has
+    no result."""
+    measured = sorted(int(b) for b in points["batch_size"])
+    results = {int(b): float(v) for b, v in zip(points["batch_size"], points["steps_to_result"]) if pd.notna(v)}
+    count = 0
+    for low, high in zip(measured, measured[1:]):
+        if high != 2 * low or low not in results or high not in results \
+                or results[high] * high > (1.0 + TOLERANCE) * results[low] * low:
+            break
+        count += 1
+    return count
 
 
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
-                 candidates: tuple[int, ...], target: float) -> CurveState:
-    """The fit of one curve's measured points and what is still uncertain about it.
+                 candidates: tuple[int, ...], settings: AdaptiveSettings) -> CurveState:
+    """The fit of one curve's measured points and what is still open about it for ``settings.goal``.
 
     ``points``: one row per measured study of the curve (``workload, optimizer, sparsity, batch_size,
     steps_to_result, study_key``; ``steps_to_result`` empty when no trial reached the goal);
     ``trials``: the studies' trials (``study_key, status, steps_to_result``) for the bootstrap;
-    ``candidates``: the batch sizes the sweep may measure.
+    ``candidates``: the batch sizes the sweep may measure. The walk measures every power of two it passes,
+    so the only batch sizes it ever proposes are the next one down and the next one up.
     """
     measured_all = sorted(int(b) for b in points["batch_size"])
     unmeasured = sorted(set(candidates) - set(measured_all))
+    down = max((c for c in unmeasured if c < measured_all[0]), default=None)
+    up = min((c for c in unmeasured if c > measured_all[-1]), default=None)
     with_result = sorted(int(b) for b, s in zip(points["batch_size"], points["steps_to_result"]) if pd.notna(s))
     fit: dict = {}
     if len(with_result) >= 2:
         fit = fit_table(points, trials, tolerance=TOLERANCE, repeats=BOOTSTRAP_REPEATS,
                         seed=BOOTSTRAP_SEED).iloc[0].to_dict()
     items: list[Uncertainty] = []
+    ends = f"the range ends at {measured_all[0]}: more trials per study would help, not more batch sizes"
+
+    def open_below(kind: UncertaintyKind, words: str, excess: float = UNKNOWN_EXCESS,
+                   walk_to: int | None = None) -> None:
+        items.append(Uncertainty(kind, excess, words if down is not None else f"{words}; {ends}", down, walk_to))
+
     b_crit = _value(fit, "b_crit")
     if b_crit is None:
-        items.append(Uncertainty(UncertaintyKind.NO_FIT, UNKNOWN_EXCESS,
-                                 f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes have a "
-                                 f"result",
-                                 _widest_gap(measured_all, unmeasured)))
+        open_below(UncertaintyKind.NO_FIT, f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes "
+                                           f"have a result")
         return CurveState(curve, tuple(measured_all), fit, tuple(items))
     if is_degenerate(fit):
-        items.append(Uncertainty(UncertaintyKind.DOUBTFUL_FIT, UNKNOWN_EXCESS, f"doubtful fit: {fit.get('note')}",
-                                 _widest_gap(measured_all, unmeasured)))
-    low, high = _value(fit, "b_crit_low"), _value(fit, "b_crit_high")
-    if low is None or high is None or low <= 0:
-        inside = unmeasured
-        excess, words = UNKNOWN_EXCESS, f"B_crit {b_crit:.3g} has no 95% interval (too few bootstrap fits)"
-    else:
-        inside = [c for c in unmeasured if low <= c <= high]
-        factor = max(b_crit / low, high / b_crit)
-        excess = math.log2(factor) - math.log2(target)
-        words = (f"B_crit {b_crit:.3g}, 95% interval {low:.3g}..{high:.3g} (within x{factor:.2g} of the estimate; "
-                 f"target x{target:g})")
-    choice = min(inside, key=lambda c: (-_distance(c, measured_all), abs(math.log2(c / b_crit)), c)) if inside else None
-    items.append(Uncertainty(UncertaintyKind.B_CRIT, excess, words, choice))
-
+        open_below(UncertaintyKind.DOUBTFUL_FIT, f"doubtful fit: {fit.get('note')}")
+    start = _value(fit, "maximal_parallelism_start")
+    # Without a plateau the B_crit goal still has the hyperbola's S_min; at the end of the range it is said, not
+    # chased. The boundaries goal asks for it.
+    if start is None and (up is not None or settings.goal is Goal.BOUNDARIES):
+        items.append(Uncertainty(UncertaintyKind.PLATEAU, UNKNOWN_EXCESS,
+                                 f"no plateau yet: steps at {with_result[-1]} are not within {TOLERANCE:.0%} of the "
+                                 f"next smaller batch size's" + ("" if up else " (the range ends there)"), up))
+    if settings.goal is Goal.B_CRIT:
+        # B_crit must lie a factor ``target`` inside the measured range at both ends.
+        low_end, high_end = b_crit / settings.target, b_crit * settings.target
+        interval = (f"; 95% interval {_number(fit.get('b_crit_low'))}..{_number(fit.get('b_crit_high'))}"
+                    if _value(fit, "b_crit_low") is not None else "")
+        if measured_all[0] > low_end:
+            # As far down as the estimate says: the first batch size at or below B_crit / target.
+            walk_to = max((c for c in candidates if c <= low_end), default=min(candidates, default=None))
+            open_below(UncertaintyKind.B_CRIT,
+                       f"B_crit {b_crit:.3g}{interval}: the smallest measured batch size {measured_all[0]} is above "
+                       f"B_crit / {settings.target:g} = {low_end:.3g}", math.log2(measured_all[0] / low_end), walk_to)
+        elif measured_all[-1] < high_end:
+            items.append(Uncertainty(UncertaintyKind.B_CRIT, math.log2(high_end / measured_all[-1]),
+                                     f"B_crit {b_crit:.3g}{interval}: the largest measured batch size "
+                                     f"{measured_all[-1]} is below B_crit x {settings.target:g}", up))
+        return CurveState(curve, tuple(measured_all), fit, tuple(items))
+    perfect = perfect_doublings(points)
+    if perfect < PERFECT_DOUBLINGS:
+        open_below(UncertaintyKind.PERFECT_SCALING,
+                   f"{perfect} of {PERFECT_DOUBLINGS} doublings from {measured_all[0]} up scale perfectly")
     end = _value(fit, "perfect_scaling_end")
-    # Perfect scaling ends after the largest batch size with a result below perfect_scaling_end.
-    last = max((b for b in with_result if b < end), default=None) if end is not None else None
-    above = [c for c in unmeasured if c > with_result[-1]]
     if end is None:
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS,
                                  f"perfect scaling through the largest batch size with a result ({with_result[-1]})",
-                                 above[0] if above else None))
-    elif last is not None:
-        last_b, end_b = int(last), int(end)
-        items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, math.log2(end_b / last_b) - 1,
-                                 f"perfect scaling ends {_gap_text(last_b, end_b)}",
-                                 _bisect(last_b, end_b, unmeasured)))
-
-    start = _value(fit, "maximal_parallelism_start")
-    if start is None:
-        # No plateau of two points yet: between the two largest points, else beyond the largest.
-        below = with_result[-2] if len(with_result) >= 2 else with_result[-1]
-        choice = _bisect(below, with_result[-1], unmeasured) or (above[0] if above else None)
-        items.append(Uncertainty(UncertaintyKind.MAXIMAL_PARALLELISM_START, UNKNOWN_EXCESS,
-                                 f"no plateau yet: steps at {with_result[-1]} are not within {TOLERANCE:.0%} of "
-                                 f"another measured batch size's", choice))
-    else:
-        start_b = int(start)
-        previous = [b for b in with_result if b < start_b]
-        if previous:
-            items.append(Uncertainty(UncertaintyKind.MAXIMAL_PARALLELISM_START,
-                                     math.log2(start_b / previous[-1]) - 1,
-                                     f"maximal data parallelism starts {_gap_text(previous[-1], start_b)}",
-                                     _bisect(previous[-1], start_b, unmeasured)))
+                                 up))
+    if settings.goal is Goal.BOUNDARIES and start is not None:
+        previous = [b for b in with_result if b < start]
+        if previous and start > 2 * previous[-1]:  # a gap left by a study without a result
+            items.append(Uncertainty(UncertaintyKind.MAXIMAL_PARALLELISM_START, math.log2(start / previous[-1]) - 1,
+                                     f"maximal data parallelism starts between {previous[-1]} and {int(start)}",
+                                     None))
     return CurveState(curve, tuple(measured_all), fit, tuple(items))
+
+
+def _number(value: object) -> str:
+    return "-" if value is None or pd.isna(value) else f"{float(value):.3g}"
 
 
 @dataclass(frozen=True)
@@ -329,8 +365,10 @@ def curve_label(curve: CurveId) -> str:
 
 
 def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: float,
-           settings: AdaptiveSettings) -> Decision:
-    """Stop, or measure one batch size per curve with an open question, largest excess first.
+           settings: AdaptiveSettings, candidates: tuple[int, ...] = ()) -> Decision:
+    """Stop, or measure: one batch size per curve with an open question, largest excess first, then, while
+    a round has fewer than ``settings.width`` studies, the next doublings down (among ``candidates``) of
+    the curves walking down, round robin.
 
     ``studies``, ``trial_steps`` and ``seconds``: what the sweep has spent so far (seconds: this
     invocation's wall clock). A limit is checked before a round starts; a round once started finishes.
@@ -344,13 +382,26 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
         return Decision((), StopReason.BUDGET_STEPS, tuple(states))
     if budget is not None and budget.kind is BudgetKind.SECONDS and seconds >= budget.amount:
         return Decision((), StopReason.BUDGET_TIME, tuple(states))
-    room = len(wanted) if settings.max_studies is None else settings.max_studies - studies
+    room = settings.width if settings.max_studies is None else min(settings.width, settings.max_studies - studies)
     if room <= 0:
         return Decision((), StopReason.MAX_STUDIES, tuple(states))
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
-    picks = tuple(Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description)
-                  for state, choice in wanted[:room])
-    return Decision(picks, None, tuple(states))
+    picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description)
+             for state, choice in wanted[:room]]
+    # Workers left over: the walks' next steps down, one curve after another, never below where the fit so
+    # far expects the walk to end (the next doubling costs about twice the last: a guess is paid dearly).
+    walking = [(state, choice) for state, choice in wanted[:room] if choice.batch_size < state.measured[0]]
+    ahead = {state.curve: choice.batch_size for state, choice in walking}
+    while len(picks) < room and walking:
+        for state, choice in list(walking):
+            lower = ahead[state.curve] // 2
+            if len(picks) >= room or lower not in candidates or (choice.walk_to is not None and lower < choice.walk_to):
+                walking.remove((state, choice))
+                continue
+            ahead[state.curve] = lower
+            picks.append(Pick(state.curve, lower, choice.kind, choice.excess,
+                              f"{choice.description} (ahead of the walk: a free worker)"))
+    return Decision(tuple(picks), None, tuple(states))
 
 
 # The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning).
@@ -371,7 +422,8 @@ def decision_rows(round_index: int, decision: Decision, studies: int, trial_step
             for s in decision.states]
 
 
-def coarse_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:
+def start_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:
     return [{"round": 0, "decision": "measure", **c.within_workload(), "batch_size": b,
-             "reason": "coarse grid", "excess_doublings": None, "uncertainty_before": "nothing measured yet",
-             "studies_before": 0, "trial_steps_before": 0} for c in curves for b in grid]
+             "reason": "start: the largest batch sizes", "excess_doublings": None,
+             "uncertainty_before": "nothing measured yet", "studies_before": 0, "trial_steps_before": 0}
+            for c in curves for b in grid]

@@ -1,12 +1,13 @@
-"""An adaptive sweep: measure a coarse grid, then round by round the batch sizes that narrow what is
-still uncertain, until every curve's B_crit and regime boundaries are pinned (adaptive.py has the rule).
+"""An adaptive sweep: measure the largest batch sizes of the range, then round by round walk each curve
+down as far as its question needs (adaptive.py has the rule): B_crit, the threshold critical batch size or
+the regime boundaries (``--target``).
 
-    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.9
-    edps sweep --adaptive ... --target 1.5 --max-studies 24 --budget 2e6steps   (or --budget 30m)
+    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5
+    edps sweep --adaptive ... --target threshold --max-studies 24 --budget 2e6steps   (or --budget 30m)
 
 Every measured point is an ordinary study of the sweep's protocol with its ordinary key, dispatched by
-the sweep's own executors (any of executors/; one batch size per curve per round, run in parallel), so a
-grid sweep of the same protocol later reuses them, and they reuse a grid's. The adaptive sweep has
+the sweep's own executors (any of executors/; a round holds as many studies as the sweep has workers,
+run in parallel), so a grid sweep of the same protocol later reuses them, and they reuse a grid's. The adaptive sweep has
 its own sweep key (the grid's range and protocol, the target and the limits) and its own sweep run,
 the parent of the studies it trains. It keeps no state of its own: the rule is deterministic (a
 seeded bootstrap), so a rerun replays the decisions from the studies in the store, training only what
@@ -30,18 +31,20 @@ from edps_mlflow import names as n
 from edps_mlflow import registry
 from edps_mlflow.adaptive import (
     DECISION_COLUMNS,
+    PERFECT_DOUBLINGS,
     AdaptiveSettings,
     BudgetKind,
     CurveState,
+    Goal,
     StopReason,
     assess_curve,
-    coarse_grid,
-    coarse_rows,
     curve_label,
     decide,
     decision_rows,
     is_power_of_two,
     powers_of_two,
+    start_grid,
+    start_rows,
 )
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
@@ -69,8 +72,8 @@ from edps_mlflow.workloads import get_workload
 @dataclass(frozen=True)
 class AdaptiveSweepSpec:
     """An adaptive sweep: ``grid`` gives the protocol, optimizers, sparsities and the batch-size range
-    (powers of two; the coarse grid spans it, and later rounds may extend it up to the largest batch
-    size that fits the training split); ``settings`` when it stops."""
+    (powers of two; the walk starts at its largest and goes down, and may extend it up to the largest batch
+    size that fits the training split); ``settings`` what it pins and when it stops."""
 
     grid: SweepSpec
     settings: AdaptiveSettings
@@ -80,10 +83,10 @@ class AdaptiveSweepSpec:
         if odd:
             raise EdpsError(f"an adaptive sweep measures powers of two: batch size {odd[0]} is not one "
                             f"(give the range, e.g. --batch-sizes 2..1024)")
-        coarse = len(self.coarse) * len(self.curves)
-        if self.settings.max_studies is not None and self.settings.max_studies < coarse:
-            raise EdpsError(f"--max-studies {self.settings.max_studies} is smaller than the coarse grid "
-                            f"({len(self.coarse)} batch sizes x {len(self.curves)} curves = {coarse} studies)")
+        first = len(self.start) * len(self.curves)
+        if self.settings.max_studies is not None and self.settings.max_studies < first:
+            raise EdpsError(f"--max-studies {self.settings.max_studies} is smaller than the start "
+                            f"({len(self.start)} batch sizes x {len(self.curves)} curves = {first} studies)")
 
     @property
     def workload(self) -> str:
@@ -95,8 +98,8 @@ class AdaptiveSweepSpec:
         return powers_of_two(min(self.grid.batch_sizes), max(self.grid.batch_sizes))
 
     @property
-    def coarse(self) -> tuple[int, ...]:
-        return coarse_grid(self.range)
+    def start(self) -> tuple[int, ...]:
+        return start_grid(self.range)
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -118,7 +121,8 @@ class AdaptiveSweepSpec:
 
     def params(self) -> dict[str, Any]:
         return {**replace(self.grid, batch_sizes=self.range).params(), "adaptive": True,
-                "target": self.settings.target, "max_studies": self.settings.max_studies or "",
+                "target": self.settings.target_text(), "width": self.settings.width,
+                "max_studies": self.settings.max_studies or "",
                 "budget": self.settings.budget.text() if self.settings.budget else ""}
 
 
@@ -171,11 +175,11 @@ def curve_tables(spec: AdaptiveSweepSpec, curve: CurveId,
 
 def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
           announce: Callable[[int, list[str]], None] = lambda round_index, lines: None) -> AdaptiveResult | None:
-    """The rounds: the coarse grid, then the decisions of adaptive.decide until it stops. None when
-    ``measure`` found a study not done (a read-only replay)."""
-    rows = coarse_rows(spec.curves, spec.coarse)
-    chosen = [spec.study(curve, b) for curve in spec.curves for b in spec.coarse]
-    announce(0, [f"coarse grid {', '.join(map(str, spec.coarse))} for {len(spec.curves)} curve(s)"])
+    """The rounds: the start, then the decisions of adaptive.decide until it stops. None when ``measure``
+    found a study not done (a read-only replay)."""
+    rows = start_rows(spec.curves, spec.start)
+    chosen = [spec.study(curve, b) for curve in spec.curves for b in spec.start]
+    announce(0, [f"start at batch sizes {', '.join(map(str, spec.start))} for {len(spec.curves)} curve(s)"])
     measured: dict[str, MeasuredStudy] = {}
     round_index = 0
     while True:
@@ -183,11 +187,11 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         if found is None:
             return None
         measured.update(found)
-        states = [assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings.target)
+        states = [assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings)
                   for curve in spec.curves]
         studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
         round_index += 1
-        decision = decide(states, studies, steps, clock(), spec.settings)
+        decision = decide(states, studies, steps, clock(), spec.settings, spec.candidates)
         rows.extend(decision_rows(round_index, decision, studies, steps))
         if decision.stop is not None:
             return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()),
@@ -275,8 +279,8 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
          out: TextIO) -> AdaptiveResult:
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {})
-    print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}): {len(spec.curves)} curve(s), target B_crit "
-          f"within x{spec.settings.target:g}, run {sweep.tracker.run_id} in experiment {sweep.experiment_name!r} at "
+    print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}): {len(spec.curves)} curve(s), target "
+          f"{goal_text(spec.settings)}, {spec.settings.width} studies a round, run {sweep.tracker.run_id} in experiment {sweep.experiment_name!r} at "
           f"{redact_uri(sweep.tracking_uri)}", file=out)
     if stale:
         print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
@@ -364,6 +368,17 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def goal_text(settings: AdaptiveSettings) -> str:
+    """The question of an adaptive sweep, in words."""
+    if settings.goal is Goal.B_CRIT:
+        return (f"B_crit at least x{settings.target:g} inside the measured batch sizes at both ends, the hyperbola "
+                f"describing the curve")
+    if settings.goal is Goal.THRESHOLD:
+        return (f"the threshold critical batch size, bracketed by adjacent powers of two, from a smallest batch size "
+                f"in perfect scaling ({PERFECT_DOUBLINGS} doublings)")
+    return "both regime boundaries between adjacent measured powers of two"
+
+
 def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str:
     """The adaptive sweep run's description: why it stopped, the answer per curve, every decision."""
     p = spec.grid.protocol
@@ -375,8 +390,7 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
     parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, goal "
              f"{p.goal_error:g}, a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
              f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "
-             f"trial-steps. Target: B_crit's 95% interval within x{spec.settings.target:g} of its estimate and both "
-             f"regime boundaries between adjacent measured powers of two" + (f"; limits: {limits}" if limits else "")
+             f"trial-steps. Target: {goal_text(spec.settings)}" + (f"; limits: {limits}" if limits else "")
              + ".",
              f"**Stopped: {result.stop.value}.** Still uncertain: " + ("; ".join(result.uncertain()) or "nothing")
              + ".",

@@ -288,10 +288,12 @@ def study(batch_size: int, optimizer: str, sparsity: float, pruning: str, worklo
 @click.option("--wait", is_flag=True,
               help="When another live process runs this sweep, wait for it (or take over when it dies).")
 @click.option("--adaptive", is_flag=True,
-              help="Measure a coarse grid of the --batch-sizes range, then round by round the batch size per curve "
-                   "that narrows B_crit or a regime boundary most, until --target is met or a limit is reached.")
-@click.option("--target", type=float, default=None,
-              help="Adaptive: B_crit's 95% interval must lie within this factor of its estimate [default: 2].")
+              help="Start at the largest batch sizes of the --batch-sizes range and walk each curve down only as far "
+                   "as --target needs (a round: as many studies as --workers), or until a limit is reached.")
+@click.option("--target", default=None,
+              help="Adaptive: b_crit[:F] (B_crit at least xF inside the measured batch sizes; F=2 by default), "
+                   "threshold (the threshold critical batch size and its bracket) or boundaries (both regime "
+                   "boundaries bracketed) [default: b_crit:2].")
 @click.option("--max-studies", type=int, default=None, help="Adaptive: stop after this many studies.")
 @click.option("--budget", default=None,
               help="Adaptive: stop when the measured studies' trial-steps (e.g. 2e6steps) or this command's wall "
@@ -302,7 +304,7 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
           full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
           probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None,
           ray_address: str | None, backend: str, backend_config: str, env_manager: str, device: str | None,
-          wait: bool, adaptive: bool, target: float | None, max_studies: int | None, budget: str | None) -> None:
+          wait: bool, adaptive: bool, target: str | None, max_studies: int | None, budget: str | None) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store.
     With --adaptive, measure only the batch sizes that pin B_crit and the regime boundaries."""
     from edps_mlflow.config import parse_probes
@@ -331,9 +333,12 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
     # Only valid values load torch and MLflow (seconds): a bad one is refused before.
     if adaptive:
         from edps_mlflow.adaptive import AdaptiveSettings, Budget
+        from edps_mlflow.resources import available_cores
 
-        settings = AdaptiveSettings(target=2.0 if target is None else target, max_studies=max_studies,
-                                    budget=Budget.parse(budget) if budget is not None else None)
+        goal, factor = AdaptiveSettings.parse_target("b_crit:2" if target is None else target)
+        settings = AdaptiveSettings(target=factor, max_studies=max_studies,
+                                    budget=Budget.parse(budget) if budget is not None else None, goal=goal,
+                                    width=workers or available_cores())
         from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
 
         run_adaptive_sweep(AdaptiveSweepSpec(spec, settings), options)

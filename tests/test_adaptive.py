@@ -17,13 +17,15 @@ from edps_mlflow.adaptive import (
     AdaptiveSettings,
     Budget,
     BudgetKind,
+    Goal,
     StopReason,
     UncertaintyKind,
     assess_curve,
-    coarse_grid,
     decide,
     decision_rows,
+    perfect_doublings,
     powers_of_two,
+    start_grid,
 )
 from edps_mlflow.cli import main
 from edps_mlflow.curves import CurveId
@@ -58,7 +60,8 @@ def synthetic(curve_steps, batch_sizes, trials: int = 6, spread: float = 0.05, r
 
 def assess(curve_steps, batch_sizes, target: float = 2.0, **kwargs):
     points, trials = synthetic(curve_steps, batch_sizes, **kwargs)
-    return assess_curve(CurveId("digits-simple-cnn", "sgd", kwargs.get("sparsity", 0.0)), points, trials, RANGE, target)
+    return assess_curve(CurveId("digits-simple-cnn", "sgd", kwargs.get("sparsity", 0.0)), points, trials, RANGE,
+                        AdaptiveSettings(target=target))
 
 
 # ---- the budget and the settings ----------------------------------------------------------------
@@ -92,111 +95,137 @@ def test_settings_refuse(arguments, message):
         AdaptiveSettings(**arguments)
 
 
-def test_coarse_grid_spans_the_range_with_at_least_four_points():
-    assert coarse_grid(powers_of_two(2, 1024)) == (2, 16, 128, 1024)
-    assert coarse_grid(powers_of_two(2, 32768)) == (2, 32, 256, 2048, 32768)
-    assert coarse_grid(powers_of_two(16, 64)) == (16, 32, 64)
+def test_the_walk_starts_at_the_largest_batch_sizes():
+    assert start_grid(powers_of_two(2, 1024)) == (256, 512, 1024)
+    assert start_grid(powers_of_two(16, 32)) == (16, 32)
     assert powers_of_two(3, 100) == (4, 8, 16, 32, 64)
 
 
+@pytest.mark.parametrize("text,goal,factor", [
+    ("b_crit", Goal.B_CRIT, 2.0), ("b_crit:1.5", Goal.B_CRIT, 1.5), ("3", Goal.B_CRIT, 3.0),
+    ("threshold", Goal.THRESHOLD, 2.0), ("boundaries", Goal.BOUNDARIES, 2.0)])
+def test_target_parses(text, goal, factor):
+    assert AdaptiveSettings.parse_target(text) == (goal, factor)
+
+
+@pytest.mark.parametrize("text", ["", "fastest", "threshold:2", "b_crit:x", "b_crit:"])
+def test_target_refuses(text):
+    with pytest.raises(EdpsError, match="is not b_crit, b_crit:<factor>"):
+        AdaptiveSettings.parse_target(text)
+
+
 # ---- the decision rule on synthetic curves --------------------------------------------------------
-def test_coarse_grid_curve_measures_where_the_knee_is_uncertain():
-    state = assess(hyperbola(100, 32), (2, 16, 128, 1024))
-    choice = state.next_batch_size()
-    assert choice is not None and choice.batch_size in RANGE and choice.batch_size not in (2, 16, 128, 1024)
-    # Perfect scaling ends inside a gap of three doublings: that gap is bisected unless B_crit is worse.
-    kinds = {u.kind: u for u in state.open}
-    assert UncertaintyKind.PERFECT_SCALING_END in kinds
-    end = kinds[UncertaintyKind.PERFECT_SCALING_END]
-    # (S(2) = 1700, S(16) = 300 > 1.2 x 1700 x 2 / 16): it ends between 2 and 16, bisected at 4.
-    assert "between 2 and 16" in end.description and end.excess == pytest.approx(2.0) and end.batch_size == 4
+def test_a_curve_walks_down_only_as_far_as_b_crit_needs():
+    # S(B) = 100 (1 + 32 / B): from the top, each round one doubling down, until B_crit / 2 = 16 is measured.
+    state = assess(hyperbola(100, 32), (256, 512, 1024), spread=0.0)
+    (walk,) = state.open
+    # From three points near the plateau the estimate is rough (30.7, the steps being whole numbers): the walk
+    # is expected to end at the first power of two below 30.7 / 2.
+    assert walk.kind is UncertaintyKind.B_CRIT and walk.batch_size == 128 and walk.walk_to == 8
+    assert "the smallest measured batch size 256 is above B_crit / 2 = 15.4" in walk.description
+    assert assess(hyperbola(100, 32), powers_of_two(32, 1024), spread=0.0).next_batch_size().batch_size == 16
+    done = assess(hyperbola(100, 32), powers_of_two(16, 1024), spread=0.0)
+    assert not done.open, done.summary()
+    assert done.fit["b_crit"] == pytest.approx(32, rel=0.01)
+    assert decide([done], 7, 1000, 0.0, AdaptiveSettings()).stop is StopReason.TARGET_MET
+    # A tighter target walks further: B_crit / 4 = 8.
+    tight = assess(hyperbola(100, 32), powers_of_two(16, 1024), target=4.0, spread=0.0)
+    assert tight.next_batch_size().batch_size == 8
 
 
-def test_a_boundary_is_bisected_between_its_bracket():
-    # B_crit 100: perfect scaling (within 20% of ideal from batch 2) holds up to 22; measured everywhere
-    # but 32 and 64, it ends between 16 and 128.
-    state = assess(hyperbola(100, 100), (2, 4, 8, 16, 128, 256, 512, 1024), spread=0.0)
-    end = next(u for u in state.uncertainties if u.kind is UncertaintyKind.PERFECT_SCALING_END)
-    assert "between 16 and 128" in end.description and end.batch_size == 32  # log-midpoint 45: the smaller
-    assert state.next_batch_size() == end
+def test_free_workers_measure_ahead_of_the_walk_but_not_below_where_the_fit_expects_it_to_end():
+    state = assess(hyperbola(100, 32), (256, 512, 1024), spread=0.0)
+    decision = decide([state], 3, 100, 0.0, AdaptiveSettings(width=4), RANGE)
+    assert [p.batch_size for p in decision.picks] == [128, 64, 32, 16]
+    assert "ahead of the walk" in decision.picks[1].uncertainty
+    near = assess(hyperbola(100, 32), powers_of_two(32, 1024), spread=0.0)
+    assert [p.batch_size for p in decide([near], 6, 100, 0.0, AdaptiveSettings(width=4), RANGE).picks] == [16]
+    # More curves than workers: one each, the largest excess first.
+    other = assess(hyperbola(300, 8), (256, 512, 1024), sparsity=0.9, spread=0.0)
+    two = decide([near, other], 9, 100, 0.0, AdaptiveSettings(width=2), RANGE)
+    assert sorted(p.batch_size for p in two.picks) == [16, 128] and two.picks[0].excess >= two.picks[1].excess
 
 
-def test_fully_measured_exact_curve_meets_the_target():
-    state = assess(hyperbola(100, 32), RANGE, spread=0.0)
-    assert not state.open, state.summary()
-    decision = decide([state], 10, 12345, 0.0, AdaptiveSettings())
-    assert decision.stop is StopReason.TARGET_MET and not decision.picks
-    rows = decision_rows(3, decision, 10, 12345)
-    assert rows[0]["decision"] == "stop: target met" and rows[0]["uncertainty_before"] == "resolved"
+def test_the_threshold_goal_walks_down_to_perfect_scaling_and_brackets_it():
+    # 100 (1 + 32 / B) scales perfectly (x at most 1.2 per doubling) from 4 to 8 and 8 to 16, not 16 to 32.
+    threshold = AdaptiveSettings(goal=Goal.THRESHOLD)
+    points, trials = synthetic(hyperbola(100, 32), powers_of_two(8, 1024), spread=0.0)
+    assert perfect_doublings(points) == 1
+    state = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE, threshold)
+    (walk,) = state.open
+    assert walk.kind is UncertaintyKind.PERFECT_SCALING and walk.batch_size == 4
+    points, trials = synthetic(hyperbola(100, 32), powers_of_two(4, 1024), spread=0.0)
+    assert perfect_doublings(points) == 2
+    state = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE, threshold)
+    # From B_0 = 4: 16 x S(16) = 4800 > 1.2 x 4 x S(4) = 4320, so the threshold is 8, bracketed by 16.
+    assert not state.open and (state.fit["b_crit_threshold"], state.fit["perfect_scaling_end"]) == (8, 16)
 
 
-def test_nothing_left_to_measure_is_exhausted_not_met():
-    # Every batch size measured, but each study's trials scatter widely: B_crit stays uncertain, and
-    # adaptivity never adds trials, so the sweep says it is exhausted and what is left.
-    noisy = lambda b: 100 * (1 + 32 / b) * (1.6 if int(math.log2(b)) % 2 else 1.0)  # noqa: E731
-    state = assess(noisy, RANGE, spread=0.8, trials=3)
+def test_a_curve_that_the_range_cannot_pin_says_so_and_stops_spending():
+    # Perfect scaling through the whole range: B_crit lies above it, and its walk ends at 2.
+    state = assess(lambda b: 100_000 / b, RANGE, spread=0.0)
     assert state.open and state.next_batch_size() is None
-    decision = decide([state], 10, 1, 0.0, AdaptiveSettings(target=1.05))
+    assert "the range ends at 2" in state.summary()
+    decision = decide([state], 10, 1, 0.0, AdaptiveSettings())
     assert decision.stop is StopReason.EXHAUSTED
     assert decision.uncertain() and decision.uncertain()[0].startswith("sgd sparsity=0: ")
+    # The boundaries goal asks for a plateau, which the range cannot show: said, not chased.
+    top = assess(lambda b: 100_000 / b, (256, 512, 1024), spread=0.0)
+    points, trials = synthetic(lambda b: 100_000 / b, (256, 512, 1024), spread=0.0)
+    boundaries = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE,
+                              AdaptiveSettings(goal=Goal.BOUNDARIES))
+    assert not any(u.kind is UncertaintyKind.PLATEAU for u in top.uncertainties)
+    plateau = next(u for u in boundaries.open if u.kind is UncertaintyKind.PLATEAU)
+    assert plateau.batch_size is None and "the range ends there" in plateau.description
 
 
-def test_a_curve_without_plateau_measures_between_its_largest_points():
-    # Perfect scaling up to 1024 on the coarse grid: no plateau, and perfect scaling never ends.
-    state = assess(lambda b: 100_000 / b, (2, 16, 128, 1024), spread=0.0)
-    kinds = {u.kind: u for u in state.open}
-    assert kinds[UncertaintyKind.MAXIMAL_PARALLELISM_START].batch_size in (256, 512)
-    assert "no plateau yet" in kinds[UncertaintyKind.MAXIMAL_PARALLELISM_START].description
-
-
-def test_a_curve_without_a_fit_bisects_its_widest_gap():
-    # Only the two largest batch sizes reach the goal: no hyperbola yet.
-    state = assess(hyperbola(100, 32), (2, 16, 128, 1024), reach=lambda b: b >= 128)
+def test_a_curve_without_a_fit_walks_down():
+    # Only the largest batch size reaches the goal: no hyperbola yet.
+    state = assess(hyperbola(100, 32), (256, 512, 1024), reach=lambda b: b >= 1024)
     (only,) = state.uncertainties
-    assert only.kind is UncertaintyKind.NO_FIT and "2 of 4 measured batch sizes have a result" in only.description
-    assert only.batch_size in (32, 64, 256, 512)
+    assert only.kind is UncertaintyKind.NO_FIT and "1 of 3 measured batch sizes have a result" in only.description
+    assert only.batch_size == 128
 
 
 def test_a_curve_the_hyperbola_does_not_describe_stays_uncertain():
-    # Steps that rise with batch size (a sparse curve with too few trials): however narrow B_crit's
-    # interval, the fit answers nothing; the sweep keeps measuring, and says why.
-    state = assess(lambda b: 600 * b ** 0.05, (2, 16, 128, 1024), spread=0.0)
+    # Steps that rise with batch size (a sparse curve with too few trials): the fit answers nothing; the
+    # walk goes on down, and at the end of the range the sweep says why it stops.
+    state = assess(lambda b: 600 * b ** 0.05, (256, 512, 1024), spread=0.0)
     doubtful = next(u for u in state.open if u.kind is UncertaintyKind.DOUBTFUL_FIT)
-    assert "steps rise with batch size" in doubtful.description and doubtful.batch_size in (4, 8, 32, 64, 256, 512)
+    assert "steps rise with batch size" in doubtful.description and doubtful.batch_size == 128
     full = assess(lambda b: 600 * b ** 0.05, RANGE, spread=0.0)
     assert any(u.kind is UncertaintyKind.DOUBTFUL_FIT for u in full.open) and full.next_batch_size() is None
     assert decide([full], 10, 0, 0.0, AdaptiveSettings()).stop is StopReason.EXHAUSTED
 
 
-def test_one_pick_per_curve_largest_excess_first_and_limits():
-    dense = assess(hyperbola(100, 32), (2, 16, 128, 1024))
-    sparse = assess(hyperbola(300, 8), (2, 16, 128, 1024), sparsity=0.9)
-    decision = decide([dense, sparse], 8, 50_000, 10.0, AdaptiveSettings())
+def test_limits_stop_a_round_before_it_starts():
+    dense = assess(hyperbola(100, 32), (256, 512, 1024))
+    sparse = assess(hyperbola(300, 8), (256, 512, 1024), sparsity=0.9)
+    decision = decide([dense, sparse], 6, 50_000, 10.0, AdaptiveSettings(width=2), RANGE)
     assert decision.stop is None and len(decision.picks) == 2
     assert {p.curve for p in decision.picks} == {CurveId("digits-simple-cnn", "sgd", 0.0),
                                                  CurveId("digits-simple-cnn", "sgd", 0.9)}
-    assert decision.picks[0].excess >= decision.picks[1].excess
-    rows = decision_rows(1, decision, 8, 50_000)
+    rows = decision_rows(1, decision, 6, 50_000)
     assert [r["batch_size"] for r in rows] == [p.batch_size for p in decision.picks]
     assert all(r["decision"] == "measure" and r["reason"] and r["uncertainty_before"] for r in rows)
     # --max-studies leaves room for one study: the largest excess gets it.
-    one = decide([dense, sparse], 8, 50_000, 10.0, AdaptiveSettings(max_studies=9))
+    one = decide([dense, sparse], 6, 50_000, 10.0, AdaptiveSettings(max_studies=7, width=2), RANGE)
     assert [p.curve for p in one.picks] == [decision.picks[0].curve]
-    assert decide([dense, sparse], 9, 50_000, 10.0, AdaptiveSettings(max_studies=9)).stop is StopReason.MAX_STUDIES
+    assert decide([dense, sparse], 7, 50_000, 10.0, AdaptiveSettings(max_studies=7)).stop is StopReason.MAX_STUDIES
     steps = AdaptiveSettings(budget=Budget.parse("5e4steps"))
-    assert decide([dense, sparse], 8, 50_000, 10.0, steps).stop is StopReason.BUDGET_STEPS
-    assert decide([dense, sparse], 8, 49_999, 10.0, steps).stop is None
+    assert decide([dense, sparse], 6, 50_000, 10.0, steps).stop is StopReason.BUDGET_STEPS
+    assert decide([dense, sparse], 6, 49_999, 10.0, steps).stop is None
     clock = AdaptiveSettings(budget=Budget.parse("10s"))
-    assert decide([dense, sparse], 8, 0, 10.0, clock).stop is StopReason.BUDGET_TIME
+    assert decide([dense, sparse], 6, 0, 10.0, clock).stop is StopReason.BUDGET_TIME
     # A limit does not hide that the target is met.
-    done = assess(hyperbola(100, 32), RANGE, spread=0.0)
+    done = assess(hyperbola(100, 32), powers_of_two(16, 1024), spread=0.0)
     assert decide([done], 99, 10**9, 10**6, AdaptiveSettings(max_studies=1, budget=Budget.parse("1s"))).stop \
         is StopReason.TARGET_MET
 
 
 def test_the_rule_is_deterministic():
-    first = assess(hyperbola(100, 32), (2, 16, 128, 1024))
-    second = assess(hyperbola(100, 32), (2, 16, 128, 1024))
+    first = assess(hyperbola(100, 32), (256, 512, 1024))
+    second = assess(hyperbola(100, 32), (256, 512, 1024))
     assert first == second
 
 
@@ -208,11 +237,12 @@ SWEEP = ["sweep", "--trials", "2", "--max-steps", "200"]
     (["--target", "3"], "--target only apply to an adaptive sweep: add --adaptive"),
     (["--budget", "30m", "--max-studies", "9"], "--max-studies, --budget only apply to an adaptive sweep"),
     (["--adaptive", "--batch-sizes", "12,64"], "an adaptive sweep measures powers of two: batch size 12 is not one"),
-    (["--adaptive", "--max-studies", "3"], "--max-studies 3 is smaller than the coarse grid (4 batch sizes x 1 curves = 4"),
+    (["--adaptive", "--max-studies", "2"], "--max-studies 2 is smaller than the start (3 batch sizes x 1 curves = 3"),
     (["--adaptive", "--budget", "10x"], "budget '10x' is not <number>steps"),
     (["--adaptive", "--budget", "0steps"], "a budget must be a positive finite amount"),
     (["--adaptive", "--target", "1"], "target must be a factor greater than 1"),
-    (["--adaptive", "--target", "nan"], "target must be a factor greater than 1"),
+    (["--adaptive", "--target", "b_crit:nan"], "target must be a factor greater than 1"),
+    (["--adaptive", "--target", "fastest"], "target 'fastest' is not b_crit, b_crit:<factor>"),
     (["--adaptive", "--max-studies", "0"], "max studies must be a positive integer"),
 ])
 def test_adaptive_bad_input_is_refused_in_one_line(arguments, message, sqlite_uri, monkeypatch, capsys):
@@ -226,8 +256,9 @@ def test_adaptive_bad_input_is_refused_in_one_line(arguments, message, sqlite_ur
 
 
 # ---- one small real adaptive sweep ------------------------------------------------------------------
+# Two workers in every run: a round's width (its studies) is part of the adaptive sweep's key.
 TINY = ["--batch-sizes", "8..256", "--sparsities", "0", "--trials", "2", "--goal-error", "0.06", "--max-steps", "600",
-        "--experiment", "adaptive-test", "--log-interval", "5"]
+        "--experiment", "adaptive-test", "--log-interval", "5", "--workers", "2"]
 
 
 def _runs(uri: str, kind: str) -> list:
@@ -245,17 +276,17 @@ def _measured(uri: str) -> dict[int, float | None]:
 
 def _build_adaptive_store(directory: Path) -> list:
     uri = fresh_store(directory / "mlflow.db")
-    first = run_edps(["sweep", "--adaptive", "--max-studies", "4", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
+    first = run_edps(["sweep", "--adaptive", "--max-studies", "3", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert first.returncode == 0, first.stderr[-3000:]
     trained_first = len(_runs(uri, "trial"))
-    second = run_edps(["sweep", "--adaptive", "--max-studies", "6", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
+    second = run_edps(["sweep", "--adaptive", "--max-studies", "5", *TINY], cwd=directory, MLFLOW_TRACKING_URI=uri)
     assert second.returncode == 0, second.stderr[-3000:]
     return [str(directory), uri, first.stdout, second.stdout, trained_first]
 
 
 @pytest.fixture(scope="module")
 def adaptive_store(tmp_path_factory):
-    """The coarse grid alone (--max-studies 4), then the same sweep allowed 6 studies, in one store (once per
+    """The start alone (--max-studies 3), then the same sweep allowed 5 studies, in one store (once per
     session, whichever worker asks first)."""
     directory, uri, first, second, trained_first = built_once(tmp_path_factory, "adaptive-sweep",
                                                               _build_adaptive_store)
@@ -265,39 +296,40 @@ def adaptive_store(tmp_path_factory):
 @pytest.mark.slow
 def test_adaptive_sweep_decides_replays_and_is_reused(adaptive_store):
     tmp_path, uri, first, second, trained_first = adaptive_store
-    # The coarse grid only (4 studies): stopped by --max-studies, with what is left said.
-    assert "round 0: coarse grid 8, 32, 64, 256" in first
-    assert "stopped: max studies after 1 round(s), 4 studies" in first and "still uncertain: " in first
-    assert trained_first == 8
+    # The start only (the three largest batch sizes): stopped by --max-studies, with what is left said.
+    assert "round 0: start at batch sizes 64, 128, 256" in first
+    assert "stopped: max studies after 1 round(s), 3 studies" in first and "still uncertain: " in first
+    assert trained_first == 6
 
-    # A larger limit is another adaptive sweep (its own key): it replays the coarse grid from the
-    # store (nothing retrained) and measures the rounds that follow, one batch size per round here.
-    assert "round 1: sgd sparsity=0 measures bs " in second
+    # A larger limit is another adaptive sweep (its own key): it replays the start from the store (nothing
+    # retrained) and walks down: two batch sizes a round (two workers), the second ahead of the walk.
+    assert "round 1: sgd sparsity=0 measures bs 32: " in second
     sweeps = {r.data.tags["edps.sweep_key"]: r for r in _runs(uri, "sweep")}
     assert len(sweeps) == 2 and all(r.info.status == "FINISHED" for r in sweeps.values())
     run = max(sweeps.values(), key=lambda r: r.info.start_time)
     stop = run.data.tags["edps.adaptive.stop"]
     assert stop in ("max studies", "target met", "exhausted")
     measured = int(run.data.metrics["adaptive/studies"])
-    assert 5 <= measured <= 6 and run.data.metrics["adaptive/trial_steps"] > 0
+    assert 4 <= measured <= 5 and run.data.metrics["adaptive/trial_steps"] > 0
     assert len(_measured(uri)) == measured, "one finished study run per measured batch size"
     trials = [r.data.tags["edps.trial_key"] for r in _runs(uri, "trial") if r.info.status == "FINISHED"]
     assert len(trials) == len(set(trials)) == 2 * measured, "no trial trained twice"
 
-    # The decision table: the coarse grid, then each choice with its reason and the uncertainty before.
+    # The decision table: the start, then each choice with its reason and the uncertainty before.
     client = MlflowClient(uri)
     path = client.download_artifacts(run.info.run_id, "adaptive_decisions.csv", str(tmp_path))
     table = list(csv.DictReader(io.StringIO(Path(path).read_text())))
     measures = [r for r in table if r["decision"] == "measure"]
-    assert [int(r["batch_size"]) for r in measures[:4]] == [8, 32, 64, 256]
-    assert all(r["reason"] == "coarse grid" for r in measures[:4])
-    assert len(measures) == measured and all(r["reason"] and r["uncertainty_before"] for r in measures[4:])
+    assert [int(r["batch_size"]) for r in measures[:3]] == [64, 128, 256]
+    assert all(r["reason"] == "start: the largest batch sizes" for r in measures[:3])
+    assert len(measures) == measured and all(r["reason"] and r["uncertainty_before"] for r in measures[3:])
+    assert all(int(r["batch_size"]) < 64 for r in measures[3:]), "the walk goes down from the start"
     assert table[-1]["decision"] == f"stop: {stop}"
     note = run.data.tags["mlflow.note.content"]
     assert f"**Stopped: {stop}.**" in note and "| round | decision |" in note
 
     # Run again: the finished sweep is replayed from the store and nothing is trained.
-    code, printed = edps_here(["sweep", "--adaptive", "--max-studies", "6", *TINY], uri)
+    code, printed = edps_here(["sweep", "--adaptive", "--max-studies", "5", *TINY], uri)
     assert code == 0 and "already complete" in printed, printed[-3000:]
     assert len(_runs(uri, "trial")) == 2 * measured
     assert client.get_run(run.info.run_id).info.end_time == run.info.end_time
@@ -313,8 +345,8 @@ def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_pat
     pytest.importorskip("ray")
     _, local_uri, _, local, _ = adaptive_store
     uri = fresh_store(tmp_path / "mlflow.db")
-    # The coarse grid and one adaptive round on Ray, both in one Ray instance (the executor's session).
-    result = run_edps(["sweep", "--adaptive", "--max-studies", "5", *TINY, "--executor", "ray", "--workers", "2"],
+    # The start and one adaptive round on Ray, both in one Ray instance (the executor's session).
+    result = run_edps(["sweep", "--adaptive", "--max-studies", "5", *TINY, "--executor", "ray"],
                       cwd=tmp_path, timeout=600, MLFLOW_TRACKING_URI=uri, RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     assert result.stdout.count("ray: started a local instance") == 1, result.stdout[-3000:]  # for both rounds
