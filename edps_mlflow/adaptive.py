@@ -46,7 +46,6 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-import numpy as np
 import pandas as pd
 
 from analysis.regimes import fit_table, is_degenerate
