@@ -27,8 +27,9 @@ The question (``--target``, :class:`Goal`):
 - ``boundaries``: both regime boundaries between adjacent measured powers of two: the threshold's walk,
   and the plateau shown at the top.
 
-A curve whose walk reaches the end of the range, or whose fit stays doubtful there, says so and stops
-spending: more trials per study would help it, not more batch sizes. Rounds keep the executor's workers
+A curve whose walk reaches the end of the range, or whose steps still rise with batch size after the
+start and four doublings down (NOISY_AFTER batch sizes), says so and stops spending: more trials per study
+would help it, not more batch sizes. Rounds keep the executor's workers
 busy (``width``, the sweep's workers): one batch size per curve with an open question, largest excess
 first, and, when there are more workers than such curves, the next doublings down of the curves that are
 walking down (the walk's next steps are known in advance: measured early, they save a round of wall clock
@@ -58,6 +59,11 @@ START_POINTS = 3
 # A curve walks down until this many successive doublings at its bottom scale perfectly (threshold and
 # boundaries goals).
 PERFECT_DOUBLINGS = 2
+# A curve whose steps still rise with batch size after this many measured batch sizes (the start and four
+# doublings down) is called too noisy: it stops spending. Fewer would not do: across a plateau steps scatter
+# by a third either way (digits, 32 trials: 60 at batch 64, 80 at 1024), and a healthy curve walking down
+# through it rises too.
+NOISY_AFTER = START_POINTS + 4
 # An open question that no fit can size yet (no fit, a doubtful fit, no plateau, a walk not finished)
 # counts as this many doublings of excess: larger than any measured one, so it is attended to first.
 UNKNOWN_EXCESS = 20.0
@@ -289,6 +295,13 @@ def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | No
                                            f"have a result")
         return CurveState(curve, tuple(measured_all), fit, tuple(items))
     if is_degenerate(fit):
+        if "steps rise" in str(fit.get("note")) and len(measured_all) >= NOISY_AFTER:
+            # Below the plateau the walk should see steps grow; steps that still fall as batches grow, over
+            # this many batch sizes, are trial noise that more batch sizes will not average out.
+            items.append(Uncertainty(UncertaintyKind.DOUBTFUL_FIT, UNKNOWN_EXCESS,
+                                     f"too noisy to pin: steps rise with batch size over {len(measured_all)} measured "
+                                     f"batch sizes; more trials per study would help, not more batch sizes", None))
+            return CurveState(curve, tuple(measured_all), fit, tuple(items))
         open_below(UncertaintyKind.DOUBTFUL_FIT, f"doubtful fit: {fit.get('note')}")
     start = _value(fit, "maximal_parallelism_start")
     # Without a plateau the B_crit goal still has the hyperbola's S_min; at the end of the range it is said, not

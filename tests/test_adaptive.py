@@ -189,13 +189,16 @@ def test_a_curve_without_a_fit_walks_down():
 
 def test_a_curve_the_hyperbola_does_not_describe_stays_uncertain():
     # Steps that rise with batch size (a sparse curve with too few trials): the fit answers nothing; the
-    # walk goes on down, and at the end of the range the sweep says why it stops.
+    # walk goes on down for four doublings (a plateau rises too), then the curve is called too noisy and stops
+    # spending before the dearest batch sizes.
     state = assess(lambda b: 600 * b ** 0.05, (256, 512, 1024), spread=0.0)
     doubtful = next(u for u in state.open if u.kind is UncertaintyKind.DOUBTFUL_FIT)
     assert "steps rise with batch size" in doubtful.description and doubtful.batch_size == 128
-    full = assess(lambda b: 600 * b ** 0.05, RANGE, spread=0.0)
-    assert any(u.kind is UncertaintyKind.DOUBTFUL_FIT for u in full.open) and full.next_batch_size() is None
-    assert decide([full], 10, 0, 0.0, AdaptiveSettings()).stop is StopReason.EXHAUSTED
+    assert assess(lambda b: 600 * b ** 0.05, powers_of_two(32, 1024), spread=0.0).next_batch_size().batch_size == 16
+    noisy = assess(lambda b: 600 * b ** 0.05, powers_of_two(16, 1024), spread=0.0)
+    (only,) = noisy.open
+    assert only.batch_size is None and "too noisy to pin" in only.description
+    assert decide([noisy], 7, 0, 0.0, AdaptiveSettings()).stop is StopReason.EXHAUSTED
 
 
 def test_limits_stop_a_round_before_it_starts():
