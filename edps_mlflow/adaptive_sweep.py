@@ -7,8 +7,9 @@ the regime boundaries (``--target``).
 
 Every measured point is an ordinary study of the sweep's protocol with its ordinary key, dispatched by
 the sweep's own executors (any of executors/; a round holds as many studies as the sweep has workers,
-run in parallel), so a grid sweep of the same protocol later reuses them, and they reuse a grid's. The adaptive sweep has
-its own sweep key (the grid's range and protocol, the target and the limits) and its own sweep run,
+run in parallel), so a grid sweep of the same protocol later reuses them, and they reuse a grid's. The
+adaptive sweep has its own sweep key (the grid's range and protocol, the rule, the target, the round's
+width and the limits) and its own sweep run,
 the parent of the studies it trains. It keeps no state of its own: the rule is deterministic (a
 seeded bootstrap), so a rerun replays the decisions from the studies in the store, training only what
 is missing, and a finished adaptive sweep run again prints its answer and trains nothing.

@@ -71,12 +71,14 @@ class Worker:
     event_queue: Any
 
     def tasks(self) -> Iterator[Any]:
-        """The tasks this worker takes, until the pool has none left."""
+        """The tasks this worker takes, until the pool is closed. Asking for the next one says that the
+        last is done (the pool's ``run`` returns once every task it was given is)."""
         while True:
             task = self.task_queue.get()
             if task is None:
                 return
             yield task
+            self.event_queue.put(_TaskDone(self.index))
 
     def send(self, event: Any) -> None:
         """Hand ``event`` (picklable) to the parent's ``on_event``."""
@@ -89,6 +91,11 @@ class WorkerError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Done:
+    worker: int
+
+
+@dataclass(frozen=True)
+class _TaskDone:
     worker: int
 
 
@@ -150,6 +157,68 @@ def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], Non
 
     Raises :class:`WorkerError` if a worker fails or dies; whatever ``on_event`` raises propagates.
     Either way no worker outlives the call."""
+    with open_pool(spec) as pool:
+        pool.run(tasks, on_event, on_idle)
+
+
+class Pool:
+    """Workers started once and given tasks batch after batch (:meth:`run`) until the pool is closed: an
+    adaptive sweep's rounds share them instead of starting interpreters (and torch) again each round."""
+
+    def __init__(self, processes: list[Any], task_queue: Any, events: Any) -> None:
+        self._processes, self._tasks, self._events = processes, task_queue, events
+        self._running = set(range(len(processes)))
+        self._on_event: Callable[[Any], None] = lambda event: None
+
+    def run(self, tasks: Iterable[Any], on_event: Callable[[Any], None],
+            on_idle: Callable[[], None] | None = None) -> None:
+        """Feed ``tasks`` to the workers, call ``on_event`` for every event they send (``on_idle`` when none
+        came for a second), and return once every one of these tasks is done. Raises :class:`WorkerError`
+        if a worker fails or dies; whatever ``on_event`` raises propagates (the pool is then closed by
+        force when its ``with`` ends)."""
+        self._on_event = on_event
+        pending = 0
+        for task in tasks:
+            self._tasks.put(task)
+            pending += 1
+        last_poll = time.monotonic()
+        while pending:
+            if time.monotonic() - last_poll >= _POLL_SECONDS:
+                # A worker killed from outside sends nothing, and the others may keep the queue busy.
+                last_poll = time.monotonic()
+                pending -= _check_alive(self._processes, self._running, self._events, on_event)
+            try:
+                event = self._events.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if on_idle is not None:
+                    on_idle()
+                continue
+            pending -= _dispatch(event, self._processes, self._running, on_event)
+            if pending and not self._running:
+                raise WorkerError(f"every worker ended with {pending} task(s) left")
+
+    def close(self) -> None:
+        """Tell every worker there is no more work and wait until each has said it is done (the events
+        still coming go to the last ``run``'s ``on_event``). Raises :class:`WorkerError` if one fails or dies."""
+        for _ in self._processes:
+            self._tasks.put(None)
+        last_poll = time.monotonic()
+        while self._running:
+            if time.monotonic() - last_poll >= _POLL_SECONDS:
+                last_poll = time.monotonic()
+                _check_alive(self._processes, self._running, self._events, self._on_event)
+            try:
+                event = self._events.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            _dispatch(event, self._processes, self._running, self._on_event)
+
+
+@contextmanager
+def open_pool(spec: PoolSpec) -> Iterator[Pool]:
+    """The workers of ``spec``, started, for as long as the ``with`` lasts. On a normal exit they are told
+    there is no more work and the ``with`` waits until each says it is done (:meth:`Pool.close`); on an
+    error (or Ctrl-C) they are stopped. Either way no worker outlives the ``with``."""
     if threading.current_thread() is not threading.main_thread():
         # The kernel's parent-death signal fires when the *thread* that started a worker ends.
         raise RuntimeError("worker processes must be started from the main thread")
@@ -157,10 +226,6 @@ def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], Non
         raise ValueError("a pool needs at least one worker")
     _quiet_resource_tracker()
     task_queue, events = _CONTEXT.Queue(), _CONTEXT.Queue()
-    for task in tasks:
-        task_queue.put(task)
-    for _ in spec.worker_args:
-        task_queue.put(None)
     parent = os.getpid()
     processes = [
         _CONTEXT.Process(target=_worker_main, name=f"{spec.name}-{index}",
@@ -170,32 +235,26 @@ def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], Non
                          daemon=False)
         for index, args in enumerate(spec.worker_args)]
     started: list[Any] = []
-    running = set(range(len(processes)))
+    finished = False
     try:
         for process in processes:
             process.start()
             started.append(process)
-        last_poll = time.monotonic()
-        while running:
-            if time.monotonic() - last_poll >= _POLL_SECONDS:
-                # A worker killed from outside sends nothing, and the others may keep the queue busy.
-                last_poll = time.monotonic()
-                _check_alive(processes, running, events, on_event)
-            try:
-                event = events.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if on_idle is not None:
-                    on_idle()
-                continue
-            _dispatch(event, processes, running, on_event)
+        pool = Pool(processes, task_queue, events)
+        yield pool
+        pool.close()
+        finished = True
     finally:
-        _stop(started, all_done=not running, timeout=spec.stop_timeout)
+        _stop(started, all_done=finished, timeout=spec.stop_timeout)
         # Tasks or events still buffered must not make this process wait at exit for dead readers.
         task_queue.cancel_join_thread()
         events.cancel_join_thread()
 
 
-def _dispatch(event: Any, processes: list[Any], running: set[int], on_event: Callable[[Any], None]) -> None:
+def _dispatch(event: Any, processes: list[Any], running: set[int], on_event: Callable[[Any], None]) -> int:
+    """Handle one event; 1 when it says a task is done, else 0."""
+    if isinstance(event, _TaskDone):
+        return 1
     if isinstance(event, _Done):
         running.discard(event.worker)
     elif isinstance(event, _Failed):
@@ -203,24 +262,28 @@ def _dispatch(event: Any, processes: list[Any], running: set[int], on_event: Cal
         raise WorkerError(f"{process.name} (pid {process.pid}) failed:\n{event.traceback}")
     else:
         on_event(event)
+    return 0
 
 
-def _check_alive(processes: list[Any], running: set[int], events: Any, on_event: Callable[[Any], None]) -> None:
+def _check_alive(processes: list[Any], running: set[int], events: Any, on_event: Callable[[Any], None]) -> int:
+    """Raise when a worker died; the tasks done that were read on the way."""
     if all(processes[w].exitcode is None for w in running):
-        return
+        return 0
     # A worker that exited after saying "done" (or why it failed) flushed that into the pipe before
     # it exited: read what is there before calling its exit a death.
+    done = 0
     while True:
         try:
             event = events.get_nowait()
         except queue.Empty:
             break
-        _dispatch(event, processes, running, on_event)
+        done += _dispatch(event, processes, running, on_event)
     dead = sorted(w for w in running if processes[w].exitcode is not None)
     if dead:
         process = processes[dead[0]]
         raise WorkerError(f"{process.name} (pid {process.pid}) exited with code {process.exitcode}"
                           f"{_signal_name(process.exitcode)} before finishing its tasks")
+    return done
 
 
 def _signal_name(exitcode: int) -> str:

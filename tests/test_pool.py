@@ -251,3 +251,44 @@ def test_a_worker_that_ends_without_releasing_its_locks_adds_no_warnings_to_the_
                           env=clean_environment(PYTHONPATH=str(REPO)))
     assert done.returncode == 0 and "failed as expected" in done.stdout, (done.stdout, done.stderr)
     assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr
+
+
+# A parent that gives one pool two batches of tasks, then leaves the pool: each task reports the pid of the
+# worker that ran it; the parent prints what each batch returned and whether the workers outlived the pool.
+BATCHES_PARENT = """
+import os
+import time
+
+from edps_mlflow.pool import PoolSpec, open_pool
+
+
+def echo(worker):
+    for task in worker.tasks():
+        time.sleep(0.05 * task)
+        worker.send((task, os.getpid()))
+
+
+if __name__ == "__main__":
+    seen = []
+    with open_pool(PoolSpec("test-worker", echo, ((),) * 2)) as pool:
+        for batch in ([1, 2, 3], [4, 5]):
+            got = []
+            pool.run(batch, got.append)
+            print("batch", sorted(task for task, _ in got))
+            seen += got
+        workers = {pid for _, pid in seen}
+    print("workers", len(workers))
+    time.sleep(0.5)
+    print("alive after", sum(1 for pid in workers if os.path.exists(f"/proc/{pid}")
+                             and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]))
+"""
+
+
+def test_a_pool_runs_batch_after_batch_in_the_same_workers_and_ends_them_after(tmp_path):
+    """An adaptive sweep's rounds: each run() returns once its own tasks are done, in the workers started
+    once; leaving the pool ends them."""
+    (tmp_path / "parent.py").write_text(BATCHES_PARENT)
+    done = subprocess.run([sys.executable, "parent.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=clean_environment(PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["batch [1, 2, 3]", "batch [4, 5]", "workers 2", "alive after 0"], done.stdout

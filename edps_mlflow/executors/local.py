@@ -1,10 +1,12 @@
 """The ``local`` executor: the studies in parallel worker processes on this machine (pool.py), one per GPU
-(pinned) or CPU workers sharing the cores; each worker runs its studies one after another."""
+(pinned) or CPU workers sharing the cores; each worker runs its studies one after another. Within a session
+(an adaptive sweep) the workers stay up from one round to the next."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
@@ -14,9 +16,9 @@ from edps_mlflow.executors.base import (
     study_label,
     study_tasks,
 )
-from edps_mlflow.pool import PoolSpec, Worker, run_pool, sigterm_interrupts
+from edps_mlflow.pool import Pool, PoolSpec, Worker, open_pool, run_pool, sigterm_interrupts
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.resources import sweep_layout
+from edps_mlflow.resources import SweepLayout, available_cores, sweep_layout
 from edps_mlflow.store import store_error_line
 
 if TYPE_CHECKING:
@@ -51,12 +53,28 @@ def _sweep_worker(worker: Worker, device: str | None) -> None:
 class LocalExecutor:
     """Worker processes on this machine."""
 
+    def __init__(self) -> None:
+        self._pool: Pool | None = None
+        self._layout: SweepLayout | None = None
+
     def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
         pass  # the device was checked with the options
 
+    @contextlib.contextmanager
+    def session(self, options: "SweepOptions", out: TextIO) -> Iterator[None]:
+        """The workers started once for every run() inside (an adaptive sweep's rounds), instead of a new pool,
+        with its interpreters, imports and store connections, each round: several seconds a round."""
+        layout = sweep_layout(options.device, options.workers, options.workers or available_cores())
+        with open_pool(_pool_spec(layout)) as pool:
+            self._pool, self._layout = pool, layout
+            try:
+                yield
+            finally:
+                self._pool, self._layout = None, None
+
     def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
             out: TextIO) -> list[str]:
-        layout = sweep_layout(options.device, options.workers, len(studies))
+        layout = self._layout or sweep_layout(options.device, options.workers, len(studies))
         progress.workers = len(layout.devices)
         tasks = study_tasks(studies, sweep, options, layout.threads)
         labels = {s.study_key: study_label(s) for s in studies}
@@ -78,8 +96,14 @@ class LocalExecutor:
             sweep.require_ours()
             progress.render()
 
-        # A stopped worker marks its study's runs KILLED before it exits: give it time to write that.
-        spec = PoolSpec(name="edps-sweep-worker", target=_sweep_worker,
-                        worker_args=tuple((device,) for device in layout.devices), stop_timeout=30.0)
-        run_pool(spec, tasks, on_event, on_idle=on_idle)
+        if self._pool is not None:
+            self._pool.run(tasks, on_event, on_idle=on_idle)
+        else:
+            run_pool(_pool_spec(layout), tasks, on_event, on_idle=on_idle)
         return []
+
+
+def _pool_spec(layout: SweepLayout) -> PoolSpec:
+    # A stopped worker marks its study's runs KILLED before it exits: give it time to write that.
+    return PoolSpec(name="edps-sweep-worker", target=_sweep_worker,
+                    worker_args=tuple((device,) for device in layout.devices), stop_timeout=30.0)
