@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 
-from edps_mlflow.adaptive import AdaptiveSettings, Budget
+from edps_mlflow.adaptive import AdaptiveSettings, Budget, Goal
 from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.sweep import SweepSpec
@@ -133,11 +133,22 @@ def test_sweep_keys_are_the_recorded_ones():
 
 
 def test_adaptive_sweep_keys_are_the_recorded_ones():
+    # Re-recorded when the rule became the walk down from the largest batch sizes ("walk-down-1"): the key
+    # names the rule, the goal and the width, so an adaptive sweep recorded under the old rule is never
+    # replayed as if this rule had chosen its studies (its studies themselves are reused: their keys did not
+    # change).
     grid = _grid()
     assert AdaptiveSweepSpec(grid, AdaptiveSettings()).sweep_key \
-        == "8ba5b58ca790ede97d867c57184cdbdb823985def009bc29a3912744591fc6c0"
+        == "27ae68364be0abe3c37329f92241eeca7200b1f07d33b5ecf93e03ad3687aca8"
     limited = AdaptiveSweepSpec(grid, AdaptiveSettings(3.0, 16, Budget.parse("2e6steps")))
-    assert limited.sweep_key == "d7b583237a8a9fba10e61ecbc23ffaf5632c9ceebe58945c18602b622c8cdd07"
+    assert limited.sweep_key == "7e53024bfda7211fc9394b9ce1811016d5caf2677bd16f7bf85484f9cb365251"
+    threshold = AdaptiveSweepSpec(grid, AdaptiveSettings(goal=Goal.THRESHOLD, width=4))
+    assert threshold.sweep_key == "c5c52557061027b60693f6b339d2df79594febf054fbff292e3bc3b3e752f098"
+    # Every setting that changes which studies the rule picks is in the key.
+    keys = {AdaptiveSweepSpec(grid, settings).sweep_key for settings in (
+        AdaptiveSettings(), AdaptiveSettings(width=2), AdaptiveSettings(goal=Goal.BOUNDARIES),
+        AdaptiveSettings(target=3.0), AdaptiveSettings(max_studies=16))}
+    assert len(keys) == 5
 
 
 def test_key_fields_are_the_recorded_ones():
