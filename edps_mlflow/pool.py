@@ -187,6 +187,8 @@ class Pool:
                 # A worker killed from outside sends nothing, and the others may keep the queue busy.
                 last_poll = time.monotonic()
                 pending -= _check_alive(self._processes, self._running, self._events, on_event)
+                if not pending:
+                    break
             try:
                 event = self._events.get(timeout=_POLL_SECONDS)
             except queue.Empty:
@@ -197,28 +199,40 @@ class Pool:
             if pending and not self._running:
                 raise WorkerError(f"every worker ended with {pending} task(s) left")
 
-    def close(self) -> None:
+    def close(self, forgive_idle_deaths: bool = False) -> bool:
         """Tell every worker there is no more work and wait until each has said it is done (the events
-        still coming go to the last ``run``'s ``on_event``). Raises :class:`WorkerError` if one fails or dies."""
+        still coming go to the last ``run``'s ``on_event``); True then. Raises :class:`WorkerError` if one
+        fails or dies. With ``forgive_idle_deaths``, one that died idle (every task given to the pool was
+        done: ``run`` returned) makes it return False instead, so that the work the caller finished does not
+        fail for it; the caller stops the others then, which may never get their word (a worker killed while
+        waiting for a task can die holding the queue's lock)."""
         for _ in self._processes:
             self._tasks.put(None)
         last_poll = time.monotonic()
         while self._running:
             if time.monotonic() - last_poll >= _POLL_SECONDS:
                 last_poll = time.monotonic()
-                _check_alive(self._processes, self._running, self._events, self._on_event)
+                if not forgive_idle_deaths:
+                    _check_alive(self._processes, self._running, self._events, self._on_event)
+                    continue
+                _drain(self._processes, self._running, self._events, self._on_event)  # a _Failed still raises
+                if any(self._processes[w].exitcode is not None for w in self._running):
+                    return False
+                continue
             try:
                 event = self._events.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
             _dispatch(event, self._processes, self._running, self._on_event)
+        return True
 
 
 @contextmanager
-def open_pool(spec: PoolSpec) -> Iterator[Pool]:
+def open_pool(spec: PoolSpec, forgive_idle_deaths: bool = False) -> Iterator[Pool]:
     """The workers of ``spec``, started, for as long as the ``with`` lasts. On a normal exit they are told
-    there is no more work and the ``with`` waits until each says it is done (:meth:`Pool.close`); on an
-    error (or Ctrl-C) they are stopped. Either way no worker outlives the ``with``."""
+    there is no more work and the ``with`` waits until each says it is done (:meth:`Pool.close`, which
+    ``forgive_idle_deaths`` is passed to); on an error (or Ctrl-C) they are stopped. Either way no worker
+    outlives the ``with``."""
     if threading.current_thread() is not threading.main_thread():
         # The kernel's parent-death signal fires when the *thread* that started a worker ends.
         raise RuntimeError("worker processes must be started from the main thread")
@@ -242,8 +256,7 @@ def open_pool(spec: PoolSpec) -> Iterator[Pool]:
             started.append(process)
         pool = Pool(processes, task_queue, events)
         yield pool
-        pool.close()
-        finished = True
+        finished = pool.close(forgive_idle_deaths)
     finally:
         _stop(started, all_done=finished, timeout=spec.stop_timeout)
         # Tasks or events still buffered must not make this process wait at exit for dead readers.
@@ -271,19 +284,24 @@ def _check_alive(processes: list[Any], running: set[int], events: Any, on_event:
         return 0
     # A worker that exited after saying "done" (or why it failed) flushed that into the pipe before
     # it exited: read what is there before calling its exit a death.
-    done = 0
-    while True:
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            break
-        done += _dispatch(event, processes, running, on_event)
+    done = _drain(processes, running, events, on_event)
     dead = sorted(w for w in running if processes[w].exitcode is not None)
     if dead:
         process = processes[dead[0]]
         raise WorkerError(f"{process.name} (pid {process.pid}) exited with code {process.exitcode}"
                           f"{_signal_name(process.exitcode)} before finishing its tasks")
     return done
+
+
+def _drain(processes: list[Any], running: set[int], events: Any, on_event: Callable[[Any], None]) -> int:
+    """Handle every event already sent; the tasks done among them."""
+    done = 0
+    while True:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return done
+        done += _dispatch(event, processes, running, on_event)
 
 
 def _signal_name(exitcode: int) -> str:

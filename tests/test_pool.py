@@ -257,9 +257,10 @@ def test_a_worker_that_ends_without_releasing_its_locks_adds_no_warnings_to_the_
 # worker that ran it; the parent prints what each batch returned and whether the workers outlived the pool.
 BATCHES_PARENT = """
 import os
+import signal
 import time
 
-from edps_mlflow.pool import PoolSpec, open_pool
+from edps_mlflow.pool import PoolSpec, WorkerError, open_pool
 
 
 def echo(worker):
@@ -281,14 +282,32 @@ if __name__ == "__main__":
     time.sleep(0.5)
     print("alive after", sum(1 for pid in workers if os.path.exists(f"/proc/{pid}")
                              and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]))
+    # A worker killed while idle: the next batch fails (it might have been given a task) ...
+    try:
+        with open_pool(PoolSpec("test-worker", echo, ((),) * 2)) as pool:
+            got = []
+            pool.run([1, 2], got.append)
+            os.kill(got[0][1], signal.SIGKILL)
+            time.sleep(0.5)
+            pool.run([3, 4, 5], got.append)
+    except WorkerError as error:
+        print("next batch:", "killed by SIGKILL" in str(error))
+    # ... but leaving the pool after the last batch does not, where asked: every task was done.
+    with open_pool(PoolSpec("test-worker", echo, ((),) * 2), forgive_idle_deaths=True) as pool:
+        got = []
+        pool.run([1, 2], got.append)
+        os.kill(got[0][1], signal.SIGKILL)
+        time.sleep(0.5)
+    print("closed after", sorted(task for task, _ in got))
 """
 
 
 def test_a_pool_runs_batch_after_batch_in_the_same_workers_and_ends_them_after(tmp_path):
     """An adaptive sweep's rounds: each run() returns once its own tasks are done, in the workers started
-    once; leaving the pool ends them."""
+    once; leaving the pool ends them. A worker dead between rounds fails the next round, not the close."""
     (tmp_path / "parent.py").write_text(BATCHES_PARENT)
     done = subprocess.run([sys.executable, "parent.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=clean_environment(PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["batch [1, 2, 3]", "batch [4, 5]", "workers 2", "alive after 0"], done.stdout
+    assert done.stdout.splitlines() == ["batch [1, 2, 3]", "batch [4, 5]", "workers 2", "alive after 0",
+                                        "next batch: True", "closed after [1, 2]"], done.stdout
