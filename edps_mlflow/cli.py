@@ -333,12 +333,13 @@ def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tupl
     # Only valid values load torch and MLflow (seconds): a bad one is refused before.
     if adaptive:
         from edps_mlflow.adaptive import AdaptiveSettings, Budget
-        from edps_mlflow.resources import available_cores
+        from edps_mlflow.executors import get_executor
+        from edps_mlflow.executors.base import executor_workers
 
         goal, factor = AdaptiveSettings.parse_target("b_crit:2" if target is None else target)
         settings = AdaptiveSettings(target=factor, max_studies=max_studies,
                                     budget=Budget.parse(budget) if budget is not None else None, goal=goal,
-                                    width=workers or available_cores())
+                                    width=executor_workers(get_executor(executor), options))
         from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
 
         run_adaptive_sweep(AdaptiveSweepSpec(spec, settings), options)

@@ -66,6 +66,18 @@ class Executor(Protocol):
     # each ``run`` stands alone; see ``executor_session``.
 
 
+def executor_workers(executor: Any, options: "SweepOptions") -> int:
+    """How many studies the executor runs at once: its ``workers(options)`` where it has one (the local
+    executor: one per GPU, else per core), else ``--workers``, else this machine's cores (for a cluster or a
+    job queue, pass ``--workers``)."""
+    workers = getattr(executor, "workers", None)
+    if workers is not None:
+        return int(workers(options))
+    from edps_mlflow.resources import available_cores
+
+    return options.workers or available_cores()
+
+
 def executor_session(executor: Any, options: "SweepOptions", out: TextIO) -> AbstractContextManager[None]:
     """The executor's ``session(options, out)`` where it has one, else nothing to hold."""
     session = getattr(executor, "session", None)

@@ -60,12 +60,18 @@ class LocalExecutor:
     def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
         pass  # the device was checked with the options
 
+    @staticmethod
+    def workers(options: "SweepOptions") -> int:
+        """How many studies run at once: one per GPU, else ``--workers`` or one per core (the session's)."""
+        return len(_session_layout(options).devices)
+
     @contextlib.contextmanager
     def session(self, options: "SweepOptions", out: TextIO) -> Iterator[None]:
         """The workers started once for every run() inside (an adaptive sweep's rounds), instead of a new pool,
         with its interpreters, imports and store connections, each round: several seconds a round."""
-        layout = sweep_layout(options.device, options.workers, options.workers or available_cores())
-        with open_pool(_pool_spec(layout)) as pool:
+        layout = _session_layout(options)
+        # A worker dead between rounds fails the next round; after the last, the sweep's work is done.
+        with open_pool(_pool_spec(layout), forgive_idle_deaths=True) as pool:
             self._pool, self._layout = pool, layout
             try:
                 yield
@@ -76,7 +82,12 @@ class LocalExecutor:
             out: TextIO) -> list[str]:
         layout = self._layout or sweep_layout(options.device, options.workers, len(studies))
         progress.workers = len(layout.devices)
-        tasks = study_tasks(studies, sweep, options, layout.threads)
+        threads = layout.threads
+        if self._layout is not None and layout.devices[0] == "cpu":
+            # The session's workers were sized for full rounds: a round with fewer studies (a curve's
+            # start, the last walk down) gives each study the cores of the workers it leaves idle.
+            threads = max(1, available_cores() // min(len(layout.devices), len(studies)))
+        tasks = study_tasks(studies, sweep, options, threads)
         labels = {s.study_key: study_label(s) for s in studies}
 
         def on_event(event: tuple[Any, ...]) -> None:
@@ -101,6 +112,10 @@ class LocalExecutor:
         else:
             run_pool(_pool_spec(layout), tasks, on_event, on_idle=on_idle)
         return []
+
+
+def _session_layout(options: "SweepOptions") -> SweepLayout:
+    return sweep_layout(options.device, options.workers, options.workers or available_cores())
 
 
 def _pool_spec(layout: SweepLayout) -> PoolSpec:
