@@ -284,10 +284,23 @@ def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | No
                         seed=BOOTSTRAP_SEED).iloc[0].to_dict()
     items: list[Uncertainty] = []
     ends = f"the range ends at {measured_all[0]}: more trials per study would help, not more batch sizes"
+    # Smaller batch sizes take more steps (the paper's curves fall with batch size): below a smallest
+    # measured batch size that no trial brought to the goal within the step cap, none would either.
+    capped = (f"no trial at batch size {measured_all[0]} reached the goal within the step cap and smaller "
+              f"batch sizes take more: raise --max-steps (or --trials), not the batch sizes"
+              if measured_all[0] not in with_result else None)
 
     def open_below(kind: UncertaintyKind, words: str, excess: float = UNKNOWN_EXCESS,
                    walk_to: int | None = None) -> None:
-        items.append(Uncertainty(kind, excess, words if down is not None else f"{words}; {ends}", down, walk_to))
+        """``walk_to``: how far down free workers may measure ahead of the walk; by default one doubling
+        below the next step, the most a guess risks."""
+        if capped is not None:
+            items.append(Uncertainty(kind, excess, f"{words}; {capped}", None))
+            return
+        if down is None:
+            items.append(Uncertainty(kind, excess, f"{words}; {ends}", None))
+            return
+        items.append(Uncertainty(kind, excess, words, down, down // 2 if walk_to is None else walk_to))
 
     b_crit = _value(fit, "b_crit")
     if b_crit is None:
@@ -328,8 +341,10 @@ def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | No
         return CurveState(curve, tuple(measured_all), fit, tuple(items))
     perfect = perfect_doublings(points)
     if perfect < PERFECT_DOUBLINGS:
+        # The walk needs at least this many more doublings: measure that far ahead, no further.
         open_below(UncertaintyKind.PERFECT_SCALING,
-                   f"{perfect} of {PERFECT_DOUBLINGS} doublings from {measured_all[0]} up scale perfectly")
+                   f"{perfect} of {PERFECT_DOUBLINGS} doublings from {measured_all[0]} up scale perfectly",
+                   walk_to=measured_all[0] >> (PERFECT_DOUBLINGS - perfect))
     end = _value(fit, "perfect_scaling_end")
     if end is None:
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS,

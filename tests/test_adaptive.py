@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -159,6 +160,12 @@ def test_the_threshold_goal_walks_down_to_perfect_scaling_and_brackets_it():
     state = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE, threshold)
     # From B_0 = 4: 16 x S(16) = 4800 > 1.2 x 4 x S(4) = 4320, so the threshold is 8, bracketed by 16.
     assert not state.open and (state.fit["b_crit_threshold"], state.fit["perfect_scaling_end"]) == (8, 16)
+    # Free workers measure ahead only as far as the walk must still go (two perfect doublings below the
+    # start at least), not down to 2 at once: 16 workers measure 128 and 64 in the first walk round.
+    points, trials = synthetic(hyperbola(100, 64), (256, 512, 1024), spread=0.0)
+    start = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE, threshold)
+    wide = replace(threshold, width=16)
+    assert [p.batch_size for p in decide([start], 3, 0, 0.0, wide, RANGE).picks] == [128, 64]
 
 
 def test_a_curve_that_the_range_cannot_pin_says_so_and_stops_spending():
@@ -179,12 +186,30 @@ def test_a_curve_that_the_range_cannot_pin_says_so_and_stops_spending():
     assert plateau.batch_size is None and "the range ends there" in plateau.description
 
 
-def test_a_curve_without_a_fit_walks_down():
-    # Only the largest batch size reaches the goal: no hyperbola yet.
-    state = assess(hyperbola(100, 32), (256, 512, 1024), reach=lambda b: b >= 1024)
+def test_a_curve_without_a_fit_walks_down_one_guess_at_a_time():
+    # Only the smallest measured batch size reaches the goal (the plateau's two studies missed it by luck):
+    # no hyperbola yet, so the walk goes on down, and free workers may measure one doubling ahead, no more.
+    state = assess(hyperbola(100, 32), (256, 512, 1024), reach=lambda b: b == 256)
     (only,) = state.uncertainties
     assert only.kind is UncertaintyKind.NO_FIT and "1 of 3 measured batch sizes have a result" in only.description
-    assert only.batch_size == 128
+    assert (only.batch_size, only.walk_to) == (128, 64)
+    decision = decide([state], 3, 0, 0.0, AdaptiveSettings(width=8), RANGE)
+    assert [p.batch_size for p in decision.picks] == [128, 64]
+
+
+def test_a_walk_stops_below_a_batch_size_that_reached_nothing_within_the_cap():
+    # Smaller batch sizes take more steps: when the smallest measured one reached nothing within the step
+    # cap, the ones below cannot either. The curve says so and spends nothing more.
+    for reach in (lambda b: b >= 1024, lambda b: b >= 512, lambda b: False):
+        state = assess(hyperbola(100, 32), (256, 512, 1024), reach=reach)
+        assert state.open and all(u.batch_size is None for u in state.open), state.uncertainties
+        assert "no trial at batch size 256 reached the goal within the step cap" in state.summary()
+        assert "raise --max-steps" in state.summary()
+        assert decide([state], 3, 0, 0.0, AdaptiveSettings(width=4), RANGE).stop is StopReason.EXHAUSTED
+    threshold = AdaptiveSettings(goal=Goal.THRESHOLD)
+    points, trials = synthetic(hyperbola(100, 64), (32, 64, 128, 256, 512, 1024), reach=lambda b: b >= 64)
+    state = assess_curve(CurveId("digits-simple-cnn", "sgd", 0.0), points, trials, RANGE, threshold)
+    assert all(u.batch_size is None for u in state.open if u.kind is UncertaintyKind.PERFECT_SCALING)
 
 
 def test_a_curve_the_hyperbola_does_not_describe_stays_uncertain():
@@ -362,3 +387,18 @@ def test_adaptive_sweep_on_ray_makes_the_local_decisions(adaptive_store, tmp_pat
     # ... and the store as the local executor leaves it: one run per study and trial, nothing left RUNNING.
     code, printed = edps_here(["doctor", "--experiment", "adaptive-test"], uri)
     assert code == 0, printed
+
+
+def test_a_round_is_as_wide_as_the_executor_runs_studies_at_once():
+    from edps_mlflow.executors import get_executor
+    from edps_mlflow.executors.base import executor_workers
+    from edps_mlflow.resources import available_cores, gpu_count
+    from edps_mlflow.sweep_spec import SweepOptions
+
+    local, ray = get_executor("local"), get_executor("ray")
+    assert executor_workers(local, SweepOptions(workers=3, device="cpu")) == 3
+    assert executor_workers(local, SweepOptions(device="cpu")) == available_cores()
+    assert executor_workers(ray, SweepOptions(executor="ray", workers=5)) == 5
+    assert executor_workers(ray, SweepOptions(executor="ray")) == available_cores()
+    if gpu_count():  # one worker per GPU, whatever --workers says
+        assert executor_workers(local, SweepOptions(workers=64)) == gpu_count()
