@@ -13,7 +13,9 @@ No imports of mlflow or torch.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
@@ -21,11 +23,15 @@ from typing import Iterator
 
 _depth = 0  # store calls of the main thread in flight
 _pending = False  # a SIGTERM or SIGINT arrived during one
+_last_signal = signal.SIGTERM  # the signal raise_interrupt last turned into KeyboardInterrupt
+_REDELIVER_SECONDS = 0.02  # long enough for the callback that swallowed an interrupt to end
 
 
 def raise_interrupt(signum: int, frame: FrameType | None) -> None:
     """The SIGTERM and SIGINT handler: KeyboardInterrupt now, or when the store call in flight ends."""
-    global _pending
+    global _pending, _last_signal
+    _catch_swallowed_interrupts()
+    _last_signal = signal.Signals(signum)
     if _depth and not (_pending and signum == signal.SIGINT):
         _pending = True
         return
@@ -50,3 +56,25 @@ def store_call() -> Iterator[None]:
         if _depth == 0 and _pending:
             _pending = False
             raise KeyboardInterrupt
+
+
+def _catch_swallowed_interrupts() -> None:
+    """A handler runs wherever the main thread is, also inside a callback Python cannot raise out of (a
+    weak reference's, the garbage collector's, an import lock's): there the KeyboardInterrupt is printed as
+    "Exception ignored in ..." with a traceback and lost, and the process goes on. Send the signal again
+    instead, a moment later from another thread (sent from the hook, it would be raised inside the hook):
+    it is raised outside the callback, where it stops the process (in a callback again: sent again)."""
+    if getattr(sys.unraisablehook, "_edps_redelivers", False):
+        return
+    previous = sys.unraisablehook
+
+    def redeliver(unraisable: "sys.UnraisableHookArgs") -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), _last_signal))
+            timer.daemon = True
+            timer.start()
+            return
+        previous(unraisable)
+
+    redeliver._edps_redelivers = True  # type: ignore[attr-defined]
+    sys.unraisablehook = redeliver
