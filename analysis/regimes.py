@@ -95,9 +95,14 @@ def fit_hyperbola(batch_sizes: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
         log_s_min, log_b_crit = theta
         return log_s_min + np.logaddexp(0.0, log_b_crit - log_b) - log_s
 
+    def jacobian(theta: np.ndarray) -> np.ndarray:
+        # d/d log S_min = 1; d/d log B_crit = the logistic of log B_crit - log B. Exact, where finite
+        # differences cost two more evaluations an iteration: the bootstrap fits thousands of curves.
+        return np.column_stack([np.ones_like(log_b), 1.0 / (1.0 + np.exp(log_b - theta[1]))])
+
     # Start from the plateau (largest batch) and the crossing of the two asymptotes.
     start = np.array([log_s[-1], np.log(max(b[0], min(b[-1], s[0] * b[0] / s[-1])))])
-    result = least_squares(residuals, start, method="lm")
+    result = least_squares(residuals, start, jac=jacobian, method="lm")
     fitted = residuals(result.x)
     total = float(np.sum((log_s - log_s.mean()) ** 2))
     return HyperbolaFit(s_min=float(np.exp(result.x[0])), b_crit=float(np.exp(result.x[1])),
@@ -161,22 +166,22 @@ def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: i
     rng = np.random.default_rng(seed)
     samples: dict[str, list[float]] = {"s_min": [], "b_crit": [], "perfect_scaling_end": [],
                                        "maximal_parallelism_start": [], "b_crit_threshold": []}
-    prepared = {}
+    # Every repeat's resample of a study at once: its trials drawn with replacement, the best reaching one
+    # kept (inf: none reached in that resample).
+    batch_sizes, resampled = [], []
     for batch_size, trials in curve_trials.items():
         reached = trials["status"].eq("reached").to_numpy()
         steps = pd.to_numeric(trials["steps_to_result"], errors="coerce").to_numpy(dtype=float)
-        prepared[batch_size] = (reached, steps)
-    for _ in range(repeats):
-        sizes, minima = [], []
-        for batch_size, (reached, steps) in prepared.items():
-            if len(reached) == 0:
-                continue
-            pick = rng.integers(0, len(reached), len(reached))
-            chosen = steps[pick][reached[pick]]
-            if len(chosen):
-                sizes.append(batch_size)
-                minima.append(float(chosen.min()))
-        sizes_array, minima_array = np.array(sizes, dtype=float), np.array(minima)
+        if len(reached) == 0:
+            continue
+        pick = rng.integers(0, len(reached), (repeats, len(reached)))
+        batch_sizes.append(batch_size)
+        resampled.append(np.where(reached[pick], steps[pick], np.inf).min(axis=1))
+    sizes_all = np.array(batch_sizes, dtype=float)
+    minima_all = np.column_stack(resampled) if resampled else np.empty((repeats, 0))
+    for repeat in range(repeats):
+        found = np.isfinite(minima_all[repeat])
+        sizes_array, minima_array = sizes_all[found], minima_all[repeat][found]
         try:
             fit = fit_hyperbola(sizes_array, minima_array)
             samples["s_min"].append(fit.s_min)
