@@ -67,8 +67,8 @@ class Executor(Protocol):
 
 
 def executor_workers(executor: Any, options: "SweepOptions") -> int:
-    """How many studies the executor runs at once: its ``workers(options)`` where it has one (the local
-    executor: one per GPU, else per core), else ``--workers``, else this machine's cores (for a cluster or a
+    """How many studies the executor runs at once: its ``workers(options)`` where it has one (local and Ray:
+    one per GPU, else ``--workers`` or one per core), else ``--workers``, else this machine's cores (for a
     job queue, pass ``--workers``)."""
     workers = getattr(executor, "workers", None)
     if workers is not None:

@@ -32,6 +32,11 @@ class RayExecutor:
     def __init__(self) -> None:
         self._in_session = False  # within session(): one Ray instance for every run()
 
+    @staticmethod
+    def workers(options: "SweepOptions") -> int:
+        """How many studies run at once: one per GPU of this machine, else ``--workers`` or one per core."""
+        return _layout(options)[1]
+
     def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
         try:
             import ray  # noqa: F401
