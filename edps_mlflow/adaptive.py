@@ -29,11 +29,13 @@ The question (``--target``, :class:`Goal`):
 
 A curve whose walk reaches the end of the range, or whose steps still rise with batch size after the
 start and four doublings down (NOISY_AFTER batch sizes), says so and stops spending: more trials per study
-would help it, not more batch sizes. Rounds keep the executor's workers
-busy (``width``, the sweep's workers): one batch size per curve with an open question, largest excess
-first, and, when there are more workers than such curves, the next doublings down of the curves that are
-walking down (the walk's next steps are known in advance: measured early, they save a round of wall clock
-at the risk of one doubling the walk would not have needed). The sweep stops when no curve has an open
+would help it, not more batch sizes. So does a curve whose smallest measured batch size reached nothing
+within the step cap (smaller ones take more steps). Rounds keep the executor's workers busy (``width``, the
+studies the executor runs at once): one batch size per curve with an open question, largest excess first,
+and, when there are more workers than such curves, the next doublings down of the curves that are walking
+down (the walk's next steps are known in advance: measured early, they save a round of wall clock), never
+below where the walk is expected to end (``Uncertainty.walk_to``: for B_crit, the fit's B_crit / target;
+for the threshold, the perfect doublings still needed; otherwise one doubling). The sweep stops when no curve has an open
 question (``target met``), when what is open cannot be narrowed by another batch size (``exhausted``),
 or when ``--max-studies`` or ``--budget`` runs out.
 
