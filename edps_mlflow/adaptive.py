@@ -209,7 +209,8 @@ def start_grid(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
 class Uncertainty:
     """One open question about one curve: how far from the target (doublings), in words, the batch
     size that would narrow it (None: none left to measure) and, for a walk down, the smallest batch size
-    the fit so far expects it to need (None: not known), below which no free worker measures ahead."""
+    it is expected to need (see ``assess_curve``), below which no free worker measures ahead (None: no
+    walk down, nothing measured ahead)."""
 
     kind: UncertaintyKind
     excess: float
@@ -417,8 +418,8 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
     picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description)
              for state, choice in wanted[:room]]
-    # Workers left over: the walks' next steps down, one curve after another, never below where the fit so
-    # far expects the walk to end (the next doubling costs about twice the last: a guess is paid dearly).
+    # Workers left over: the walks' next steps down, one curve after another, never below where the walk is
+    # expected to end (walk_to; the next doubling costs about twice the last: a guess is paid dearly).
     walking = [(state, choice) for state, choice in wanted[:room] if choice.batch_size < state.measured[0]]
     ahead = {state.curve: choice.batch_size for state, choice in walking}
     while len(picks) < room and walking:
