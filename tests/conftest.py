@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pytest
 import torch
@@ -320,6 +320,35 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
             # never in the way of the next try.
             answer.write_text(json.dumps(build(factory.mktemp(name))))
     return json.loads(answer.read_text())
+
+
+def sqlite_locked(database: Path) -> bool:
+    """Whether a process holds a lock on the sqlite file (no other process can write until it lets go)."""
+    connection = sqlite3.connect(database, timeout=0.5)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        connection.rollback()
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        connection.close()
+
+
+def stop_groups_unlocked(groups: Iterable[int], database: Path | None) -> None:
+    """SIGSTOP these process groups at a moment when none holds a lock on the sqlite ``database`` (None: any
+    moment): a process stopped inside a transaction keeps its lock, and every other process on the store,
+    the test's own client included, waits for it until "database is locked"."""
+    groups = list(groups)
+    for _ in range(50):
+        for group in groups:
+            os.killpg(group, signal.SIGSTOP)
+        if database is None or not sqlite_locked(database):
+            return
+        for group in groups:
+            os.killpg(group, signal.SIGCONT)
+        time.sleep(0.1)
+    pytest.fail("the processes held the database lock at every try")
 
 
 def fresh_store(database: Path, default_artifacts: str | None = None) -> str:

@@ -21,7 +21,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps
+from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps, stop_groups_unlocked
 from edps_mlflow.cli import cli, main
 
 GRID = ["sweep", "--batch-sizes", "16,64", "--trials", "2", "--goal-error", "0.06", "--max-steps", "300",
@@ -167,8 +167,7 @@ def test_a_killed_sweep_resumes_by_waiting_for_its_submitted_runs(tmp_path):
     # otherwise: CI saw them finish first).
     groups = {os.getpgid(_study_process(run_id)) for run_id in adopted.values()}
     assert os.getpgrp() not in groups  # the submitted runs run in sessions of their own
-    for group in groups:
-        os.killpg(group, signal.SIGSTOP)
+    stop_groups_unlocked(groups, tmp_path / "mlflow.db")  # stopped holding the lock, they would lock the test out
     try:
         process.communicate()
         assert all(client.get_run(r).info.status == "RUNNING" for r in adopted.values())

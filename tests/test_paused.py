@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps
+from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps, stop_groups_unlocked
 
 LEASE = "4"  # seconds: heartbeats every 0.67 s; a pause of 6 s is past it
 
@@ -44,31 +43,11 @@ def _wait_for_a_running_trial(process: subprocess.Popen, client: MlflowClient, e
     pytest.fail("the process never started a trial")
 
 
-def _locked(database: Path) -> bool:
-    """Whether a process holds a lock on the sqlite file (no other process can write until it lets go)."""
-    connection = sqlite3.connect(database, timeout=0.5)
-    try:
-        connection.execute("BEGIN EXCLUSIVE")
-        connection.rollback()
-        return False
-    except sqlite3.OperationalError:
-        return True
-    finally:
-        connection.close()
-
-
 def _pause_past_the_lease(process: subprocess.Popen, database: Path | None = None) -> float:
     """SIGSTOP the command and the worker processes it started, past the lease. On sqlite, at a moment when
     it holds no lock on the database: a process stopped inside a transaction keeps its lock, and no other
     process can write until it wakes (docs/reliability.md), which is not what this tests."""
-    for _ in range(50):
-        os.killpg(process.pid, signal.SIGSTOP)
-        if database is None or not _locked(database):
-            break
-        os.killpg(process.pid, signal.SIGCONT)
-        time.sleep(0.1)
-    else:
-        pytest.fail("the process held the database lock at every try")
+    stop_groups_unlocked([process.pid], database)
     stopped = time.time()
     time.sleep(float(LEASE) + 2)
     return stopped
