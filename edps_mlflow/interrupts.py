@@ -72,8 +72,11 @@ def _catch_swallowed_interrupts() -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
             timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), _last_signal))
             timer.daemon = True
-            timer.start()
-            return
+            try:
+                timer.start()
+                return
+            except RuntimeError:  # no new thread while the interpreter shuts down: it is ending anyway
+                pass
         previous(unraisable)
 
     redeliver._edps_redelivers = True  # type: ignore[attr-defined]

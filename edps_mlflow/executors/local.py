@@ -86,7 +86,7 @@ class LocalExecutor:
         if self._layout is not None and layout.devices[0] == "cpu":
             # The session's workers were sized for full rounds: a round with fewer studies (a curve's
             # start, the last walk down) gives each study the cores of the workers it leaves idle.
-            threads = max(1, available_cores() // min(len(layout.devices), len(studies)))
+            threads = max(1, available_cores() // max(1, min(len(layout.devices), len(studies))))
         tasks = study_tasks(studies, sweep, options, threads)
         labels = {s.study_key: study_label(s) for s in studies}
 
