@@ -82,11 +82,9 @@ class LocalExecutor:
             out: TextIO) -> list[str]:
         layout = self._layout or sweep_layout(options.device, options.workers, len(studies))
         progress.workers = len(layout.devices)
-        threads = layout.threads
-        if self._layout is not None and layout.devices[0] == "cpu":
-            # The session's workers were sized for full rounds: a round with fewer studies (a curve's
-            # start, the last walk down) gives each study the cores of the workers it leaves idle.
-            threads = max(1, available_cores() // max(1, min(len(layout.devices), len(studies))))
+        # The session's workers were sized for full rounds: a round with fewer studies (a curve's start, the
+        # last walk down) gives each study the cores of the workers it leaves idle, as a pool of its own would.
+        threads = sweep_layout(options.device, len(layout.devices), len(studies)).threads
         tasks = study_tasks(studies, sweep, options, threads)
         labels = {s.study_key: study_label(s) for s in studies}
 
