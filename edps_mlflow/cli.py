@@ -363,11 +363,14 @@ def status(experiment: str | None) -> None:
 @click.option("--experiment", type=_ExperimentName(omitted="every experiment"), default=None,
               help="MLflow experiment name (default: every experiment).")
 @click.option("--repair", is_flag=True, help="Mark runs left RUNNING by dead processes FAILED.")
-def doctor(experiment: str | None, repair: bool) -> None:
+@click.option("--full", is_flag=True,
+              help="Also search every run for missing kinds and keys in experiments made by edps-mlflow, which "
+                   "never writes such runs (one scan of the store's tags per search).")
+def doctor(experiment: str | None, repair: bool, full: bool) -> None:
     """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
     from edps_mlflow.doctor import run_doctor
 
-    left = run_doctor(experiment, repair, sys.stdout)
+    left = run_doctor(experiment, repair, sys.stdout, full=full)
     if left:
         click.echo(f"edps doctor: {left} problem(s)", err=True)
         raise SystemExit(1)

@@ -23,6 +23,11 @@ checks read the runs that started or ended since the previous one, and the runs 
 (the experiment's tags edps.doctor.*). An experiment whose study index is not complete (runs made before
 it) is said in one line; ``--repair`` completes it.
 
+In an experiment that edps-mlflow created (made_by_edps), the first check does not search for runs without
+their kind or keys: every run of ours is created with them in one request, so only a run made by hand
+could lack them, and those searches are most of a first check's cost on a large store. Its summary line
+says so; ``--full`` and ``--repair`` search anyway (and read as a first check does).
+
 Reads go through registry.py, the writes (``--repair``, and what the next check need not read) through
 ownership.py and store.py.
 """
@@ -36,6 +41,7 @@ from typing import TextIO
 from edps_mlflow import registry
 from edps_mlflow.names import (
     EXPERIMENT_TAG_CHECKED_UNTIL,
+    EXPERIMENT_TAG_CREATED_BY,
     EXPERIMENT_TAG_RECHECK,
     KIND_ANALYSIS,
     KIND_STUDY,
@@ -117,8 +123,10 @@ def problems(facts: list[registry.RunFacts], lease: float, now: float) -> list[t
     return found
 
 
-def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: str | None = None) -> int:
-    """Print one line per problem (and per repair); the number of problems left."""
+def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: str | None = None,
+               full: bool = False) -> int:
+    """Print one line per problem (and per repair); the number of problems left. ``full``: search for runs
+    without their kind or keys even in an experiment made by edps-mlflow (made_by_edps)."""
     client: StoreClient = open_store(tracking_uri)
     lease = lease_seconds()
     left = 0
@@ -126,9 +134,10 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
         for experiment_id, name in registry.experiments(client, experiment):
             tags = client.get_experiment(experiment_id).tags
             checked = tags.get(EXPERIMENT_TAG_CHECKED_UNTIL, "")
-            checked_until = int(checked) if checked.isdigit() and not repair else None
+            checked_until = int(checked) if checked.isdigit() and not repair and not full else None
             recheck = [run_id for run_id in tags.get(EXPERIMENT_TAG_RECHECK, "").split(",") if run_id]
-            read = registry.doctor_read(client, experiment_id, checked_until, recheck)
+            search_malformed = full or repair or not made_by_edps(tags)
+            read = registry.doctor_read(client, experiment_id, checked_until, recheck, search_malformed)
             facts = read.facts
             complete = registry.index_is_complete(client, experiment_id)
             now = time.time()
@@ -153,7 +162,7 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
                     print(f"{name}: repaired: {indexed} study runs added to the study index"
                           + ("; it is complete" if indexed == len(missing) else ""), file=out)
                     complete = registry.index_is_complete(client, experiment_id)
-                read = registry.doctor_read(client, experiment_id, None)
+                read = registry.doctor_read(client, experiment_id, None, search_malformed=search_malformed)
                 facts = read.facts
             found = problems(facts, lease, time.time())
             if complete:
@@ -168,8 +177,21 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
             involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, facts)})
             record_doctor_check(client, experiment_id, read.checked_until if len(involved) <= MAX_RECHECK else None,
                                 involved[:MAX_RECHECK])
-            print(f"{name}: {len(facts)} runs read, all runs checked", file=out)
+            if checked_until is not None or search_malformed:
+                print(f"{name}: {len(facts)} runs read, all runs checked", file=out)
+            else:
+                print(f"{name}: {len(facts)} runs read, all runs checked but for runs without their kind or keys, "
+                      f"which edps-mlflow, that made this experiment, never writes (--full searches for them)",
+                      file=out)
     return left
+
+
+def made_by_edps(experiment_tags: dict[str, str]) -> bool:
+    """Whether edps-mlflow created the experiment (the tag it sets in the request that creates it). Every run
+    of ours in such an experiment was created with its kind, its keys and its parent in that one request
+    (a run ``mlflow run`` made gets them in one batch before anything else), so a first check need not
+    search its trial runs for runs without them: only a run made by hand could be one."""
+    return bool(experiment_tags.get(EXPERIMENT_TAG_CREATED_BY))
 
 
 def _run_ids(subject: str, text: str, facts: list[registry.RunFacts]) -> list[str]:

@@ -92,6 +92,10 @@ TAG_INDEX_COMPLETE = "edps.index_complete"
 # was checked, and the runs of the problems it found then, which it looks at again.
 EXPERIMENT_TAG_CHECKED_UNTIL = "edps.doctor.checked_until"
 EXPERIMENT_TAG_RECHECK = "edps.doctor.recheck"
+# Set in the request that creates an experiment made by edps-mlflow ("edps-mlflow <version>"): every run of
+# ours in it was created with its kind, keys and parent in one request, so doctor's first check need not
+# search its trial runs for runs without them (doctor.py).
+EXPERIMENT_TAG_CREATED_BY = "edps.created_by"
 TAG_ADAPTIVE_STOP = "edps.adaptive.stop"  # why an adaptive sweep stopped (adaptive.StopReason)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"

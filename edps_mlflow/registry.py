@@ -521,16 +521,17 @@ def run_facts(client: StoreClient, experiment_id: str, checked_until: int | None
 
 
 def doctor_read(client: StoreClient, experiment_id: str, checked_until: int | None = None,
-                recheck: Iterable[str] = ()) -> DoctorRead:
+                recheck: Iterable[str] = (), search_malformed: bool = True) -> DoctorRead:
     """The runs of the experiment on which doctor's invariants can fail, found without reading every trial
     run: the study runs (study_index.study_runs) and their sweep runs, the RUNNING runs, and
 
     - with ``checked_until`` (an earlier check's time, ms): the runs that started or ended since (minus a
       margin for clocks that lag) and the runs of the problems found then (``recheck``): searches on run
       attributes, which cost what those runs cost;
-    - without (the first check of an experiment): the runs of ours without their kind, of an unknown kind,
-      trial runs without their keys and FINISHED trial runs without a parent, each found by a search on
-      tags, which scans the tags of the store once per search;
+    - without (the first check of an experiment): every sweep run, and, with ``search_malformed``, the runs
+      of ours without their kind, of an unknown kind, trial runs without their keys and FINISHED trial runs
+      without a parent, each found by a search on tags, which scans the tags of the store once per search
+      (doctor leaves these out in an experiment made by edps-mlflow, which never writes such runs);
 
     and, for the invariant of one FINISHED trial run per trial key, the FINISHED trial runs of each study
     family where two study runs may have finished trial runs, and of those without a parent; for the trial
@@ -544,36 +545,39 @@ def doctor_read(client: StoreClient, experiment_id: str, checked_until: int | No
     """
     started = int(time.time() * 1000)
     search = _searcher(client, [experiment_id])
-    studies = study_index.study_runs(search)
-    found: dict[str, Any] = {run.info.run_id: run for run in studies}
     finished = RunState.FINISHED.value
-
-    def add(runs: Iterable[Any]) -> None:
-        for run in runs:
-            found.setdefault(run.info.run_id, run)
-
-    add(search(filter_string(status=RunState.RUNNING.value), False))
-    add(study_index.by_ids(search, {p for run in studies if (p := run.data.tags.get(MLFLOW_PARENT_RUN_ID))}))
+    searches: tuple[str, ...] = ()
     if checked_until is None:
         known_kinds = (KIND_STUDY, KIND_TRIAL, KIND_SWEEP, KIND_ANALYSIS, KIND_STUDY_INDEX)
-        searches = (filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_TRIAL_KEY]),
-                    filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_STUDY_KEY]),
-                    filter_string(tags_absent=[TAG_KIND], tags_present=[TAG_VERSION]),
-                    filter_string(tags_present=[TAG_KIND], tags_not={TAG_KIND: known_kinds}),
-                    filter_string(tags={TAG_KIND: KIND_TRIAL}, status=finished, tags_absent=[MLFLOW_PARENT_RUN_ID]),
-                    # every sweep run (a few): one that finished its grid may have been overwritten FAILED,
-                    # and one that ran no study is not the parent of any
-                    filter_string(tags={TAG_KIND: KIND_SWEEP}))
-        # Each scans the tags of every run in the store (about a second at 150,000 runs); sent at once, they
-        # share the store's cores (sqlite releases the GIL while it reads; a server serves requests in parallel).
-        with ThreadPoolExecutor(max_workers=len(searches)) as pool:
-            for runs in pool.map(search, searches):
-                add(runs)
-    else:
-        since = checked_until - CLOCK_MARGIN_MS
-        add(search(filter_string(started_from=since), False))
-        add(search(filter_string(ended_from=since), False))
-        add(study_index.by_ids(search, recheck))
+        malformed = (filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_TRIAL_KEY]),
+                     filter_string(tags={TAG_KIND: KIND_TRIAL}, tags_absent=[TAG_STUDY_KEY]),
+                     filter_string(tags_absent=[TAG_KIND], tags_present=[TAG_VERSION]),
+                     filter_string(tags_present=[TAG_KIND], tags_not={TAG_KIND: known_kinds}),
+                     filter_string(tags={TAG_KIND: KIND_TRIAL}, status=finished, tags_absent=[MLFLOW_PARENT_RUN_ID]))
+        # every sweep run (a few): one that finished its grid may have been overwritten FAILED, and one that
+        # ran no study is not the parent of any
+        searches = ((*malformed,) if search_malformed else ()) + (filter_string(tags={TAG_KIND: KIND_SWEEP}),)
+    # Each search on tags scans the tags of every run in the store (about a second at 150,000 runs); sent at
+    # once, before the study index is read, they share the store's cores with that read and with each other
+    # (sqlite releases the GIL while it reads; a server serves requests in parallel).
+    with ThreadPoolExecutor(max_workers=len(searches) or 1) as pool:
+        scans = [pool.submit(search, conditions, False) for conditions in searches]
+        studies = study_index.study_runs(search)
+        found: dict[str, Any] = {run.info.run_id: run for run in studies}
+
+        def add(runs: Iterable[Any]) -> None:
+            for run in runs:
+                found.setdefault(run.info.run_id, run)
+
+        add(search(filter_string(status=RunState.RUNNING.value), False))
+        add(study_index.by_ids(search, {p for run in studies if (p := run.data.tags.get(MLFLOW_PARENT_RUN_ID))}))
+        if checked_until is not None:
+            since = checked_until - CLOCK_MARGIN_MS
+            add(search(filter_string(started_from=since), False))
+            add(search(filter_string(ended_from=since), False))
+            add(study_index.by_ids(search, recheck))
+        for scan in scans:
+            add(scan.result())
     writers: dict[str, int] = {}  # study family -> study runs that may have finished trial runs in it
     for run in studies:
         if run.info.status == finished and run.data.metrics.get(METRIC_TRIAL_RUNS_FINISHED) == 0:

@@ -749,7 +749,8 @@ def resolve_experiment(client: StoreClient, name: str, description: str = "") ->
     try:
         experiment_id = client.create_experiment(name, artifact_location=artifact_location_for(str(client.tracking_uri),
                                                                                              name),
-                                                 tags={MLFLOW_NOTE: description} if description else None)
+                                                 tags={n.EXPERIMENT_TAG_CREATED_BY: f"edps-mlflow {__version__}",
+                                                       **({MLFLOW_NOTE: description} if description else {})})
     except MlflowException:
         # Another process created it in the meantime.
         experiment = client.get_experiment_by_name(name)

@@ -20,6 +20,7 @@ from edps_mlflow.ownership import OwnedRun
 from edps_mlflow.store import StoreClient, resolve_experiment, searcher
 from edps_mlflow.study_index import RunDataView, RunInfoView, RunView, entry_of
 from edps_mlflow.tracking import StudyTracker, create_study_run
+from conftest import run_edps
 
 FINISHED, FAILED = RunStatus.to_string(RunStatus.FINISHED), RunStatus.to_string(RunStatus.FAILED)
 
@@ -225,6 +226,37 @@ def test_a_later_doctor_check_reads_the_runs_since_and_those_of_the_problems_fou
     read = {f.run_id for f in registry.run_facts(client, experiment_id, later, recheck=[keyless])}
     assert keyless in read and fine not in read
     assert fine in {f.run_id for f in registry.run_facts(client, experiment_id, later - 3 * registry.CLOCK_MARGIN_MS)}
+
+
+def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searches_for_keyless_runs(
+        sqlite_store, tmp_path):
+    """Every run of ours is created with its kind and keys in one request, so in an experiment edps-mlflow
+    made only a run made by hand can lack them: the first check does not scan the store's tags for such runs
+    (most of its cost on a large store), says so, and ``--full`` searches for them anyway, even after an
+    earlier check (a later check reads only the runs since)."""
+    client = StoreClient(sqlite_store)
+    raw = MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "made-by-edps")
+    assert raw.get_experiment(experiment_id).tags[n.EXPERIMENT_TAG_CREATED_BY].startswith("edps-mlflow ")
+    keyless = raw.create_run(experiment_id, tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_VERSION: "0.1.0"}).info.run_id
+    raw.set_terminated(keyless, FAILED)
+
+    out = io.StringIO()
+    assert run_doctor("made-by-edps", False, out, sqlite_store) == 0, out.getvalue()
+    assert keyless not in out.getvalue() and "--full searches for them" in out.getvalue(), out.getvalue()
+    assert keyless not in {f.run_id for f in registry.doctor_read(client, experiment_id, search_malformed=False).facts}
+    result = run_edps(["doctor", "--experiment", "made-by-edps", "--full"], cwd=tmp_path,
+                      MLFLOW_TRACKING_URI=sqlite_store)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{keyless}: is a trial run without its key" in result.stdout, result.stdout
+    assert "--full searches" not in result.stdout and "all runs checked" in result.stdout, result.stdout
+    # An experiment made by hand keeps the searches in its first check (test_faults plants every problem there).
+    other = raw.create_experiment("made-by-hand")
+    planted = raw.create_run(other, tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_VERSION: "0.1.0"}).info.run_id
+    raw.set_terminated(planted, FAILED)
+    out = io.StringIO()
+    assert run_doctor("made-by-hand", False, out, sqlite_store) == 1, out.getvalue()
+    assert f"{planted}: is a trial run without its key" in out.getvalue(), out.getvalue()
 
 
 def test_doctor_finds_a_trial_finished_after_its_study_run_ended_from_the_study_runs_family(sqlite_store):
