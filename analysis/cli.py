@@ -27,7 +27,7 @@ import pandas as pd
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import configure_process, log_note
+from edps_mlflow.process_settings import collect_less_often, configure_process, log_note, skip_shutdown_collection
 
 
 class _Finite(click.FloatRange):
@@ -535,6 +535,8 @@ def _command_argv() -> list[str] | None:
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     configure_process(program="edps-analyze")
+    if argv is None:  # the console entry point: the process is the command's
+        collect_less_often()
     try:
         try:
             cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
@@ -561,6 +563,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
     finally:
         _restore_library_logs()
+        if argv is None:  # the console entry point: the process ends with the command
+            skip_shutdown_collection()
 
 
 def _restore_library_logs() -> None:

@@ -4,7 +4,10 @@ setting wins."""
 
 from __future__ import annotations
 
+import gc
 import os
+
+import pytest
 
 from edps_mlflow.process_settings import CLIENT_DEFAULTS, configure_process, launcher_run_id, request_settings
 
@@ -46,3 +49,42 @@ def test_the_launcher_run_is_read_in_one_place(monkeypatch):
     assert launcher_run_id() is None
     monkeypatch.setenv("MLFLOW_RUN_ID", "abc")
     assert launcher_run_id() == "abc"
+
+
+
+_COLLECTOR_PROBE = """
+import atexit, gc
+before = gc.get_threshold()
+atexit.register(lambda: print("collector", gc.get_threshold() if gc.get_threshold() != before else "unchanged",
+                              "frozen" if gc.get_freeze_count() else "not frozen", flush=True))
+from {module} import main
+{call}
+"""
+
+
+def test_a_commands_process_collects_less_often_and_skips_the_collection_at_its_end(sqlite_store, tmp_path,
+                                                                                   monkeypatch):
+    """Both console entry points: the cycle collector runs every COLLECTION_THRESHOLDS allocations, and what is
+    alive when the command ends is frozen (the shutdown does not go through it). A command run inside another
+    program (main called with its arguments, as tests do) leaves that program's collector alone."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, clean_environment
+    from edps_mlflow.process_settings import COLLECTION_THRESHOLDS
+
+    for module, command in (("edps_mlflow.cli", "status"), ("analysis.cli", "table")):
+        done = subprocess.run([sys.executable, "-c", _COLLECTOR_PROBE.format(module=module, call="main()"), command,
+                               "--experiment", "none"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=sqlite_store))
+        lines = [text for text in done.stdout.splitlines() if text.startswith("collector")]
+        assert lines == [f"collector {COLLECTION_THRESHOLDS} frozen"], (module, done.stdout, done.stderr)
+    from analysis.cli import main as analyze
+    from edps_mlflow.cli import main as edps
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store)
+    before = gc.get_threshold(), gc.get_freeze_count()
+    for main, command in ((edps, "status"), (analyze, "table")):
+        with pytest.raises(SystemExit):  # the experiment does not exist: exit 2 after the command ran
+            main([command, "--experiment", "none"])
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
