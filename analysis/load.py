@@ -50,7 +50,7 @@ from edps_mlflow import study_index
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialStatus, decode_trial_outcomes
+from edps_mlflow.results import RunState, TrialStatus, trial_outcome_fields
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
@@ -341,17 +341,15 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
     columns: dict[str, list] = {name: [] for name in TRIAL_COLUMNS}
     downloads = []
     for run_id, key in wanted:
-        decoded = decode_trial_outcomes(texts.get(run_id))
-        if decoded is None:
+        fields = trial_outcome_fields(texts.get(run_id))
+        if fields is None:
             downloads.append((run_id, key))
             continue
-        for trial in decoded:
-            columns["study_key"].append(key)
-            columns["trial_index"].append(trial.trial_index)
-            columns["status"].append(trial.status.value)
-            columns["steps_to_result"].append(float(trial.steps_to_result) if trial.steps_to_result is not None
-                                              else math.nan)
-            columns["steps_trained"].append(float(trial.steps_trained))
+        columns["study_key"] += [key] * len(fields)
+        columns["trial_index"] += [index for index, _, _, _ in fields]
+        columns["status"] += [status for _, status, _, _ in fields]
+        columns["steps_to_result"] += [math.nan if reached is None else float(reached) for _, _, reached, _ in fields]
+        columns["steps_trained"] += [float(trained) for _, _, _, trained in fields]
     frames = [pd.DataFrame(columns, columns=list(TRIAL_COLUMNS))] if columns["study_key"] else []
     if downloads:
         frames += _downloaded_trials(client or _client(tracking_uri), downloads)

@@ -17,6 +17,8 @@ from analysis.cli import main
 from analysis.filenames import file_stem
 from analysis.load import STUDY_COLUMNS, csv_text, read_csv, spreadsheet_text, unquoted_text, write_csv
 from analysis.regimes import fit_table
+from edps_mlflow.results import (TrialOutcome, TrialStatus, decode_trial_outcomes, encode_trial_outcomes,
+                                 trial_outcome_fields)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STEPS = (FIXTURES / "synthetic_steps.csv").read_text()
@@ -385,3 +387,25 @@ def test_file_stems_of_plain_names_stay_as_they_were():
     assert len(stems) == len(alike) and "steps_a-b_sgd" in stems
     # a name and two names that join to it are different files
     assert file_stem("steps", "x_y", "z") != file_stem("steps", "x", "y_z")
+
+
+_OUTCOMES = st.lists(st.builds(lambda index, status, reached, trained: (index, status, reached, trained),
+                               st.integers(0, 10**6), st.sampled_from(list(TrialStatus)),
+                               st.none() | st.integers(0, 10**9), st.integers(0, 10**9)),
+                     max_size=30, unique_by=lambda outcome: outcome[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(outcomes=_OUTCOMES, garbage=st.text(max_size=40))
+def test_the_trial_outcomes_tag_reads_back_what_was_written_and_refuses_anything_else(outcomes, garbage):
+    """What the bootstrap reads of a study's trials from one tag (results.encode_trial_outcomes): every trial
+    back, in index order; a text in another format, or one cut or spoiled anywhere, is refused whole (the
+    reader then downloads the study's trials.csv), never half-read and never an error."""
+    written = [TrialOutcome(*outcome) for outcome in outcomes]
+    text = encode_trial_outcomes(written)
+    assert decode_trial_outcomes(text) == sorted(written, key=lambda o: o.trial_index)
+    assert trial_outcome_fields(text) == [(o.trial_index, o.status.value, o.steps_to_result, o.steps_trained)
+                                          for o in sorted(written, key=lambda o: o.trial_index)]
+    for spoiled in (garbage, text + " " + garbage, text[: max(1, len(text) // 2)] + "?", "v2" + text[2:]):
+        decoded = decode_trial_outcomes(spoiled)
+        assert decoded is None or encode_trial_outcomes(decoded) == spoiled, spoiled
