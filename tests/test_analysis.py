@@ -64,6 +64,32 @@ def test_local_slopes_go_from_minus_one_to_zero():
     assert slopes[0] == pytest.approx(-1, abs=0.05) and slopes[-1] == pytest.approx(0, abs=0.05)
 
 
+def test_several_studies_of_one_batch_size_give_one_slope_from_their_median_and_no_warning():
+    import warnings
+
+    batch_sizes = np.array([2.0, 4.0, 4.0, 4.0, 8.0])
+    steps = np.array([400.0, 210.0, 200.0, 190.0, 100.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 of two equal batch sizes was a RuntimeWarning on the terminal
+        slopes = local_slopes(batch_sizes, steps)
+    assert [(low, high) for low, high, _ in slopes] == [(2, 4), (4, 8)]
+    assert slopes[0][2] == pytest.approx(-1.0) and slopes[1][2] == pytest.approx(-1.0)
+
+
+def test_an_interval_that_collapsed_onto_its_estimate_contains_it():
+    """Every resample alike: the basic interval, computed in log space, ends within rounding of the estimate,
+    and the fit must not say that it excludes it."""
+    from analysis.regimes import contains_estimate, fit_warnings
+
+    value = 3.543
+    collapsed = math.exp(2 * math.log(value) - math.log(value))
+    assert contains_estimate(collapsed, value, collapsed) and not contains_estimate(3.0, value, 3.5)
+    row = {"b_crit": value, "b_crit_low": collapsed * (1 + 1e-15), "b_crit_high": collapsed * (1 + 1e-15),
+           "s_min": 71.87, "s_min_low": 71.87, "s_min_high": 71.87}
+    notes = fit_warnings(row, BATCH_SIZES, 1000 * (1 + 256 / BATCH_SIZES))
+    assert not any("does not contain" in note for note in notes), notes
+
+
 def test_too_few_points_is_said_clearly():
     with pytest.raises(InsufficientData, match="2 batch sizes with a result; a fit needs at least 3"):
         fit_hyperbola(np.array([2, 4, 8]), np.array([100, 50, np.nan]))
