@@ -273,7 +273,8 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
            trials_csv, device_counts, bandwidth, latency, output, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures."""
-    from analysis.regimes import sparsity_comparison
+    from analysis.figure_pool import writing_in_parallel
+    from analysis.regimes import fit_table, sparsity_comparison
     from analysis.report import steps_grids, write_report
 
     path = Path(output)
@@ -281,13 +282,16 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         raise EdpsError(f"report output must end in .md or .html, got {output!r}")
     model = _cost_model(device_counts, bandwidth, latency)
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
+    trials = _trials(studies, tracking_uri, trials_csv, bootstrap)
     path.parent.mkdir(parents=True, exist_ok=True)
     directory = path.parent / f"{path.stem}_figures"
-    figures = _figures(studies, directory, tolerance, fits)
-    time_sections, time_tables = _time_sections(studies, model, directory)
-    pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory)
-    probe_sections = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, directory)
+    with writing_in_parallel():  # the report reads the figures' files: they are all written at its end
+        # The time figures need no fit: drawn first, they are written while the bootstrap runs.
+        time_sections, time_tables = _time_sections(studies, model, directory)
+        fits = fit_table(studies, trials, tolerance, bootstrap, seed)
+        figures = _figures(studies, directory, tolerance, fits)
+        pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory)
+        probe_sections = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, directory, studies)
     extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
     for _, _, paths in extra:
         figures.setdefault(("sections", ""), []).extend(paths)
@@ -475,10 +479,13 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
     _emit(summary, output_format, summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
-def _probe_sections(experiments, tracking_uri, fits,
-                    directory: Path) -> list[tuple[str, str, pd.DataFrame, list[Path]]]:
+def _probe_sections(experiments, tracking_uri, fits, directory: Path,
+                    studies: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame, list[Path]]]:
     """Probe summaries for the report, when the studies logged probes (else nothing)."""
-    from analysis.load import load_best_trial_probes, load_probe_values
+    from analysis.load import load_best_trial_probes, load_probe_values, read_without_probes
+
+    if read_without_probes(studies):  # each search below would read the study index again, to find none
+        return []
     from analysis.plots import lipschitz_figure, noise_scale_figure
     from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 

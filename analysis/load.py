@@ -248,7 +248,8 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     client = _client(tracking_uri)
     found = _experiments(client, experiments)
     names = dict(found)
-    runs = _finished_studies(client, [i for i, _ in found])
+    every = study_index.study_runs(_searcher(client, [i for i, _ in found]))
+    runs = [run for run in every if run.info.status == RunState.FINISHED.value]
     rows: dict[str, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
@@ -285,11 +286,25 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     table = pd.DataFrame(list(rows.values()), columns=list(STUDY_COLUMNS))
     table.attrs[_TRIAL_OUTCOMES_READ] = _ReadTags({run.info.run_id: run.data.tags.get(n.TAG_TRIAL_OUTCOMES)
                                                    for run in runs})
+    table.attrs[_PROBED_READ] = any(_probed(run) for run in every)
     return table
 
 
 # The study table's attrs key of the trial outcomes read with it (a _ReadTags).
 _TRIAL_OUTCOMES_READ = "edps.trial_outcomes_read"
+# The study table's attrs key of whether any study run read with it, finished or not, ran with probes.
+_PROBED_READ = "edps.probed_read"
+
+
+def _probed(run: Any) -> bool:
+    return bool(run.data.params.get(n.PARAM_SPEC_PREFIX + "probes"))
+
+
+def read_without_probes(studies: pd.DataFrame) -> bool:
+    """Whether ``studies`` was read from the store (:func:`load_studies`) with no study run that ran with probes:
+    then :func:`load_probe_values` and :func:`load_best_trial_probes` of the same experiments find nothing,
+    without reading the study index again. False when unknown (a table from a CSV)."""
+    return studies.attrs.get(_PROBED_READ) is False
 
 
 class _ReadTags:
@@ -591,8 +606,7 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
     ids = [i for i, _ in found]
     # Only the trials of a study with probes log them: without such a study, no search of the trial runs
     # (it would scan the tags of every run in the store).
-    probed = any(run.data.params.get(n.PARAM_SPEC_PREFIX + "probes")
-                 for run in study_index.study_runs(_searcher(client, ids)))
+    probed = any(_probed(run) for run in study_index.study_runs(_searcher(client, ids)))
     runs = _paged(client, ids, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300})) \
         if probed else []
     rows = []
@@ -628,8 +642,8 @@ def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_u
     legacy: dict[str, dict[str, Any]] = {}
     seen_results: set[str] = set()
     for run in sorted(studies, key=lambda r: r.info.start_time or 0, reverse=True):
-        tags, params = run.data.tags, run.data.params
-        if not params.get(n.PARAM_SPEC_PREFIX + "probes"):
+        tags = run.data.tags
+        if not _probed(run):
             continue
         try:
             base = {**CurveId.from_tags(tags).as_dict(), "batch_size": int(tags[n.TAG_BATCH_SIZE]),

@@ -10,7 +10,10 @@ matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
+from analysis import figure_pool  # noqa: E402
 from analysis.filenames import file_stem  # noqa: E402
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
@@ -33,22 +36,86 @@ def _literal(value: object) -> str:
     return str(value).replace("$", r"\$")
 
 
+def _plain_number(value: float) -> str:
+    """A tick value as people write it: ``64``, ``0.5``, ``0.2``."""
+    if float(value).is_integer() and abs(value) < 1e7:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+class PlainLogFormatter(LogFormatter):
+    """Labels the ticks that matplotlib's log formatter labels (the same choice of minor ticks on a short
+    axis), as plain numbers instead of powers (``64``, not ``2^6``): the powers go through mathtext, whose
+    parsing was a third of the time the report spent drawing."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return _plain_number(x) if super().__call__(x, pos) else ""
+
+
+def _log_scale(axis: plt.Axes, which: str, base: float = 10) -> None:
+    """``which`` ("x" or "y") of ``axis`` on a log scale of ``base``, its ticks labelled by PlainLogFormatter
+    (as matplotlib's log scale sets its own formatters: the minor ticks labelled only on a short axis)."""
+    (axis.set_xscale if which == "x" else axis.set_yscale)("log", base=base)
+    ticks = axis.xaxis if which == "x" else axis.yaxis
+    ticks.set_major_formatter(PlainLogFormatter(base))
+    ticks.set_minor_formatter(PlainLogFormatter(base, labelOnlyBase=False))
+
+
+def _set_title(axis: plt.Axes, text: str, **style: object) -> None:
+    """The title of ``axis``, set once its y scale is. matplotlib places a title anew at each draw, measuring
+    the y axis's tick labels for an offset text ("1e-5") to clear; a log axis has none (and no axis here has
+    x ticks on top), so its title is fixed where that would place it, just above the axes, and each draw skips
+    the measuring (a tenth of the time spent writing the figures)."""
+    if axis.get_yscale() == "log":
+        style["y"] = 1.0
+    axis.set_title(text, **style)
+
+
 def _log2_axes(axis: plt.Axes, ylabel: str) -> None:
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log", base=2)
+    _log_scale(axis, "x", 2)
+    _log_scale(axis, "y", 2)
     axis.set_xlabel("batch size (examples per step)")
     axis.set_ylabel(ylabel)
     axis.grid(True, which="major", alpha=0.3)
 
 
+PNG_DPI = 150
+
+
+def _tight_box(figure: plt.Figure) -> Bbox:
+    """The box that savefig's bbox_inches="tight" crops the PNG of ``figure`` to, computed once for both files:
+    "tight" lays the figure out in a dry draw of its own before each file's draw, a quarter of the time spent
+    writing them. It is measured at the PNG's resolution, as "tight" would, because hinted text is wider or
+    narrower at another. The SVG gets the same box rather than another dry draw: on the report's figures its
+    margins came out between 0.005 inch narrower and 0.18 inch wider than its own "tight" box would make them,
+    well within the 0.1 inch pad, so nothing is cut."""
+    dpi = figure.dpi
+    figure.set_dpi(PNG_DPI)
+    try:
+        figure.draw_without_rendering()  # places the titles, tick labels and legends that the box must hold
+        return figure.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
+    finally:
+        figure.set_dpi(dpi)
+
+
+def _write(figure: plt.Figure, paths: list[Path]) -> None:
+    box = _tight_box(figure)
+    for path in paths:
+        if path.suffix == ".png":
+            # zlib's fastest level: a tenth of the time spent writing, for files a tenth larger
+            figure.savefig(path, dpi=PNG_DPI, bbox_inches=box, pil_kwargs={"compress_level": 1})
+        else:
+            figure.savefig(path, bbox_inches=box)
+
+
 def _save(figure: plt.Figure, directory: Path, stem: str) -> list[Path]:
+    """The PNG and SVG of ``figure``, written now or by a child (analysis.figure_pool)."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix in ("png", "svg"):
-        path = directory / f"{stem}.{suffix}"
-        figure.savefig(path, dpi=150 if suffix == "png" else None, bbox_inches="tight")
-        paths.append(path)
+    paths = [directory / f"{stem}.{suffix}" for suffix in ("png", "svg")]
+    # Out of pyplot's list first: the figure is only written, never shown, and pickled without that list's
+    # claim on it a child does not enter it in its own.
     plt.close(figure)
+    figure_pool.save(_write, figure, paths)
     return paths
 
 
@@ -223,8 +290,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
     axis.set_xlim(*limits)
     if heights:
         axis.set_ylim(min(heights) / AXIS_MARGIN, max(heights) * AXIS_MARGIN)
-    axis.set_title(f"{_literal(workload)}, {_literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
-                   f"S_min (1 + B_crit / B); shading: regimes of the densest curve)", fontsize=9)
+    _set_title(axis, f"{_literal(workload)}, {_literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
+                     f"S_min (1 + B_crit / B); shading: regimes of the densest curve)", fontsize=9)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     return figure
 
@@ -246,13 +313,13 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
     _log2_axes(left, "steps / steps at the smallest batch size")
-    left.set_title("normalised curves (same shape: same scaling)", fontsize=9)
-    right.set_xscale("log", base=2)
+    _set_title(left, "normalised curves (same shape: same scaling)", fontsize=9)
+    _log_scale(right, "x", 2)
     right.set_xlabel("batch size (examples per step)")
     right.set_ylabel("steps relative to the dense network")
     right.axhline(1.0, color="grey", linewidth=0.8)
     right.grid(True, alpha=0.3)
-    right.set_title("cost of sparsity at each batch size", fontsize=9)
+    _set_title(right, "cost of sparsity at each batch size", fontsize=9)
     for axis in (left, right):
         axis.legend(fontsize=8, framealpha=0.9)
     figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}", fontsize=10)
@@ -288,19 +355,19 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
         shape_axis.plot(valid["batch_size"], valid["normalised_by_first"], **style)
     _log2_axes(steps_axis, "steps to result")
     _log2_axes(shape_axis, "steps / steps at the smallest batch size")
-    relative_axis.set_xscale("log", base=2)
+    _log_scale(relative_axis, "x", 2)
     for axis in (steps_axis, relative_axis, shape_axis):
         drawn = [y for line in axis.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
         if not any(np.isfinite(y) and y > 0 for y in drawn):  # nothing reached the goal: nothing to put on a log axis
             axis.set_xscale("linear")
             axis.set_yscale("linear")
-    steps_axis.set_title("steps to reach the goal", fontsize=9)
+    _set_title(steps_axis, "steps to reach the goal", fontsize=9)
     relative_axis.set_xlabel("batch size (examples per step)")
     relative_axis.set_ylabel("steps relative to the dense network")
     relative_axis.axhline(1.0, color="grey", linewidth=0.8)
     relative_axis.grid(True, alpha=0.3)
-    relative_axis.set_title("cost of each method at each batch size", fontsize=9)
-    shape_axis.set_title("normalised curves (same shape: same scaling)", fontsize=9)
+    _set_title(relative_axis, "cost of each method at each batch size", fontsize=9)
+    _set_title(shape_axis, "normalised curves (same shape: same scaling)", fontsize=9)
     shape_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
     figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
                     f"dense network (dashed: the method's mask shuffled within each tensor)", fontsize=10)
@@ -321,11 +388,11 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path) -> list[Path]:
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
                       capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, "
                                         f"{curve_words(sparsity, _literal(pruning), several)}")
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
+    _log_scale(axis, "x", 2)
+    _log_scale(axis, "y")
     axis.set_xlabel("batch size")
     axis.set_ylabel("Lipschitz constant of the gradient")
-    axis.set_title("along the best trial's run: median over probe steps (bar: maximum)", fontsize=9)
+    _set_title(axis, "along the best trial's run: median over probe steps (bar: maximum)", fontsize=9)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.tight_layout()
@@ -350,10 +417,11 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path) -> list[Path]:
         if np.isfinite(b_crit).any():
             axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(),
                       label=f"fitted B_crit, {_literal(optimizer)}{_literal(method)}")
-    axis.set_yscale("log", base=2)
+    _log_scale(axis, "y", 2)
     axis.set_xlabel("sparsity (fraction of parameters pruned)")
     axis.set_ylabel("batch size (examples)")
-    axis.set_title("gradient noise scale (bars: quartiles over trials) and the fitted critical batch size", fontsize=9)
+    _set_title(axis, "gradient noise scale (bars: quartiles over trials) and the fitted critical batch size",
+               fontsize=9)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return _save(figure, directory, "noise_scale")
@@ -386,8 +454,8 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
             if len(best) and pd.notna(best["hours"].iloc[0]):
                 axis.plot([best["batch_size"].iloc[0]], [best["hours"].iloc[0] / per_unit], "*", color=colour,
                           markersize=14, markeredgecolor="black", markeredgewidth=0.6)
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
+        _log_scale(axis, "x", 2)
+        _log_scale(axis, "y")
         axis.set_xlabel("batch size (examples per step, all devices together)")
         axis.set_ylabel(f"time to result ({unit})")
         axis.grid(True, which="major", alpha=0.3)
@@ -395,9 +463,9 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
         measured = devices.iloc[0] if len(devices) else "an unrecorded device"
         method = head.get("pruning", "snip") if float(head["sparsity"]) > 0 else "snip"
         named = f" {_literal(method)}" if method != "snip" else ""
-        axis.set_title(f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
-                       f"{float(head['sparsity']):g}{named}: time to reach the goal (star: the fastest batch size)\n"
-                       f"one device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
+        _set_title(axis, f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
+                         f"{float(head['sparsity']):g}{named}: time to reach the goal (star: the fastest batch "
+                         f"size)\none device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
         axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
         stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}",
                          *([method] if method != "snip" else []))

@@ -1,0 +1,118 @@
+"""Figures written by forked processes while this one draws the next.
+
+Writing a figure (laying out its text, rendering the PNG and the SVG) takes several times as long as drawing
+it (making its lines and labels), so a report of many figures hands each drawn figure, pickled, to a pool of
+processes and waits for them all at the end. Outside :func:`writing_in_parallel`, and wherever forking is not
+safe, figures are written at once, in this process."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+Writer = Callable[[Any, list[Path]], None]  # writes a figure to its files (analysis.plots)
+
+# How often a child looks for its parent: a parent killed outright (SIGKILL) cannot shut the pool down.
+PARENT_CHECK_SECONDS = 1.0
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def forking_is_safe() -> bool:
+    """Whether a forked child can draw: fork copies the imports and the drawing state for free, but also every
+    lock as it is, and a lock that another thread of this process holds is never released in the child. The
+    command line has one thread; a caller with threads (a server, a test runner) writes in its own process."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
+class _Pool:
+    """The processes of one :func:`writing_in_parallel` block, forked at its first figure (not before: a
+    report may have none, and the pool's own thread makes this process unsafe to fork once started)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.executor: ProcessPoolExecutor | None = None
+        self.pending: list[Future] = []
+
+    def save(self, writer: Writer, figure: Any, paths: list[Path]) -> None:
+        if self.executor is None and forking_is_safe():
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                                initializer=_child_setup, initargs=(os.getpid(),))
+        if self.executor is None:
+            writer(figure, paths)
+            return
+        self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
+
+    def finish(self) -> None:
+        """Waits for every figure; a child's error is raised here as the error itself (an OSError of a full
+        disk stays one), the first in the order the figures were drawn."""
+        for future in self.pending:
+            future.result()
+
+    def close(self) -> None:
+        """Ends the children (figures not yet started are dropped: only an error or an interrupt gets here
+        before :meth:`finish`)."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+_active: _Pool | None = None
+
+
+@contextmanager
+def writing_in_parallel(workers: int | None = None) -> Iterator[None]:
+    """Within the block, figures are written by ``workers`` forked processes (default: one per available CPU)
+    and their paths returned before the files exist; the block ends once every file is written, or with the
+    first error of a child. With one worker, or nested in another such block, figures are written at once."""
+    global _active
+    workers = available_cpus() if workers is None else workers
+    if workers < 2 or _active is not None:
+        yield
+        return
+    pool = _active = _Pool(workers)
+    try:
+        yield
+        pool.finish()
+    finally:
+        _active = None
+        pool.close()
+
+
+def save(writer: Writer, figure: Any, paths: list[Path]) -> None:
+    """Writes ``figure`` to ``paths`` with ``writer``: in a child within :func:`writing_in_parallel`, else now."""
+    if _active is None:
+        writer(figure, paths)
+    else:
+        _active.save(writer, figure, paths)
+
+
+def _write_pickled(writer: Writer, figure: bytes, paths: list[Path]) -> None:
+    writer(pickle.loads(figure), paths)
+
+
+def _child_setup(parent: int) -> None:
+    """A child leaves Ctrl-C to its parent (which then stops the pool) and ends when the parent is gone. The
+    objects it inherits are never garbage here: frozen, they are left out of its collections, which would
+    otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page."""
+    gc.freeze()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="figure-pool-parent-check").start()
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(1)

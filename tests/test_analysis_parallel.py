@@ -1,0 +1,160 @@
+"""How the report writes its figures fast: in forked processes (analysis.figure_pool), the same files as
+written in one process, a child's error as the one line the command gives for it, no process left behind, no
+fork in a process with other threads; and log axes labelled in plain numbers, not in mathtext."""
+
+import errno
+import io
+import math
+import multiprocessing
+import struct
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import matplotlib
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import figure_pool, plots
+from analysis.cli import main
+from analysis.load import read_csv
+
+BATCH_SIZES = [2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _steps_csv(folder: Path) -> Path:
+    """Two optimizers, two sparsities, timed: a steps and a sparsity figure per optimizer, and a time figure
+    per curve (eight figures)."""
+    rows = []
+    for optimizer, b_crit in (("sgd", 30), ("momentum", 60)):
+        for sparsity, s_min in ((0.0, 60), (0.9, 90)):
+            for b in BATCH_SIZES:
+                rows.append({"workload": "w", "optimizer": optimizer, "sparsity": sparsity, "batch_size": b,
+                             "goal_error": 0.1, "steps_to_result": float(round(s_min * (1 + b_crit / b))),
+                             "trials_total": 4, "trials_reached": 4, "study_key": f"{optimizer}-{sparsity}-{b}",
+                             "seconds_per_step": 0.0004 * (1 + b / 64) * math.sqrt(1 + sparsity)})
+    path = folder / "steps.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def _report(csv: Path, output: Path) -> dict[str, bytes]:
+    main(["report", "--csv", str(csv), "--bootstrap", "0", "--output", str(output)])
+    return {p.name: p.read_bytes() for p in sorted((output.parent / f"{output.stem}_figures").iterdir())}
+
+
+@pytest.fixture
+def reproducible_svg(monkeypatch):
+    """SVG files that depend on their figure only: no date, no random ids."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
+    with matplotlib.rc_context({"svg.hashsalt": "test"}):
+        yield
+
+
+def _png_size(data: bytes) -> tuple[int, int] | int:
+    """A PNG's width and height; another file's length."""
+    return struct.unpack(">II", data[16:24]) if data[:4] == b"\x89PNG" else len(data)
+
+
+def _cpus(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(figure_pool, "available_cpus", lambda: count)
+
+
+class _CountingPool(ProcessPoolExecutor):
+    """The pool, counting the figures handed to it."""
+
+    submitted = 0
+    pids: set[int] = set()
+
+    def submit(self, *args, **kwargs):
+        _CountingPool.submitted += 1
+        future = super().submit(*args, **kwargs)
+        _CountingPool.pids.update(self._processes or {})
+        return future
+
+
+def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, monkeypatch, reproducible_svg):
+    if not figure_pool.forking_is_safe():
+        pytest.skip("this test process has other threads: figures are never forked here")
+    csv = _steps_csv(tmp_path)
+    _cpus(monkeypatch, 1)
+    serial = _report(csv, tmp_path / "serial" / "report.md")
+    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(_CountingPool, "submitted", 0)
+    monkeypatch.setattr(_CountingPool, "pids", set())
+    _cpus(monkeypatch, 2)
+    parallel = _report(csv, tmp_path / "parallel" / "report.md")
+    assert len(serial) == 16 and {Path(name).suffix for name in serial} == {".png", ".svg"}
+    assert list(parallel) == list(serial)
+    # The same pictures: byte for byte when this test runs alone; after other tests in the same process a few
+    # PNGs differed in bytes (matplotlib's caches of fonts and text, filled differently by then), so what is
+    # compared is what a reader sees: the same size and, pixel for pixel, at most a trace of difference.
+    for name in serial:
+        if name.endswith(".png"):
+            assert _png_size(parallel[name]) == _png_size(serial[name]), name
+            one, other = (matplotlib.image.imread(io.BytesIO(data)) for data in (serial[name], parallel[name]))
+            assert np.mean(np.abs(one - other) > 0.1) < 0.002, (name, np.mean(np.abs(one - other) > 0.1))
+        else:
+            assert abs(len(parallel[name]) - len(serial[name])) <= 0.01 * len(serial[name]), name
+    assert _CountingPool.submitted == 8  # every figure went to a child
+    assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []  # gone with the command
+
+
+def _disk_full(figure, paths: list[Path]) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]))
+
+
+def _error_line(tmp_path: Path, capsys, folder: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--csv", str(_steps_csv(tmp_path)), "--bootstrap", "0",
+              "--output", str(tmp_path / folder / "report.md")])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edps-analyze: error: "), lines
+    return lines[0].replace(folder, "FOLDER")
+
+
+def test_a_figure_that_cannot_be_written_is_the_commands_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(plots, "_write", _disk_full)
+    _cpus(monkeypatch, 1)
+    serial = _error_line(tmp_path, capsys, "serial")
+    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(_CountingPool, "submitted", 0)
+    monkeypatch.setattr(_CountingPool, "pids", set())
+    _cpus(monkeypatch, 2)
+    assert _error_line(tmp_path, capsys, "parallel") == serial
+    assert "no space left" in serial and "report_figures/time_w_momentum_sp0.png" in serial
+    assert _CountingPool.submitted or not figure_pool.forking_is_safe()  # the error came from a child
+    assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
+
+
+def test_a_process_with_other_threads_writes_its_figures_itself(tmp_path, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("forked a process with other threads")
+
+    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", no_pool)
+    _cpus(monkeypatch, 2)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="a store's thread")
+    other.start()
+    try:
+        assert not figure_pool.forking_is_safe()
+        files = _report(_steps_csv(tmp_path), tmp_path / "report.md")
+    finally:
+        stop.set()
+        other.join()
+    assert len(files) == 16 and all(files.values())
+
+
+def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
+    studies = read_csv(_steps_csv(tmp_path))
+    figure = plots.draw_steps(studies, "w", "sgd")
+    figure.draw_without_rendering()
+    axis = figure.axes[0]
+    labels = [t.get_text() for t in axis.get_xticklabels() + axis.get_yticklabels() if t.get_text()]
+    assert {"4", "16", "64", "256"} <= set(labels), labels
+    assert not [label for label in labels if "$" in label], labels  # no mathtext
+    assert [plots._plain_number(v) for v in (1024.0, 0.5, 0.03125, 0.2, 2.0 ** 30)] == \
+        ["1024", "0.5", "0.03125", "0.2", "1.074e+09"]
