@@ -273,7 +273,7 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
            trials_csv, device_counts, bandwidth, latency, output, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures."""
-    from analysis.figure_pool import writing_in_parallel
+    from analysis.forked import writing_in_parallel
     from analysis.regimes import fit_table, sparsity_comparison
     from analysis.report import steps_grids, write_report
 

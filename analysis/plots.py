@@ -13,7 +13,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from analysis import figure_pool  # noqa: E402
+from analysis import forked  # noqa: E402
 from analysis.filenames import file_stem  # noqa: E402
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
@@ -109,13 +109,13 @@ def _write(figure: plt.Figure, paths: list[Path]) -> None:
 
 
 def _save(figure: plt.Figure, directory: Path, stem: str) -> list[Path]:
-    """The PNG and SVG of ``figure``, written now or by a child (analysis.figure_pool)."""
+    """The PNG and SVG of ``figure``, written now or by a child (analysis.forked)."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{stem}.{suffix}" for suffix in ("png", "svg")]
     # Out of pyplot's list first: the figure is only written, never shown, and pickled without that list's
     # claim on it a child does not enter it in its own.
     plt.close(figure)
-    figure_pool.save(_write, figure, paths)
+    forked.save(_write, figure, paths)
     return paths
 
 

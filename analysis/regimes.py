@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from analysis.forked import map_forked
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
 MIN_POINTS = 3
@@ -242,7 +243,8 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
               repeats: int = 200, seed: int = 0) -> pd.DataFrame:
     """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
     table = with_curve_axes(table)
-    rows = []
+    rows: list[tuple[dict, np.ndarray, np.ndarray]] = []  # each curve's row, batch sizes and steps
+    resampled: list[tuple[dict, dict[int, pd.DataFrame], HyperbolaFit, float]] = []  # curves with trials
     columns = curve_columns(table)
     grouped = curves(table)
     base = len(CURVE_KEYS)
@@ -276,24 +278,34 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
             by_size = {int(bs): trials_of[str(key)] for bs, key in zip(group["batch_size"], group["study_key"])
                        if pd.notna(key) and str(key) in trials_of}
             if len(by_size) >= MIN_POINTS:
-                for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
-                    row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
-                if row.get("b_crit_low") is not None:  # increasing in B_crit at the measured B_0
-                    smallest = _points(b, s)[0][0]
-                    for end in ("low", "high"):
-                        row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(
-                            HyperbolaFit(fit.s_min, row[f"b_crit_{end}"], fit.rmse_log, fit.r2_log), smallest, tolerance)
-                row.update(interval_basis(by_size))
+                resampled.append((row, by_size, fit, _points(b, s)[0][0]))
             else:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"
+        rows.append((row, b, s))
+    # The bootstraps are most of a fit's time: each curve's goes to a forked process when there are several.
+    intervals = map_forked(_bootstrap_job, [(by_size, repeats, seed, tolerance, fit)
+                                            for _, by_size, fit, _ in resampled])
+    for (row, by_size, fit, smallest), found in zip(resampled, intervals):
+        for name, interval in found.items():
+            row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+        if row.get("b_crit_low") is not None:  # increasing in B_crit at the measured B_0
+            for end in ("low", "high"):
+                row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(
+                    HyperbolaFit(fit.s_min, row[f"b_crit_{end}"], fit.rmse_log, fit.r2_log), smallest, tolerance)
+        row.update(interval_basis(by_size))
+    for row, b, s in rows:
         row["note"] = "; ".join([part for part in (row["note"],) if part] + fit_warnings(row, b, s))
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for row, _, _ in rows])
 
 
 # What the bootstrap of a curve resampled (fit-table columns): the studies, those with a single reaching
 # trial, and the trials superseded by exact early stopping (known only to be slower than the best).
 BASIS_COLUMNS = ("interval_studies", "interval_studies_one_reaching", "interval_trials_superseded")
+
+
+def _bootstrap_job(job: tuple[dict[int, pd.DataFrame], int, int, float, HyperbolaFit]) -> dict[str, Interval]:
+    by_size, repeats, seed, tolerance, fit = job
+    return bootstrap(by_size, repeats, seed, tolerance, fit)
 
 
 def interval_basis(curve_trials: dict[int, pd.DataFrame]) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""How the report writes its figures fast: in forked processes (analysis.figure_pool), the same files as
+"""How the report writes its figures fast: in forked processes (analysis.forked), the same files as
 written in one process, a child's error as the one line the command gives for it, no process left behind, no
 fork in a process with other threads; and log axes labelled in plain numbers, not in mathtext."""
 
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import figure_pool, plots
+from analysis import forked, plots
 from analysis.cli import main
 from analysis.load import read_csv
 
@@ -59,7 +59,7 @@ def _png_size(data: bytes) -> tuple[int, int] | int:
 
 
 def _cpus(monkeypatch, count: int) -> None:
-    monkeypatch.setattr(figure_pool, "available_cpus", lambda: count)
+    monkeypatch.setattr(forked, "available_cpus", lambda: count)
 
 
 class _CountingPool(ProcessPoolExecutor):
@@ -76,12 +76,12 @@ class _CountingPool(ProcessPoolExecutor):
 
 
 def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, monkeypatch, reproducible_svg):
-    if not figure_pool.forking_is_safe():
+    if not forked.forking_is_safe():
         pytest.skip("this test process has other threads: figures are never forked here")
     csv = _steps_csv(tmp_path)
     _cpus(monkeypatch, 1)
     serial = _report(csv, tmp_path / "serial" / "report.md")
-    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
     monkeypatch.setattr(_CountingPool, "submitted", 0)
     monkeypatch.setattr(_CountingPool, "pids", set())
     _cpus(monkeypatch, 2)
@@ -120,13 +120,13 @@ def test_a_figure_that_cannot_be_written_is_the_commands_one_line_error(tmp_path
     monkeypatch.setattr(plots, "_write", _disk_full)
     _cpus(monkeypatch, 1)
     serial = _error_line(tmp_path, capsys, "serial")
-    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
     monkeypatch.setattr(_CountingPool, "submitted", 0)
     monkeypatch.setattr(_CountingPool, "pids", set())
     _cpus(monkeypatch, 2)
     assert _error_line(tmp_path, capsys, "parallel") == serial
     assert "no space left" in serial and "report_figures/time_w_momentum_sp0.png" in serial
-    assert _CountingPool.submitted or not figure_pool.forking_is_safe()  # the error came from a child
+    assert _CountingPool.submitted or not forked.forking_is_safe()  # the error came from a child
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
 
 
@@ -134,13 +134,13 @@ def test_a_process_with_other_threads_writes_its_figures_itself(tmp_path, monkey
     def no_pool(*args, **kwargs):
         raise AssertionError("forked a process with other threads")
 
-    monkeypatch.setattr(figure_pool, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(forked, "ProcessPoolExecutor", no_pool)
     _cpus(monkeypatch, 2)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, name="a store's thread")
     other.start()
     try:
-        assert not figure_pool.forking_is_safe()
+        assert not forked.forking_is_safe()
         files = _report(_steps_csv(tmp_path), tmp_path / "report.md")
     finally:
         stop.set()
@@ -158,3 +158,24 @@ def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
     assert not [label for label in labels if "$" in label], labels  # no mathtext
     assert [plots._plain_number(v) for v in (1024.0, 0.5, 0.03125, 0.2, 2.0 ** 30)] == \
         ["1024", "0.5", "0.03125", "0.2", "1.074e+09"]
+
+
+def test_a_fits_bootstraps_in_forked_processes_give_the_fit_table_of_one_process(monkeypatch):
+    """Each curve's bootstrap in a child (analysis.forked.map_forked): the same table, to the last bit."""
+    from analysis.regimes import fit_table
+    from test_analysis_figures import _studies
+
+    if not forked.forking_is_safe():
+        pytest.skip("this test process has other threads: nothing is forked here")
+    studies, trials = _studies()
+    _cpus(monkeypatch, 1)
+    serial = fit_table(studies, trials, repeats=60)
+    monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(_CountingPool, "submitted", 0)
+    monkeypatch.setattr(_CountingPool, "pids", set())
+    _cpus(monkeypatch, 2)
+    parallel = fit_table(studies, trials, repeats=60)
+    assert len(serial) == 3 and serial["b_crit_low"].notna().all()
+    pd.testing.assert_frame_equal(parallel, serial)
+    assert _CountingPool.submitted == 3  # every curve's bootstrap went to a child
+    assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []

@@ -1,9 +1,12 @@
-"""Figures written by forked processes while this one draws the next.
+"""Work done by forked processes: the figures of a report, written while this process draws the next, and
+the bootstraps of a fit, one curve per process.
 
 Writing a figure (laying out its text, rendering the PNG and the SVG) takes several times as long as drawing
 it (making its lines and labels), so a report of many figures hands each drawn figure, pickled, to a pool of
 processes and waits for them all at the end. Outside :func:`writing_in_parallel`, and wherever forking is not
-safe, figures are written at once, in this process."""
+safe, figures are written at once, in this process. :func:`map_forked` is the same for a list of
+computations (a fit's bootstraps): in forked processes when there are several and forking is safe, else
+here, with the same results in the same order either way."""
 
 from __future__ import annotations
 
@@ -99,6 +102,23 @@ def save(writer: Writer, figure: Any, paths: list[Path]) -> None:
         _active.save(writer, figure, paths)
 
 
+def map_forked(function: Callable[[Any], Any], items: list[Any], workers: int | None = None) -> list[Any]:
+    """``[function(item) for item in items]``, computed by up to ``workers`` forked processes (default: one per
+    available CPU) when there are at least two items and two workers, forking is safe and no figure pool is
+    open (its processes have the CPUs, and its thread makes forking unsafe); else here. ``function`` must be
+    a module-level function (it is pickled by name). A child's error is raised here as the error itself;
+    on an error or an interrupt the items not yet started are dropped and the processes end."""
+    workers = min(available_cpus() if workers is None else workers, len(items))
+    if workers < 2 or _active is not None or not forking_is_safe():
+        return [function(item) for item in items]
+    executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_child_setup, initargs=(os.getpid(),))
+    try:
+        return list(executor.map(function, items))
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
 def _write_pickled(writer: Writer, figure: bytes, paths: list[Path]) -> None:
     writer(pickle.loads(figure), paths)
 
@@ -109,7 +129,7 @@ def _child_setup(parent: int) -> None:
     otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page."""
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="figure-pool-parent-check").start()
+    threading.Thread(target=_end_with, args=(parent,), daemon=True, name="forked-parent-check").start()
 
 
 def _end_with(parent: int) -> None:
