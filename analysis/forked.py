@@ -15,18 +15,25 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from edps_mlflow.errors import EdpsError
 
 Writer = Callable[[Any, list[Path]], None]  # writes a figure to its files (analysis.plots)
 
 # How often a child looks for its parent: a parent killed outright (SIGKILL) cannot shut the pool down.
 PARENT_CHECK_SECONDS = 1.0
+# The most processes forked at once: a report has about twenty figures and a fit a dozen curves, and each
+# child is a copy of a process of a few hundred MB.
+MAX_WORKERS = 8
 
 
 def available_cpus() -> int:
@@ -37,8 +44,16 @@ def available_cpus() -> int:
 def forking_is_safe() -> bool:
     """Whether a forked child can draw: fork copies the imports and the drawing state for free, but also every
     lock as it is, and a lock that another thread of this process holds is never released in the child. The
-    command line has one thread; a caller with threads (a server, a test runner) writes in its own process."""
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    command line has one thread; a caller with Python threads (a server, a test runner) writes in its own
+    process. Linux only: elsewhere (macOS) system libraries that are not safe to fork may be in use."""
+    return (sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+            and threading.active_count() == 1)
+
+
+def _died(error: BrokenProcessPool) -> EdpsError:
+    """A child that ended without a word (killed by the kernel for memory, or by a signal) as one line."""
+    return EdpsError(f"a forked process of this command ended abruptly ({error}): out of memory? Run it again, "
+                     f"or with fewer CPUs available to it (taskset)")
 
 
 class _Pool:
@@ -54,6 +69,13 @@ class _Pool:
         if self.executor is None and forking_is_safe():
             self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
                                                 initializer=_child_setup, initargs=(os.getpid(),))
+        if self.executor is not None and not self.pending:
+            try:  # the first figure forks the children: a fork refused (no memory) leaves them to this process
+                self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
+                return
+            except OSError:
+                self.executor.shutdown(wait=True, cancel_futures=True)
+                self.executor = None
         if self.executor is None:
             writer(figure, paths)
             return
@@ -62,8 +84,11 @@ class _Pool:
     def finish(self) -> None:
         """Waits for every figure; a child's error is raised here as the error itself (an OSError of a full
         disk stays one), the first in the order the figures were drawn."""
-        for future in self.pending:
-            future.result()
+        try:
+            for future in self.pending:
+                future.result()
+        except BrokenProcessPool as error:
+            raise _died(error) from None
 
     def close(self) -> None:
         """Ends the children (figures not yet started are dropped: only an error or an interrupt gets here
@@ -77,11 +102,12 @@ _active: _Pool | None = None
 
 @contextmanager
 def writing_in_parallel(workers: int | None = None) -> Iterator[None]:
-    """Within the block, figures are written by ``workers`` forked processes (default: one per available CPU)
-    and their paths returned before the files exist; the block ends once every file is written, or with the
-    first error of a child. With one worker, or nested in another such block, figures are written at once."""
+    """Within the block, figures are written by ``workers`` forked processes (default: one per available CPU,
+    at most MAX_WORKERS) and their paths returned before the files exist; the block ends once every file is
+    written, or with the first error of a child. With one worker, figures are written at once; nested in
+    another such block, they go to the outer block's processes and are waited for at its end."""
     global _active
-    workers = available_cpus() if workers is None else workers
+    workers = min(available_cpus(), MAX_WORKERS) if workers is None else workers
     if workers < 2 or _active is not None:
         yield
         return
@@ -104,17 +130,23 @@ def save(writer: Writer, figure: Any, paths: list[Path]) -> None:
 
 def map_forked(function: Callable[[Any], Any], items: list[Any], workers: int | None = None) -> list[Any]:
     """``[function(item) for item in items]``, computed by up to ``workers`` forked processes (default: one per
-    available CPU) when there are at least two items and two workers, forking is safe and no figure pool is
+    available CPU, at most MAX_WORKERS) when there are at least two items and two workers, forking is safe and no figure pool is
     open (its processes have the CPUs, and its thread makes forking unsafe); else here. ``function`` must be
     a module-level function (it is pickled by name). A child's error is raised here as the error itself;
     on an error or an interrupt the items not yet started are dropped and the processes end."""
-    workers = min(available_cpus() if workers is None else workers, len(items))
+    workers = min(min(available_cpus(), MAX_WORKERS) if workers is None else workers, len(items))
     if workers < 2 or _active is not None or not forking_is_safe():
         return [function(item) for item in items]
     executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_child_setup, initargs=(os.getpid(),))
     try:
-        return list(executor.map(function, items))
+        try:
+            futures = [executor.submit(function, item) for item in items]
+        except OSError:  # a fork refused (no memory): the work is done here
+            return [function(item) for item in items]
+        return [future.result() for future in futures]
+    except BrokenProcessPool as error:
+        raise _died(error) from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 

@@ -179,3 +179,24 @@ def test_a_fits_bootstraps_in_forked_processes_give_the_fit_table_of_one_process
     pd.testing.assert_frame_equal(parallel, serial)
     assert _CountingPool.submitted == 3  # every curve's bootstrap went to a child
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
+
+
+def _dies(item: int) -> int:
+    import os
+
+    if item == 1:
+        os._exit(9)  # as the kernel's out-of-memory killer would end it: no word to the parent
+    return item
+
+
+def test_a_forked_process_that_dies_is_the_commands_one_line_error(monkeypatch):
+    from edps_mlflow.errors import EdpsError
+
+    if not forked.forking_is_safe():
+        pytest.skip("this test process has other threads: nothing is forked here")
+    monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
+    monkeypatch.setattr(_CountingPool, "pids", set())
+    with pytest.raises(EdpsError, match="ended abruptly"):
+        forked.map_forked(_dies, [0, 1, 2], workers=2)
+    assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
+    assert forked.map_forked(_dies, [0, 2], workers=2) == [0, 2]
