@@ -40,7 +40,9 @@ def _plain_number(value: float) -> str:
     """A tick value as people write it: ``64``, ``0.5``, ``0.2``."""
     if float(value).is_integer() and abs(value) < 1e7:
         return str(int(value))
-    return f"{value:.4g}"
+    if abs(value) >= 1e7:
+        return f"{value:.4g}"
+    return f"{value:.10g}"  # 1/64 is 0.015625, not 0.01562
 
 
 class PlainLogFormatter(LogFormatter):
