@@ -213,7 +213,7 @@ def encode_trial_outcomes(outcomes: Iterable[TrialOutcome]) -> str:
 
 # One trial of the format, and a whole text of it (checked whole before its trials are read, so that a text
 # in another format is refused, never half-read).
-_OUTCOME = r"(\d+):([rnds])(\d+)(?:@(\d+))?"
+_OUTCOME = rf"([0-9]+):([{''.join(_LETTER_STATUSES)}])([0-9]+)(?:@([0-9]+))?"
 _OUTCOMES_TEXT = re.compile(rf"{TRIAL_OUTCOMES_FORMAT}(?: {_OUTCOME})*")
 _OUTCOME_PARTS = re.compile(_OUTCOME)
 
