@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     configure_process()
-    if argv is None:  # the console entry point: the process is the command's
+    if argv is None and args[:1] not in (["study"], ["sweep"]):  # the process is the command's, and trains nothing
         collect_less_often()
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED. Ctrl-C
     # (SIGINT) goes through the same handler, which holds the interrupt back until a tracking-store call in

@@ -73,8 +73,11 @@ COLLECTION_THRESHOLDS = (10_000, 10, 10)
 
 
 def collect_less_often() -> None:
-    """Called as a command's process starts (COLLECTION_THRESHOLDS). Only for a process that is the
-    command: a test that calls a command's main in its own process keeps its settings."""
+    """Called as a command's process starts (COLLECTION_THRESHOLDS), for the commands that read and
+    report, not for those that train (``edps study``, ``edps sweep``): a cycle there may hold a model and its
+    optimizer's state, which must go as soon as Python's default would free it, as in the trial workers.
+    Only for a process that is the command: a test that calls a command's main in its own process keeps its
+    settings."""
     gc.set_threshold(*COLLECTION_THRESHOLDS)
 
 
@@ -82,7 +85,10 @@ def skip_shutdown_collection() -> None:
     """Called as a command's process ends: Python's shutdown runs the cycle collector over every object
     still alive, which after importing MLflow, SQLAlchemy and pandas is several hundred thousand objects
     (about 0.9 s of every command on this machine, more than most reads), only to free memory the process
-    gives back anyway. Frozen, they are left alone. Nothing else of the shutdown changes: atexit handlers
-    (temporary folders, worker pools) run, and files and the standard streams are flushed and closed.
-    Only for a process that ends with the command, as collect_less_often."""
+    gives back anyway. Frozen, they are left alone. atexit handlers (temporary folders, worker pools) still
+    run and the standard streams are flushed; the young generations are collected first, so what the command
+    just dropped is finalized. An object in a cycle that reached the oldest generation is never finalized:
+    the commands close their files with ``with``, not by dropping them. Only for a process that ends with the
+    command, as collect_less_often."""
+    gc.collect(1)
     gc.freeze()
