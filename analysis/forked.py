@@ -64,9 +64,10 @@ class _Pool:
         self.workers = workers
         self.executor: ProcessPoolExecutor | None = None
         self.pending: list[Future] = []
+        self.refused = False  # a fork was refused: this block's figures are written here
 
     def save(self, writer: Writer, figure: Any, paths: list[Path]) -> None:
-        if self.executor is None and forking_is_safe():
+        if self.executor is None and not self.refused and forking_is_safe():
             self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
                                                 initializer=_child_setup, initargs=(os.getpid(),))
         if self.executor is not None and not self.pending:
@@ -75,7 +76,7 @@ class _Pool:
                 return
             except OSError:
                 self.executor.shutdown(wait=True, cancel_futures=True)
-                self.executor = None
+                self.executor, self.refused = None, True
         if self.executor is None:
             writer(figure, paths)
             return

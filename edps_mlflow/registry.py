@@ -328,6 +328,12 @@ def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> 
     return sorted((_leased(r) for r in runs), key=lambda r: r.order)
 
 
+def running_trial_runs(client: StoreClient, experiment_id: str, study_run_id: str) -> list[str]:
+    """The ids of the trial runs of one study run that are still RUNNING (one search by tag)."""
+    return [run.info.run_id for run in search_all(client, experiment_id, filter_string(
+        tags={TAG_KIND: KIND_TRIAL, MLFLOW_PARENT_RUN_ID: study_run_id}, status=RunState.RUNNING.value))]
+
+
 def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str,
                views: list[study_index.RunView] | None = None) -> list[LeasedRun]:
     """The sweep runs of ``sweep_key``, earliest first, found without a search by tag when it can be: the

@@ -326,7 +326,10 @@ class _JobQueue:
             try:
                 run = registry.get_leased(self.sweep.client, entry.run_id)
                 if run.state is RunState.RUNNING:
-                    mark_dead(self.sweep.client, [entry.run_id], "the sweep that submitted it was interrupted")
+                    # Its trial runs too: once its run is marked, the study's own abort (if its process
+                    # gets that far) finds the run taken from it and writes nothing more, by design.
+                    trials = registry.running_trial_runs(self.sweep.client, self.sweep.experiment_id, entry.run_id)
+                    mark_dead(self.sweep.client, [entry.run_id, *trials], "the sweep that submitted it was interrupted")
             except Exception:  # noqa: BLE001 - interrupted: leave what cannot be written to the lease
                 pass
 
