@@ -249,6 +249,9 @@ def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searc
                       MLFLOW_TRACKING_URI=sqlite_store)
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{keyless}: is a trial run without its key" in result.stdout, result.stdout
+    repaired = io.StringIO()  # --repair checks everything too
+    assert run_doctor("made-by-edps", True, repaired, sqlite_store) == 1, repaired.getvalue()
+    assert f"{keyless}: is a trial run without its key" in repaired.getvalue(), repaired.getvalue()
     assert "--full searches" not in result.stdout and "all runs checked" in result.stdout, result.stdout
     # An experiment made by hand keeps the searches in its first check (test_faults plants every problem there).
     other = raw.create_experiment("made-by-hand")
