@@ -237,7 +237,10 @@ def _searcher(client, experiment_ids: list[str]):
 
 def _finished_studies(client, experiment_ids: list[str]) -> list:
     """The FINISHED study runs of the experiments: from their study index, and the rest from the store."""
-    runs = study_index.study_runs(_searcher(client, experiment_ids))
+    return _finished(study_index.study_runs(_searcher(client, experiment_ids)))
+
+
+def _finished(runs: list) -> list:
     return [run for run in runs if run.info.status == RunState.FINISHED.value]
 
 
@@ -249,7 +252,7 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     found = _experiments(client, experiments)
     names = dict(found)
     every = study_index.study_runs(_searcher(client, [i for i, _ in found]))
-    runs = [run for run in every if run.info.status == RunState.FINISHED.value]
+    runs = _finished(every)
     rows: dict[str, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics, params = run.data.tags, run.data.metrics, run.data.params

@@ -507,7 +507,8 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, and the allocator settings of the training processes."""
     args = list(sys.argv[1:] if argv is None else argv)
     missing = training_environment_missing(os.environ)
-    if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
+    trains = args[:1] in (["study"], ["sweep"])
+    if trains and missing and not os.environ.get(_REEXEC_MARK):
         # The allocator settings are read when a process starts: start again with them.
         # PYTHONSAFEPATH (Python >= 3.11): no process of ours puts the working directory on the import
         # path, including the worker processes that multiprocessing starts with ``python -c``, which
@@ -516,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     configure_process()
-    if argv is None and args[:1] not in (["study"], ["sweep"]):  # the process is the command's, and trains nothing
+    if argv is None and not trains:  # the process is the command's, and trains nothing
         collect_less_often()
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED. Ctrl-C
     # (SIGINT) goes through the same handler, which holds the interrupt back until a tracking-store call in
