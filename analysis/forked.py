@@ -1,12 +1,9 @@
-"""Work done by forked processes: the figures of a report, written while this process draws the next, and
-the bootstraps of a fit, one curve per process.
+"""The figures of a report, written by forked processes while this process draws the next.
 
 Writing a figure (laying out its text, rendering the PNG and the SVG) takes several times as long as drawing
 it (making its lines and labels), so a report of many figures hands each drawn figure, pickled, to a pool of
 processes and waits for them all at the end. Outside :func:`writing_in_parallel`, and wherever forking is not
-safe, figures are written at once, in this process. :func:`map_forked` is the same for a list of
-computations (a fit's bootstraps): in forked processes when there are several and forking is safe, else
-here, with the same results in the same order either way."""
+safe, figures are written at once, in this process."""
 
 from __future__ import annotations
 
@@ -31,8 +28,8 @@ Writer = Callable[[Any, list[Path]], None]  # writes a figure to its files (anal
 
 # How often a child looks for its parent: a parent killed outright (SIGKILL) cannot shut the pool down.
 PARENT_CHECK_SECONDS = 1.0
-# The most processes forked at once: a report has about twenty figures and a fit a dozen curves, and each
-# child is a copy of a process of a few hundred MB.
+# The most processes forked at once: a report has about twenty figures, and each child is a copy of a process
+# of a few hundred MB.
 MAX_WORKERS = 8
 
 
@@ -127,29 +124,6 @@ def save(writer: Writer, figure: Any, paths: list[Path]) -> None:
         writer(figure, paths)
     else:
         _active.save(writer, figure, paths)
-
-
-def map_forked(function: Callable[[Any], Any], items: list[Any], workers: int | None = None) -> list[Any]:
-    """``[function(item) for item in items]``, computed by up to ``workers`` forked processes (default: one per
-    available CPU, at most MAX_WORKERS) when there are at least two items and two workers, forking is safe and no figure pool is
-    open (its processes have the CPUs, and its thread makes forking unsafe); else here. ``function`` must be
-    a module-level function (it is pickled by name). A child's error is raised here as the error itself;
-    on an error or an interrupt the items not yet started are dropped and the processes end."""
-    workers = min(min(available_cpus(), MAX_WORKERS) if workers is None else workers, len(items))
-    if workers < 2 or _active is not None or not forking_is_safe():
-        return [function(item) for item in items]
-    executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_child_setup, initargs=(os.getpid(),))
-    try:
-        try:
-            futures = [executor.submit(function, item) for item in items]
-        except OSError:  # a fork refused (no memory): the work is done here
-            return [function(item) for item in items]
-        return [future.result() for future in futures]
-    except BrokenProcessPool as error:
-        raise _died(error) from None
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_pickled(writer: Writer, figure: bytes, paths: list[Path]) -> None:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
+from scipy.special import expit
 
-from analysis.forked import map_forked
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
 MIN_POINTS = 3
@@ -109,6 +109,82 @@ def fit_hyperbola(batch_sizes: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
     return HyperbolaFit(s_min=float(np.exp(result.x[0])), b_crit=float(np.exp(result.x[1])),
                         rmse_log=float(np.sqrt(np.mean(fitted ** 2))),
                         r2_log=float(1.0 - np.sum(fitted ** 2) / total) if total > 0 else float("nan"))
+
+
+# The batched fit's Levenberg-Marquardt: a step is kept when it lowers the sum of squares; the damping falls
+# by DAMPING_DOWN after a kept step and rises by DAMPING_UP after a refused one. It stops, as MINPACK does with
+# least_squares' defaults, when a kept step lowers the sum of squares by less than FIT_TOLERANCE of it or moves
+# the parameters by less than FIT_TOLERANCE of their size, or after FIT_ITERATIONS steps.
+FIT_TOLERANCE = 1e-8
+FIT_ITERATIONS = 300
+DAMPING_UP, DAMPING_DOWN, MAX_DAMPING = 4.0, 3.0, 1e16
+
+
+def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit_hyperbola` of many curves measured at the same batch sizes at once (a bootstrap's
+    resamples): ``steps`` has a row per curve and a column per batch size, a value that is not finite and
+    positive being a point the curve lacks. Returns S_min and B_crit per row, NaN for a row with fewer than
+    MIN_POINTS points. The same least squares in log space and the same start, minimised for every row
+    together by a Levenberg-Marquardt iteration written out in numpy: a bootstrap refits a curve hundreds of
+    times, and least_squares costs about a millisecond a call in its Python alone. Where the minimum is
+    well defined both find it (sums of squares alike to 1e-9); where it is not (B_crit far beyond the
+    measured batch sizes, a flat valley), both stop somewhere far beyond them."""
+    b = np.asarray(batch_sizes, dtype=float)
+    order = np.argsort(b, kind="stable")
+    b = b[order]
+    s = np.atleast_2d(np.asarray(steps, dtype=float))[:, order]
+    valid = np.isfinite(s) & (s > 0)
+    fitted = valid.sum(axis=1) >= MIN_POINTS
+    s_min = np.full(len(s), np.nan)
+    b_crit = np.full(len(s), np.nan)
+    if not fitted.any():
+        return s_min, b_crit
+    s, valid = s[fitted], valid[fitted]
+    weight = valid.astype(float)
+    log_b = np.log(b)[None, :]
+    log_s = np.log(np.where(valid, s, 1.0))
+    # fit_hyperbola's start, from each row's own first and last points
+    rows, first = np.arange(len(s)), np.argmax(valid, axis=1)
+    last = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    b_first, b_last, s_first, s_last = b[first], b[last], s[rows, first], s[rows, last]
+    theta = np.column_stack([np.log(s_last),  # (log S_min, log B_crit) per row
+                             np.log(np.maximum(b_first, np.minimum(b_last, s_first * b_first / s_last)))])
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        return (theta[:, :1] + np.logaddexp(0.0, theta[:, 1:] - log_b) - log_s) * weight
+
+    r = residuals(theta)
+    cost = np.einsum("ij,ij->i", r, r)
+    damping = np.full(len(s), 1e-3)
+    active = np.ones(len(s), dtype=bool)
+    points = weight.sum(axis=1)
+    for _ in range(FIT_ITERATIONS):
+        if not active.any():
+            break
+        # The Jacobian's columns: d r / d log S_min = 1 and d r / d log B_crit = the logistic of
+        # log B_crit - log B, at a row's points. The 2x2 normal equations J'J step = -J'r, their diagonal
+        # scaled by 1 + damping (Marquardt), solved in closed form for every row.
+        slope = weight * expit(theta[:, 1:] - log_b)
+        a01, a11 = slope.sum(axis=1), np.einsum("ij,ij->i", slope, slope)
+        g0, g1 = r.sum(axis=1), np.einsum("ij,ij->i", slope, r)
+        d00, d11 = points * (1.0 + damping), a11 * (1.0 + damping)
+        det = d00 * d11 - a01 * a01
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.column_stack([-(d11 * g0 - a01 * g1) / det, -(d00 * g1 - a01 * g0) / det])
+        # no step to take: B_crit so far below the batch sizes that the curve no longer depends on it
+        solvable = np.isfinite(step).all(axis=1) & (det > 0)
+        step[~(active & solvable)] = 0.0
+        trial = theta + step
+        r_trial = residuals(trial)
+        cost_trial = np.einsum("ij,ij->i", r_trial, r_trial)
+        kept = active & solvable & (cost_trial < cost)
+        small_step = np.linalg.norm(step, axis=1) <= FIT_TOLERANCE * (FIT_TOLERANCE + np.linalg.norm(theta, axis=1))
+        done = kept & ((cost - cost_trial <= FIT_TOLERANCE * cost) | small_step)
+        theta[kept], r[kept], cost[kept] = trial[kept], r_trial[kept], cost_trial[kept]
+        damping = np.where(kept, damping / DAMPING_DOWN, damping * DAMPING_UP)
+        active &= ~done & solvable & (damping < MAX_DAMPING)  # a row no step lowers any more is at its minimum
+    s_min[fitted], b_crit[fitted] = np.exp(theta[:, 0]), np.exp(theta[:, 1])
+    return s_min, b_crit
 
 
 def regime_boundaries(batch_sizes: np.ndarray, steps: np.ndarray, tolerance: float = 0.2) -> Boundaries:
@@ -192,15 +268,11 @@ def bootstrap(curve_trials: dict[int, pd.DataFrame], repeats: int = 200, seed: i
         resampled.append(np.where(reached[pick], steps[pick], np.inf).min(axis=1))
     sizes_all = np.array(batch_sizes, dtype=float)
     minima_all = np.column_stack(resampled) if resampled else np.empty((repeats, 0))
+    s_min, b_crit = fit_hyperbolas(sizes_all, minima_all)  # NaN where a resample has too few points
+    samples["s_min"], samples["b_crit"] = list(s_min), list(b_crit)
     for repeat in range(repeats):
         found = np.isfinite(minima_all[repeat])
         sizes_array, minima_array = sizes_all[found], minima_all[repeat][found]
-        try:
-            fit = fit_hyperbola(sizes_array, minima_array)
-            samples["s_min"].append(fit.s_min)
-            samples["b_crit"].append(fit.b_crit)
-        except InsufficientData:
-            pass
         try:
             bounds = regime_boundaries(sizes_array, minima_array, tolerance)
             samples["perfect_scaling_end"].append(bounds.perfect_scaling_end or math.nan)
@@ -282,9 +354,7 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
             else:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "no intervals: trials not available"
         rows.append((row, b, s))
-    # The bootstraps are most of a fit's time: each curve's goes to a forked process when there are several.
-    intervals = map_forked(_bootstrap_job, [(by_size, repeats, seed, tolerance, fit)
-                                            for _, by_size, fit, _ in resampled])
+    intervals = [bootstrap(by_size, repeats, seed, tolerance, fit) for _, by_size, fit, _ in resampled]
     for (row, by_size, fit, smallest), found in zip(resampled, intervals):
         for name, interval in found.items():
             row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
@@ -301,11 +371,6 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
 # What the bootstrap of a curve resampled (fit-table columns): the studies, those with a single reaching
 # trial, and the trials superseded by exact early stopping (known only to be slower than the best).
 BASIS_COLUMNS = ("interval_studies", "interval_studies_one_reaching", "interval_trials_superseded")
-
-
-def _bootstrap_job(job: tuple[dict[int, pd.DataFrame], int, int, float, HyperbolaFit]) -> dict[str, Interval]:
-    by_size, repeats, seed, tolerance, fit = job
-    return bootstrap(by_size, repeats, seed, tolerance, fit)
 
 
 def interval_basis(curve_trials: dict[int, pd.DataFrame]) -> dict[str, int]:

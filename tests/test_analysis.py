@@ -20,6 +20,7 @@ from analysis.regimes import (
     InsufficientData,
     bootstrap,
     fit_hyperbola,
+    fit_hyperbolas,
     fit_table,
     local_slopes,
     regime_boundaries,
@@ -88,6 +89,42 @@ def test_an_interval_that_collapsed_onto_its_estimate_contains_it():
            "s_min": 71.87, "s_min_low": 71.87, "s_min_high": 71.87}
     notes = fit_warnings(row, BATCH_SIZES, 1000 * (1 + 256 / BATCH_SIZES))
     assert not any("does not contain" in note for note in notes), notes
+
+
+def _sum_of_squares(b: np.ndarray, s: np.ndarray, s_min: float, b_crit: float) -> float:
+    with np.errstate(divide="ignore"):  # a B_crit that underflowed to 0: a flat curve
+        return float(np.sum((np.log(s_min) + np.logaddexp(0.0, np.log(b_crit) - np.log(b)) - np.log(s)) ** 2))
+
+
+def test_the_bootstraps_batched_fit_finds_the_minimum_that_least_squares_finds():
+    """fit_hyperbolas (a bootstrap's resamples, fitted together) against fit_hyperbola (scipy's MINPACK) row by
+    row, on noisy curves with points missing: the same sum of squares; the same S_min and B_crit wherever
+    B_crit lies near the measured batch sizes, and both far beyond them where it does not."""
+    rng = np.random.default_rng(7)
+    b = BATCH_SIZES[:10]
+    near = far = 0
+    for _ in range(12):
+        s_min, b_crit, noise = 10 ** rng.uniform(1, 4), 2 ** rng.uniform(-2, 14), rng.uniform(0.0, 0.6)
+        steps = s_min * (1 + b_crit / b) * np.exp(np.abs(rng.normal(0, noise, (40, len(b)))))
+        steps[rng.random(steps.shape) < 0.2] = np.inf  # a resample in which no trial of that study reached
+        steps[0, 3:] = np.nan  # three points: too few for this row
+        batched_s_min, batched_b_crit = fit_hyperbolas(b, steps)
+        for row, batched in enumerate(zip(batched_s_min, batched_b_crit)):
+            kept = np.isfinite(steps[row])
+            try:
+                one = fit_hyperbola(b[kept], steps[row][kept])
+            except InsufficientData:
+                assert np.isnan(batched).all()
+                continue
+            assert _sum_of_squares(b[kept], steps[row][kept], *batched) == pytest.approx(
+                _sum_of_squares(b[kept], steps[row][kept], one.s_min, one.b_crit), rel=1e-8, abs=1e-12)
+            if b[0] / 100 < one.b_crit < b[-1] * 100:
+                near += 1
+                assert batched == pytest.approx((one.s_min, one.b_crit), rel=0.01)
+            else:
+                far += 1
+                assert not b[0] / 100 < batched[1] < b[-1] * 100
+    assert near > 300 and far > 10, (near, far)
 
 
 def test_too_few_points_is_said_clearly():

@@ -160,36 +160,15 @@ def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
         ["1024", "0.5", "0.03125", "0.2", "1.074e+09"]
 
 
-def test_a_fits_bootstraps_in_forked_processes_give_the_fit_table_of_one_process(monkeypatch):
-    """Each curve's bootstrap in a child (analysis.forked.map_forked): the same table, to the last bit."""
-    from analysis.regimes import fit_table
-    from test_analysis_figures import _studies
-
-    if not forked.forking_is_safe():
-        pytest.skip("this test process has other threads: nothing is forked here")
-    studies, trials = _studies()
-    _cpus(monkeypatch, 1)
-    serial = fit_table(studies, trials, repeats=60)
-    monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
-    monkeypatch.setattr(_CountingPool, "submitted", 0)
-    monkeypatch.setattr(_CountingPool, "pids", set())
-    _cpus(monkeypatch, 2)
-    parallel = fit_table(studies, trials, repeats=60)
-    assert len(serial) == 3 and serial["b_crit_low"].notna().all()
-    pd.testing.assert_frame_equal(parallel, serial)
-    assert _CountingPool.submitted == 3  # every curve's bootstrap went to a child
-    assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
-
-
-def _dies(item: int) -> int:
+def _dies(figure: int, paths: list[Path]) -> None:
     import os
 
-    if item == 1:
+    if figure == 1:
         os._exit(9)  # as the kernel's out-of-memory killer would end it: no word to the parent
-    return item
+    paths[0].write_text(str(figure))
 
 
-def test_a_forked_process_that_dies_is_the_commands_one_line_error(monkeypatch):
+def test_a_forked_process_that_dies_is_the_commands_one_line_error(tmp_path, monkeypatch):
     from edps_mlflow.errors import EdpsError
 
     if not forked.forking_is_safe():
@@ -197,6 +176,11 @@ def test_a_forked_process_that_dies_is_the_commands_one_line_error(monkeypatch):
     monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
     monkeypatch.setattr(_CountingPool, "pids", set())
     with pytest.raises(EdpsError, match="ended abruptly"):
-        forked.map_forked(_dies, [0, 1, 2], workers=2)
+        with forked.writing_in_parallel(workers=2):
+            for figure in (0, 1, 2):
+                forked.save(_dies, figure, [tmp_path / f"{figure}.txt"])
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
-    assert forked.map_forked(_dies, [0, 2], workers=2) == [0, 2]
+    with forked.writing_in_parallel(workers=2):  # the next block forks afresh
+        for figure in (0, 2):
+            forked.save(_dies, figure, [tmp_path / f"again-{figure}.txt"])
+    assert [(tmp_path / f"again-{figure}.txt").read_text() for figure in (0, 2)] == ["0", "2"]
