@@ -462,19 +462,22 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     protocol = curve_columns(table)[len(CURVE_KEYS):]
     family = [axis for axis in CURVE_KEYS if axis not in ("sparsity", "pruning")]
     for _, group in table.groupby([*family, *protocol], sort=True, dropna=False):
+        head = {axis: group[axis].iloc[0] for axis in family}
+        protocol_values = {column: group[column].iloc[0] for column in protocol}
         dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
-        dense = dense_rows.set_index("batch_size")["steps_to_result"]
+        dense = pd.to_numeric(dense_rows.set_index("batch_size")["steps_to_result"], errors="coerce")
         for (sparsity, pruning), curve in group.groupby(["sparsity", "pruning"], sort=True):
             curve = curve.sort_values("batch_size")
-            valid = curve["steps_to_result"].dropna()
-            first = float(valid.iloc[0]) if len(valid) else math.nan
-            for batch_size, steps in zip(curve["batch_size"], curve["steps_to_result"]):
-                # A study that reached nothing has no steps (None in an object column): NaN, not a TypeError.
-                steps = math.nan if steps is None or pd.isna(steps) else float(steps)
-                reference = dense.get(batch_size, math.nan)
-                rows.append({**{axis: group[axis].iloc[0] for axis in family}, "sparsity": sparsity,
-                             "pruning": pruning, **{column: group[column].iloc[0] for column in protocol},
-                             "batch_size": int(batch_size), "steps_to_result": steps,
-                             "relative_to_dense": steps / reference if reference and not pd.isna(reference) else math.nan,
-                             "normalised_by_first": steps / first if first and not math.isnan(first) else math.nan})
-    return pd.DataFrame(rows)
+            # A study that reached nothing has no steps (None in an object column): NaN, not a TypeError.
+            steps = pd.to_numeric(curve["steps_to_result"], errors="coerce").to_numpy(dtype=float)
+            reached = steps[~np.isnan(steps)]
+            first = reached[0] if len(reached) else math.nan
+            reference = dense.reindex(curve["batch_size"]).to_numpy(dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                relative = np.where((reference != 0) & ~np.isnan(reference), steps / reference, math.nan)
+                normalised = steps / first if first and not math.isnan(first) else np.full(len(steps), math.nan)
+            rows.append(pd.DataFrame({**head, "sparsity": sparsity, "pruning": pruning, **protocol_values,
+                                      "batch_size": curve["batch_size"].to_numpy().astype(int),
+                                      "steps_to_result": steps, "relative_to_dense": relative,
+                                      "normalised_by_first": normalised}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()

@@ -148,6 +148,16 @@ def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
     return "\n".join([header, rule, *body])
 
 
+def html_table(frame: pd.DataFrame) -> str:
+    """``frame``'s cells as an HTML table, written as they are (the extra sections' tables, formatted by
+    _number as in Markdown): DataFrame.to_html spends about 0.2 ms a row, and the time table of 1,500 studies
+    has 6,000 rows."""
+    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
+                     for row in frame.itertuples(index=False, name=None))
+    return f"<table border='1' class='dataframe'>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>"
+
+
 def _relative(path: Path, files: list[Path]) -> list[Path]:
     return [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in files if p.suffix == ".png"]
 
@@ -195,7 +205,7 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
             parts.append("<h3>Steps to result</h3>" + grid.to_html())
             parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
         for title, table, files in extra or []:
-            parts.append(f"<h2>{html.escape(title)}</h2>" + table.to_html(index=False, float_format=_number))
+            parts.append(f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)))
             parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:80%'>"
                          for uri in _embedded(files))
         parts.append("</body></html>")

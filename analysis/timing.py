@@ -157,14 +157,18 @@ def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
         if len(packs) and packs.max() > 1:
             curve_notes.append(f"timed in packs of up to {packs.max():.3g} trials: each trial's share of a lockstep "
                                f"step, which may differ from a lone trial's step either way")
-        for _, study in curve.iterrows():
-            steps = study["steps_to_result"]
+        largest_pack = float(packs.max()) if len(packs) else None
+        device_names = ", ".join(devices) if devices else None
+        compute_at: dict[int, float | None] = {}  # per-device batch -> seconds per step: a curve asks often
+        for steps, batch in zip(curve["steps_to_result"].to_numpy(), curve["batch_size"].to_numpy()):
             if steps is None or not np.isfinite(float(steps)):
                 continue
-            batch = int(study["batch_size"])
+            batch = int(batch)
             for count in model.devices:
                 per_device = math.ceil(batch / count)
-                compute = step_seconds(b_timed, t_timed, per_device)
+                if per_device not in compute_at:
+                    compute_at[per_device] = step_seconds(b_timed, t_timed, per_device)
+                compute = compute_at[per_device]
                 notes = list(curve_notes)
                 allreduce: float | None = model.allreduce_seconds(count, 0.0) if count == 1 else None
                 if count > 1 and parameter_bytes is None:
@@ -179,8 +183,7 @@ def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
                              "steps_to_result": float(steps), "compute_seconds_per_step": compute,
                              "allreduce_seconds_per_step": allreduce, "seconds_per_step": total,
                              "hours": float(steps) * total / SECONDS_PER_HOUR if total is not None else None,
-                             "device": ", ".join(devices) if devices else None,
-                             "pack_size": float(packs.max()) if len(packs) else None, "note": "; ".join(notes)})
+                             "device": device_names, "pack_size": largest_pack, "note": "; ".join(notes)})
     if not rows:
         raise EdpsError("no study with a steps-to-result: no time-to-result to compute")
     table = pd.DataFrame(rows)
