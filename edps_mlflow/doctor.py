@@ -43,6 +43,7 @@ from edps_mlflow.names import (
     EXPERIMENT_TAG_CHECKED_UNTIL,
     EXPERIMENT_TAG_CREATED_BY,
     EXPERIMENT_TAG_RECHECK,
+    EXPERIMENT_TAG_SEARCHED_KEYLESS,
     KIND_ANALYSIS,
     KIND_STUDY,
     KIND_STUDY_INDEX,
@@ -137,6 +138,10 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
             checked_until = int(checked) if checked.isdigit() and not repair and not full else None
             recheck = [run_id for run_id in tags.get(EXPERIMENT_TAG_RECHECK, "").split(",") if run_id]
             search_malformed = full or repair or not made_by_edps(tags)
+            # A later check reads every run made since the previous one: it has checked every run when the
+            # checks before it had (only an experiment made by edps-mlflow is ever checked without searching).
+            every_run = search_malformed or (
+                checked_until is not None and tags.get(EXPERIMENT_TAG_SEARCHED_KEYLESS) == "true")
             read = registry.doctor_read(client, experiment_id, checked_until, recheck, search_malformed)
             facts = read.facts
             complete = registry.index_is_complete(client, experiment_id)
@@ -176,8 +181,8 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
                       f"the study runs, more slowly; `edps doctor --repair` completes it", file=out)
             involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, facts)})
             record_doctor_check(client, experiment_id, read.checked_until if len(involved) <= MAX_RECHECK else None,
-                                involved[:MAX_RECHECK])
-            if checked_until is not None or search_malformed:
+                                involved[:MAX_RECHECK], every_run)
+            if every_run:
                 print(f"{name}: {len(facts)} runs read, all runs checked", file=out)
             else:
                 print(f"{name}: {len(facts)} runs read, all runs checked but for runs without their kind or keys, "

@@ -92,6 +92,9 @@ TAG_INDEX_COMPLETE = "edps.index_complete"
 # was checked, and the runs of the problems it found then, which it looks at again.
 EXPERIMENT_TAG_CHECKED_UNTIL = "edps.doctor.checked_until"
 EXPERIMENT_TAG_RECHECK = "edps.doctor.recheck"
+# "true" once a check has searched the whole experiment for runs without their kind or keys: the checks after
+# it read every run made since, so they check every run; "false" after a first check that left the searches out.
+EXPERIMENT_TAG_SEARCHED_KEYLESS = "edps.doctor.searched_keyless"
 # Set in the request that creates an experiment made by edps-mlflow ("edps-mlflow <version>"): every run of
 # ours in it was created with its kind, keys and parent in one request, so doctor's first check need not
 # search its trial runs for runs without them (doctor.py).

@@ -868,15 +868,17 @@ def complete_index(client: StoreClient, experiment_id: str, run_ids: list[str]) 
 
 
 def record_doctor_check(client: StoreClient, experiment_id: str, checked_until: int | None,
-                        recheck: list[str]) -> None:
+                        recheck: list[str], searched_keyless: bool) -> None:
     """What the next ``edps doctor`` of the experiment need not read again: every run that started or ended
     before ``checked_until`` (ms) was checked, and the runs of the problems found are to be looked at again
-    (None: nothing of that kind; the next check reads every run). Best effort: a store that refuses the
-    write gets a full check next time."""
+    (None: nothing of that kind; the next check reads every run); ``searched_keyless``: whether every run up
+    to then was checked for its kind and keys too. Best effort: a store that refuses the write gets a full
+    check next time."""
     try:
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_CHECKED_UNTIL,
                                   "" if checked_until is None else str(checked_until))
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_RECHECK, ",".join(recheck))
+        client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_SEARCHED_KEYLESS, str(searched_keyless).lower())
     except MlflowException:
         pass
 

@@ -245,6 +245,11 @@ def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searc
     assert run_doctor("made-by-edps", False, out, sqlite_store) == 0, out.getvalue()
     assert keyless not in out.getvalue() and "--full searches for them" in out.getvalue(), out.getvalue()
     assert keyless not in {f.run_id for f in registry.doctor_read(client, experiment_id, search_malformed=False).facts}
+    # A later check reads the runs made since the first (this one too, made within the margin for clocks): it
+    # still has not searched the older ones, and says so.
+    later = io.StringIO()
+    run_doctor("made-by-edps", False, later, sqlite_store)
+    assert "--full searches for them" in later.getvalue(), later.getvalue()
     result = run_edps(["doctor", "--experiment", "made-by-edps", "--full"], cwd=tmp_path,
                       MLFLOW_TRACKING_URI=sqlite_store)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -253,6 +258,9 @@ def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searc
     assert run_doctor("made-by-edps", True, repaired, sqlite_store) == 1, repaired.getvalue()
     assert f"{keyless}: is a trial run without its key" in repaired.getvalue(), repaired.getvalue()
     assert "--full searches" not in result.stdout and "all runs checked" in result.stdout, result.stdout
+    later = io.StringIO()  # after a check that searched, a later check has checked every run
+    assert run_doctor("made-by-edps", False, later, sqlite_store) == 1, later.getvalue()
+    assert "--full searches" not in later.getvalue() and "all runs checked" in later.getvalue(), later.getvalue()
     # An experiment made by hand keeps the searches in its first check (test_faults plants every problem there).
     other = raw.create_experiment("made-by-hand")
     planted = raw.create_run(other, tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_VERSION: "0.1.0"}).info.run_id
