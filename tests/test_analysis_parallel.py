@@ -184,3 +184,44 @@ def test_a_forked_process_that_dies_is_the_commands_one_line_error(tmp_path, mon
         for figure in (0, 2):
             forked.save(_dies, figure, [tmp_path / f"again-{figure}.txt"])
     assert [(tmp_path / f"again-{figure}.txt").read_text() for figure in (0, 2)] == ["0", "2"]
+
+
+@pytest.mark.parametrize("how", ["the parent alone killed", "Ctrl-C"])
+def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
+    """`edps-analyze report` killed outright (SIGKILL of the parent alone: it cannot stop its pool) or
+    interrupted from the terminal (SIGINT to its process group) while its forked writers work: the writers end
+    too, within a few seconds, and no report file is written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    # The optimizers twice over under other names: sixteen figures, so that the writers work for a few seconds.
+    studies = pd.read_csv(_steps_csv(tmp_path))
+    csv = tmp_path / "many.csv"
+    pd.concat([studies.assign(optimizer=studies["optimizer"] + f"-{copy}", study_key=studies["study_key"] + f"-{copy}")
+               for copy in range(2)]).to_csv(csv, index=False)
+    output = tmp_path / "out" / "report.md"
+    command = [sys.executable, "-c", "from analysis.cli import main; main()", "report", "--csv", str(csv),
+               "--bootstrap", "0", "--output", str(output)]
+    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = psutil.Process(process.pid)
+    writers: list[psutil.Process] = []
+    deadline = time.monotonic() + 60
+    while not writers and process.poll() is None and time.monotonic() < deadline:
+        writers = parent.children(recursive=True)
+        time.sleep(0.01)
+    assert writers, f"the report ended (code {process.poll()}) before any figure writer was seen"
+    if how == "Ctrl-C":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.kill()
+    process.wait(30)
+    _, alive = psutil.wait_procs(writers, timeout=10)
+    assert alive == [], [w.pid for w in alive]
+    assert not output.exists()
+    if how == "Ctrl-C":
+        assert process.returncode != 0
