@@ -34,8 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
-from scipy.special import expit
 
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
@@ -87,6 +85,8 @@ def _points(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def fit_hyperbola(batch_sizes: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
+    from scipy.optimize import least_squares  # a quarter of a second to import: not for `table`
+
     b, s = _points(batch_sizes, steps)
     if len(b) < MIN_POINTS:
         raise InsufficientData(f"{len(b)} batch sizes with a result; a fit needs at least {MIN_POINTS}")
@@ -129,6 +129,8 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
     times, and least_squares costs about a millisecond a call in its Python alone. Where the minimum is
     well defined both find it (sums of squares alike to 1e-9); where it is not (B_crit far beyond the
     measured batch sizes, a flat valley), both stop somewhere far beyond them."""
+    from scipy.special import expit
+
     b = np.asarray(batch_sizes, dtype=float)
     order = np.argsort(b, kind="stable")
     b = b[order]
