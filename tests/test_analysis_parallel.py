@@ -90,12 +90,13 @@ def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, 
     assert list(parallel) == list(serial)
     # The same pictures: byte for byte when this test runs alone; after other tests in the same process a few
     # PNGs differed in bytes (matplotlib's caches of fonts and text, filled differently by then), so what is
-    # compared is what a reader sees: the same size and, pixel for pixel, at most a trace of difference.
+    # compared is what a reader sees: the same size and, pixel for pixel, at most a trace of difference (0.37 %
+    # of one figure's pixels in one full run: the edges of a few glyphs; a missing line or a moved label is more).
     for name in serial:
         if name.endswith(".png"):
             assert _png_size(parallel[name]) == _png_size(serial[name]), name
             one, other = (matplotlib.image.imread(io.BytesIO(data)) for data in (serial[name], parallel[name]))
-            assert np.mean(np.abs(one - other) > 0.1) < 0.002, (name, np.mean(np.abs(one - other) > 0.1))
+            assert np.mean(np.abs(one - other) > 0.1) < 0.01, (name, np.mean(np.abs(one - other) > 0.1))
         else:
             assert abs(len(parallel[name]) - len(serial[name])) <= 0.01 * len(serial[name]), name
     assert _CountingPool.submitted == 8  # every figure went to a child
@@ -205,8 +206,12 @@ def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
     pd.concat([studies.assign(optimizer=studies["optimizer"] + f"-{copy}", study_key=studies["study_key"] + f"-{copy}")
                for copy in range(2)]).to_csv(csv, index=False)
     output = tmp_path / "out" / "report.md"
-    command = [sys.executable, "-c", "from analysis.cli import main; main()", "report", "--csv", str(csv),
-               "--bootstrap", "0", "--output", str(output)]
+    # On every CPU: a test process is pinned to one (conftest), and with one a report forks no writer.
+    command = [sys.executable, "-c", "import os; os.sched_setaffinity(0, range(os.cpu_count())); "
+               "from analysis.cli import main; main()", "report", "--csv", str(csv), "--bootstrap", "0",
+               "--output", str(output)]
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: a report writes its figures itself")
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parent = psutil.Process(process.pid)
     writers: list[psutil.Process] = []
