@@ -125,6 +125,63 @@ def test_the_bootstraps_batched_fit_finds_the_minimum_that_least_squares_finds()
                 far += 1
                 assert not b[0] / 100 < batched[1] < b[-1] * 100
     assert near > 300 and far > 10, (near, far)
+    # Curves with no finite minimum: flat (B_crit towards 0), straight (towards infinity, S_min towards 0), and
+    # one that rises. Each stops short of 0 and infinity, whose logarithms the basic interval takes, with a
+    # sum of squares as low as least_squares finds.
+    degenerate = np.array([[100.0] * 10, 1e5 / b, [100, 90, 80, 85, 100, 120, 130, 150, 170, 200]])
+    for row, batched in zip(degenerate, zip(*fit_hyperbolas(b, degenerate))):
+        one = fit_hyperbola(b, row)
+        assert all(0 < value < np.inf for value in batched), batched
+        assert _sum_of_squares(b, row, *batched) <= _sum_of_squares(b, row, one.s_min, one.b_crit) + 1e-9
+
+
+def test_a_studys_resampled_best_trial_is_drawn_from_the_distribution_of_drawing_every_trial():
+    """The bootstrap draws the rank of a resample's best trial (regimes._resampled_minima) instead of drawing
+    all its trials: each outcome as often as drawing every trial with replacement gives it."""
+    from analysis.regimes import _resampled_minima
+
+    rng = np.random.default_rng(3)
+    repeats = 100_000
+    for trials, reaching in ((100, 50), (100, 3), (5, 2), (1, 1), (4, 0), (20, 20)):
+        steps = rng.uniform(100, 1000, trials)
+        reached = np.zeros(trials, dtype=bool)
+        reached[rng.choice(trials, reaching, replace=False)] = True
+        pick = rng.integers(0, trials, (repeats, trials))
+        every_trial = np.where(reached[pick], steps[pick], np.inf).min(axis=1)
+        ranked = _resampled_minima(steps[reached], trials, repeats, rng)
+        assert set(np.unique(ranked)) <= set(steps[reached]) | {np.inf}
+        for value in np.unique(np.concatenate([every_trial, ranked]))[:5]:  # the likely outcomes
+            assert np.mean(ranked == value) == pytest.approx(np.mean(every_trial == value), abs=0.01), (trials, value)
+
+
+def test_the_bootstrap_resamples_every_study_of_a_curve_even_two_of_one_batch_size():
+    """Two studies of each batch size in one curve (a sweep repeated with another seed, or tables merged from two
+    stores): the fit uses both, and so does its bootstrap."""
+    rng = np.random.default_rng(5)
+    studies, trials = [], []
+    for copy in range(2):
+        for b in BATCH_SIZES[:8]:
+            key = f"{int(b)}-{copy}"
+            steps = 1000 * (1 + 256 / b) * np.exp(np.abs(rng.normal(0, 0.2, 8)))
+            studies.append({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": int(b),
+                            "steps_to_result": float(steps.min()), "study_key": key})
+            trials += [{"study_key": key, "trial_index": i, "status": "reached", "steps_to_result": float(v)}
+                       for i, v in enumerate(steps)]
+    trials[3]["status"], trials[5]["status"], trials[6]["status"] = "superseded", "not_reached", "superseded"
+    trials = pd.DataFrame(trials)
+    # Every study's outcomes read in one pass over the table, as one study's own table gives them.
+    from analysis.regimes import outcomes_by_study, study_outcomes
+
+    together = outcomes_by_study(trials)
+    for key, own in trials.groupby("study_key"):
+        alone = study_outcomes(own)
+        assert (together[key].trials, together[key].superseded) == (alone.trials, alone.superseded)
+        assert together[key].reached_steps.tolist() == alone.reached_steps.tolist()
+    assert together["2-0"].superseded == 2 and len(together["2-0"].reached_steps) == 5
+    fits = fit_table(pd.DataFrame(studies), trials, repeats=50)
+    assert len(fits) == 1 and fits["points"].iloc[0] == 16
+    assert fits["interval_studies"].iloc[0] == 16
+    assert fits["s_min_low"].iloc[0] <= fits["s_min"].iloc[0] <= fits["s_min_high"].iloc[0]
 
 
 def test_too_few_points_is_said_clearly():
