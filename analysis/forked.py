@@ -77,7 +77,10 @@ class _Pool:
         if self.executor is None:
             writer(figure, paths)
             return
-        self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
+        try:
+            self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
+        except BrokenProcessPool as error:  # a child died while this process drew the figure
+            raise _died(error) from None
 
     def finish(self) -> None:
         """Waits for every figure; a child's error is raised here as the error itself (an OSError of a full

@@ -86,29 +86,17 @@ def _points(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def fit_hyperbola(batch_sizes: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
-    from scipy.optimize import least_squares  # a quarter of a second to import: not for `table`
-
+    """The hyperbola through one curve's points, by least squares in log space (:func:`fit_hyperbolas`, the
+    solver its bootstrap uses: an estimate and its resamples fitted alike stop alike where the minimum is
+    not defined, and an interval reflected about the estimate is not thrown off by two solvers' stops)."""
     b, s = _points(batch_sizes, steps)
     if len(b) < MIN_POINTS:
         raise InsufficientData(f"{len(b)} batch sizes with a result; a fit needs at least {MIN_POINTS}")
-    log_b, log_s = np.log(b), np.log(s)
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        log_s_min, log_b_crit = theta
-        return log_s_min + np.logaddexp(0.0, log_b_crit - log_b) - log_s
-
-    def jacobian(theta: np.ndarray) -> np.ndarray:
-        # d/d log S_min = 1; d/d log B_crit = the logistic of log B_crit - log B. Exact, where finite
-        # differences cost two more evaluations an iteration: the bootstrap fits thousands of curves.
-        return np.column_stack([np.ones_like(log_b), 1.0 / (1.0 + np.exp(log_b - theta[1]))])
-
-    # Start from the plateau (largest batch) and the crossing of the two asymptotes.
-    start = np.array([log_s[-1], np.log(max(b[0], min(b[-1], s[0] * b[0] / s[-1])))])
-    result = least_squares(residuals, start, jac=jacobian, method="lm")
-    fitted = residuals(result.x)
+    s_min, b_crit = (float(value[0]) for value in fit_hyperbolas(b, s[None, :]))
+    log_s = np.log(s)
+    fitted = math.log(s_min) + np.logaddexp(0.0, math.log(b_crit) - np.log(b)) - log_s
     total = float(np.sum((log_s - log_s.mean()) ** 2))
-    return HyperbolaFit(s_min=float(np.exp(result.x[0])), b_crit=float(np.exp(result.x[1])),
-                        rmse_log=float(np.sqrt(np.mean(fitted ** 2))),
+    return HyperbolaFit(s_min=s_min, b_crit=b_crit, rmse_log=float(np.sqrt(np.mean(fitted ** 2))),
                         r2_log=float(1.0 - np.sum(fitted ** 2) / total) if total > 0 else float("nan"))
 
 
@@ -123,14 +111,15 @@ FAR_OUT = 50.0  # in log B: a factor e^50, about 5e21
 
 
 def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fit_hyperbola` of many curves measured at the same batch sizes at once (a bootstrap's
-    resamples): ``steps`` has a row per curve and a column per batch size, a value that is not finite and
-    positive being a point the curve lacks. Returns S_min and B_crit per row, NaN for a row with fewer than
-    MIN_POINTS points. The same least squares in log space and the same start, minimised for every row
-    together by a Levenberg-Marquardt iteration written out in numpy: a bootstrap refits a curve hundreds of
-    times, and least_squares costs about a millisecond a call in its Python alone. Where the minimum is
-    well defined both find it (sums of squares alike to 1e-9); where it is not (B_crit far beyond the
-    measured batch sizes, a flat valley), both stop somewhere far beyond them."""
+    """The hyperbola through many curves measured at the same batch sizes at once (a bootstrap's resamples):
+    ``steps`` has a row per curve and a column per batch size, a value that is not finite and positive being
+    a point the curve lacks. Returns S_min and B_crit per row, NaN for a row with fewer than MIN_POINTS
+    points. Least squares in log space from the plateau (the largest batch size) and the crossing of the two
+    asymptotes, minimised for every row together by a Levenberg-Marquardt iteration written out in numpy: a
+    bootstrap refits a curve hundreds of times, and scipy's least_squares costs about a millisecond a call
+    in its Python alone. It finds the minimum that MINPACK finds (sums of squares alike to 1e-8, tested);
+    where there is none (B_crit far beyond the measured batch sizes, a flat valley) it stops FAR_OUT beyond
+    them."""
     from scipy.special import expit
 
     b = np.asarray(batch_sizes, dtype=float)
@@ -252,16 +241,18 @@ class Interval:
     high: float | None
 
 
+CONTAINS_TOLERANCE = 1e-6  # relative
+
+
 def contains_estimate(low: float, value: float, high: float) -> bool:
     """Whether the interval holds the estimate, an end equal to it up to the fits' precision included: an
     interval that collapsed onto its estimate (every resample alike) ends where the resamples' fit stopped,
-    which least squares finds only to about 1e-8 in log space (the estimate by fit_hyperbola, the resamples
-    by fit_hyperbolas: 1e-7 apart seen at 150,000 trials), and is not one that excludes it."""
+    which least squares finds only to about 1e-8 in log space (the same points in another order, as the
+    estimate and a resample hold them, need not stop at the same last digits), and is not one that excludes
+    it."""
     return bool(low <= value <= high or math.isclose(low, value, rel_tol=CONTAINS_TOLERANCE)
                 or math.isclose(high, value, rel_tol=CONTAINS_TOLERANCE))
 
-
-CONTAINS_TOLERANCE = 1e-6
 
 
 def _resampled_minima(reached_steps: np.ndarray, trials: int, repeats: int, rng: np.random.Generator) -> np.ndarray:
@@ -271,7 +262,7 @@ def _resampled_minima(reached_steps: np.ndarray, trials: int, repeats: int, rng:
     all j best of n trials with probability ((n - j) / n)^n, so one uniform number per resample picks the
     rank of its best trial. The same distribution for a hundredth of the random numbers: a store of 1,500
     studies of 100 trials would draw 30 million."""
-    ordered = np.sort(reached_steps)
+    ordered = np.sort(reached_steps[np.isfinite(reached_steps)])  # reached without its steps: not counted
     if not len(ordered):
         return np.full(repeats, np.inf)
     best = np.arange(1, len(ordered) + 1)
@@ -299,6 +290,7 @@ def study_outcomes(trials: pd.DataFrame) -> StudyOutcomes:
 def outcomes_by_study(trials: pd.DataFrame) -> dict[str, StudyOutcomes]:
     """:func:`study_outcomes` of every study in a table of many studies' trials (column study_key), each
     column read once: a pandas operation per study costs about a millisecond, 1.5 s at 1,500 studies."""
+    trials = trials[trials["study_key"].notna()]  # a trial of no study belongs to no curve
     codes, keys = pd.factorize(trials["study_key"].astype(str), sort=False)
     status = trials["status"].astype(str).to_numpy()
     steps = pd.to_numeric(trials["steps_to_result"], errors="coerce").to_numpy(dtype=float)
@@ -388,7 +380,7 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
     """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
     table = with_curve_axes(table)
     rows: list[tuple[dict, np.ndarray, np.ndarray]] = []  # each curve's row, batch sizes and steps
-    resampled: list[tuple[dict, dict[int, pd.DataFrame], HyperbolaFit, float]] = []  # curves with trials
+    resampled: list[tuple[dict, list[tuple[int, StudyOutcomes]], HyperbolaFit, float]] = []  # with trials
     columns = curve_columns(table)
     grouped = curves(table)
     base = len(CURVE_KEYS)

@@ -138,7 +138,7 @@ def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
                                                                      errors="coerce").notna().sum() == 0:
         raise EdpsError("no study records its training seconds per step (studies run before they were "
                         "recorded, or a CSV without a seconds_per_step column): nothing to turn into time")
-    from analysis.regimes import curve_columns, curves  # scipy: only when a table is computed
+    from analysis.regimes import curve_columns, curves
 
     columns = curve_columns(studies)
     rows = []

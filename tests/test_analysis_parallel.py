@@ -8,6 +8,7 @@ import math
 import multiprocessing
 import struct
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -176,10 +177,12 @@ def test_a_forked_process_that_dies_is_the_commands_one_line_error(tmp_path, mon
         pytest.skip("this test process has other threads: nothing is forked here")
     monkeypatch.setattr(forked, "ProcessPoolExecutor", _CountingPool)
     monkeypatch.setattr(_CountingPool, "pids", set())
-    with pytest.raises(EdpsError, match="ended abruptly"):
-        with forked.writing_in_parallel(workers=2):
-            for figure in (0, 1, 2):
-                forked.save(_dies, figure, [tmp_path / f"{figure}.txt"])
+    for pause in (0.0, 1.0):  # the next figure handed over at once, or after the child has died
+        with pytest.raises(EdpsError, match="ended abruptly"):
+            with forked.writing_in_parallel(workers=2):
+                for figure in (0, 1, 2):
+                    forked.save(_dies, figure, [tmp_path / f"{figure}.txt"])
+                    time.sleep(pause)
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
     with forked.writing_in_parallel(workers=2):  # the next block forks afresh
         for figure in (0, 2):
