@@ -254,7 +254,6 @@ def contains_estimate(low: float, value: float, high: float) -> bool:
                 or math.isclose(high, value, rel_tol=CONTAINS_TOLERANCE))
 
 
-
 def _resampled_minima(reached_steps: np.ndarray, trials: int, repeats: int, rng: np.random.Generator) -> np.ndarray:
     """The best reaching trial of each of ``repeats`` resamples of a study (its ``trials`` trials drawn with
     replacement), inf where none of a resample reached; ``reached_steps``: the steps of its reaching trials.
@@ -274,7 +273,8 @@ def _resampled_minima(reached_steps: np.ndarray, trials: int, repeats: int, rng:
 @dataclass(frozen=True)
 class StudyOutcomes:
     """What the bootstrap reads of one study's trials: how many ran, the steps of those that reached the goal
-    (NaN for one that reached without its steps), and how many were superseded (exact early stopping)."""
+    (NaN for one that reached without its steps, which counts as not reaching), and how many were superseded
+    (exact early stopping)."""
     trials: int
     reached_steps: np.ndarray
     superseded: int
@@ -440,7 +440,7 @@ BASIS_COLUMNS = ("interval_studies", "interval_studies_one_reaching", "interval_
 def interval_basis(curve_trials: CurveTrials) -> dict[str, int]:
     """The counts of BASIS_COLUMNS for one curve's trials (one table per study, as :func:`bootstrap` takes)."""
     studies = [outcomes for _, outcomes in _studies(curve_trials)]
-    reached = [len(outcomes.reached_steps) for outcomes in studies]
+    reached = [int(np.isfinite(outcomes.reached_steps).sum()) for outcomes in studies]  # as the resamples count
     superseded = sum(outcomes.superseded for outcomes in studies)
     return dict(zip(BASIS_COLUMNS, (len(reached), sum(1 for r in reached if r == 1), superseded)))
 
