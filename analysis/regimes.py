@@ -136,6 +136,10 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
     weight = valid.astype(float)
     log_b = np.log(b)[None, :]
     log_s = np.log(np.where(valid, s, 1.0))
+    # A row whose B_crit runs off towards 0 (a flat curve) or infinity (a straight one, S_min towards 0 with it)
+    # stops FAR_OUT beyond the batch sizes, where either is as good as unbounded, before its exponentials
+    # underflow to 0 (whose logarithm the basic interval takes) or overflow.
+    lowest, highest = log_b[0, 0] - FAR_OUT, log_b[0, -1] + FAR_OUT
     # fit_hyperbola's start, from each row's own first and last points
     rows, first = np.arange(len(s)), np.argmax(valid, axis=1)
     last = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
@@ -168,10 +172,7 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
         solvable = np.isfinite(step).all(axis=1) & (det > 0)
         step[~(active & solvable)] = 0.0
         trial = theta + step
-        # A row whose B_crit runs off towards 0 (a flat curve) or infinity (a straight one, S_min towards 0 with
-        # it) stops FAR_OUT beyond the batch sizes, where either is as good as unbounded, before its exponentials
-        # underflow to 0 (whose logarithm the basic interval takes) or overflow.
-        trial[:, 1] = np.clip(trial[:, 1], log_b[0, 0] - FAR_OUT, log_b[0, -1] + FAR_OUT)
+        trial[:, 1] = np.clip(trial[:, 1], lowest, highest)
         r_trial = residuals(trial)
         cost_trial = np.einsum("ij,ij->i", r_trial, r_trial)
         kept = active & solvable & (cost_trial < cost)
@@ -179,10 +180,10 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
         done = kept & ((cost - cost_trial <= FIT_TOLERANCE * cost) | small_step)
         theta[kept], r[kept], cost[kept] = trial[kept], r_trial[kept], cost_trial[kept]
         damping = np.where(kept, damping / DAMPING_DOWN, damping * DAMPING_UP)
-        active &= ~done & solvable & (damping < MAX_DAMPING)  # a row no step lowers any more is at its minimum
-        active &= (theta[:, 1] > log_b[0, 0] - FAR_OUT) & (theta[:, 1] < log_b[0, -1] + FAR_OUT)
+        at_bound = (theta[:, 1] <= lowest) | (theta[:, 1] >= highest)
+        active &= ~done & solvable & (damping < MAX_DAMPING) & ~at_bound  # no step lowers it any more, or bound
     # A row stopped at a bound: its S_min is the best one for that B_crit (least squares in log S_min alone)
-    bound = (theta[:, 1] <= log_b[0, 0] - FAR_OUT) | (theta[:, 1] >= log_b[0, -1] + FAR_OUT)
+    bound = (theta[:, 1] <= lowest) | (theta[:, 1] >= highest)
     theta[bound, 0] = ((log_s - np.logaddexp(0.0, theta[:, 1:] - log_b)) * weight)[bound].sum(axis=1) / points[bound]
     s_min[fitted], b_crit[fitted] = np.exp(theta[:, 0]), np.exp(theta[:, 1])
     return s_min, b_crit
@@ -280,11 +281,17 @@ class StudyOutcomes:
     superseded: int
 
 
-def study_outcomes(trials: pd.DataFrame) -> StudyOutcomes:
-    """One study's trials table (columns status and steps_to_result) as StudyOutcomes."""
+def _outcome_columns(trials: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A trials table's reached and superseded trials (masks) and steps (NaN where it has none)."""
     status = trials["status"].astype(str).to_numpy()
     steps = pd.to_numeric(trials["steps_to_result"], errors="coerce").to_numpy(dtype=float)
-    return StudyOutcomes(len(trials), steps[status == "reached"], int((status == "superseded").sum()))
+    return status == "reached", status == "superseded", steps
+
+
+def study_outcomes(trials: pd.DataFrame) -> StudyOutcomes:
+    """One study's trials table (columns status and steps_to_result) as StudyOutcomes."""
+    reached, superseded, steps = _outcome_columns(trials)
+    return StudyOutcomes(len(trials), steps[reached], int(superseded.sum()))
 
 
 def outcomes_by_study(trials: pd.DataFrame) -> dict[str, StudyOutcomes]:
@@ -292,9 +299,7 @@ def outcomes_by_study(trials: pd.DataFrame) -> dict[str, StudyOutcomes]:
     column read once: a pandas operation per study costs about a millisecond, 1.5 s at 1,500 studies."""
     trials = trials[trials["study_key"].notna()]  # a trial of no study belongs to no curve
     codes, keys = pd.factorize(trials["study_key"].astype(str), sort=False)
-    status = trials["status"].astype(str).to_numpy()
-    steps = pd.to_numeric(trials["steps_to_result"], errors="coerce").to_numpy(dtype=float)
-    reached, superseded = status == "reached", status == "superseded"
+    reached, superseded, steps = _outcome_columns(trials)
     order = np.argsort(codes, kind="stable")  # each study's rows together, in their order
     counts = np.bincount(codes, minlength=len(keys))
     ends = np.cumsum(counts)
