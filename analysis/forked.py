@@ -67,13 +67,6 @@ class _Pool:
         if self.executor is None and not self.refused and forking_is_safe():
             self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
                                                 initializer=_child_setup, initargs=(os.getpid(),))
-        if self.executor is not None and not self.pending:
-            try:  # the first figure forks the children: a fork refused (no memory) leaves them to this process
-                self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
-                return
-            except OSError:
-                self.executor.shutdown(wait=True, cancel_futures=True)
-                self.executor, self.refused = None, True
         if self.executor is None:
             writer(figure, paths)
             return
@@ -81,6 +74,13 @@ class _Pool:
             self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
         except BrokenProcessPool as error:  # a child died while this process drew the figure
             raise _died(error) from None
+        except OSError:
+            if self.pending:
+                raise
+            # the first figure forks the children: a fork refused (no memory) leaves them to this process
+            self.executor.shutdown(wait=True, cancel_futures=True)
+            self.executor, self.refused = None, True
+            writer(figure, paths)
 
     def finish(self) -> None:
         """Waits for every figure; a child's error is raised here as the error itself (an OSError of a full
