@@ -70,8 +70,10 @@ class _Pool:
         if self.executor is None:
             writer(figure, paths)
             return
+        pickled = pickle.dumps(figure)
         try:
-            self.pending.append(self.executor.submit(_write_pickled, writer, pickle.dumps(figure), paths))
+            with _interrupts_deferred():
+                self.pending.append(self.executor.submit(_write_pickled, writer, pickled, paths))
         except BrokenProcessPool as error:  # a child died while this process drew the figure
             raise _died(error) from None
         except OSError:
@@ -99,6 +101,21 @@ class _Pool:
 
 
 _active: _Pool | None = None
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C held back until the block ends. A submit may fork the children, one after the other, and then
+    start the thread that will tell them to end: interrupted between the two, a command would leave children
+    that nobody tells to end, and wait for them at exit for ever. Held back, the interrupt is raised just after
+    the submit, with the pool whole, and shutting the pool down ends them. Threads started in the block (the
+    pool's) inherit the mask, so Ctrl-C is delivered to this thread as before; the children inherit it too,
+    and take it back only once they ignore Ctrl-C (:func:`_child_setup`)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextmanager
@@ -138,7 +155,8 @@ def _child_setup(parent: int) -> None:
     objects it inherits are never garbage here: frozen, they are left out of its collections, which would
     otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page."""
     gc.freeze()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C held back since the fork is dropped here
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="forked-parent-check").start()
 
 

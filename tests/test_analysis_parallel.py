@@ -233,3 +233,51 @@ def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
     assert not output.exists()
     if how == "Ctrl-C":
         assert process.returncode != 0
+
+
+_CTRL_C_BETWEEN_FORKS = """
+import os, signal, sys
+from concurrent.futures import process
+from pathlib import Path
+from analysis import forked
+
+spawn = process.ProcessPoolExecutor._spawn_process
+def spawn_then_ctrl_c(executor):  # the pool forks its children one by one, then starts the thread that ends them
+    spawn(executor)
+    os.kill(os.getpid(), signal.SIGINT)
+process.ProcessPoolExecutor._spawn_process = spawn_then_ctrl_c
+
+def write(figure, paths):
+    paths[0].write_text(str(figure))
+
+try:
+    with forked.writing_in_parallel(workers=2):
+        for figure in range(4):
+            forked.save(write, figure, [Path(sys.argv[1]) / f"{figure}.txt"])
+except KeyboardInterrupt:
+    print("interrupted")
+    sys.exit(130)
+print("not interrupted")
+"""
+
+
+def test_ctrl_c_while_the_writers_are_forked_ends_the_command(tmp_path):
+    """Ctrl-C between two forks of the pool's children, before the pool's thread has started (the moment the
+    group's SIGINT met in CI): the command ends, with its writers. Raised there, the interrupt left children that
+    nobody told to end, and the command waited for them at exit for ever."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    process = subprocess.Popen([sys.executable, "-c", _CTRL_C_BETWEEN_FORKS, str(tmp_path)], start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        writers = psutil.Process(process.pid).children(recursive=True)
+        process.kill()
+        for writer in writers:
+            writer.kill()
+        pytest.fail(f"the interrupted command did not end ({len(writers)} writers left)")
+    assert (process.returncode, out.strip()) == (130, "interrupted"), err
