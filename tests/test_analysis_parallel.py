@@ -190,6 +190,49 @@ def test_a_forked_process_that_dies_is_the_commands_one_line_error(tmp_path, mon
     assert [(tmp_path / f"again-{figure}.txt").read_text() for figure in (0, 2)] == ["0", "2"]
 
 
+def _legend_beside(figure_legend: bool = False, far_text: bool = False):
+    """A figure like the report's: its legend beside the axes, beyond the figure's edge (or a legend of the
+    figure's own, or a text further out than the writer's margin)."""
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.0, 3.5))
+    for k in range(3):
+        axis.plot([1, 2, 4, 8], [8 - k, 4, 2 + k, 1], "o-", label=f"a line with a long label, number {k}")
+    axis.set_title("a title\non two lines")
+    if figure_legend:
+        figure.legend(loc="upper left", bbox_to_anchor=(0.92, 0.9))
+    else:
+        axis.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if far_text:
+        figure.text(1.0 + 1.5 * plots.DRAW_MARGIN / 6.0, 0.5, "far out")
+    plt.close(figure)
+    return figure
+
+
+@pytest.mark.parametrize("case", ["legend beside the axes", "a figure's own legend", "a text beyond the margin"])
+def test_a_figure_is_written_whole_and_cropped_as_tight_would(tmp_path, case):
+    """The PNG from one draw in a margin, cropped to its ink, holds what savefig's bbox_inches="tight" holds,
+    in the same size to within the pad (the crop is the ink, "tight" the boxes of the texts, taller than their
+    glyphs); figures it cannot
+    move, or whose ink reaches the margin's end, are written the old way, whole; the SVG gets the same box."""
+    import matplotlib.image
+
+    options = {"figure_legend": case == "a figure's own legend", "far_text": case == "a text beyond the margin"}
+    plots._write(_legend_beside(**options), [tmp_path / "one.png", tmp_path / "one.svg"])
+    _legend_beside(**options).savefig(tmp_path / "tight.png", dpi=plots.PNG_DPI, bbox_inches="tight")
+    written, tight = (matplotlib.image.imread(tmp_path / name) for name in ("one.png", "tight.png"))
+    assert abs(written.shape[0] - tight.shape[0]) <= 10 and abs(written.shape[1] - tight.shape[1]) <= 10, \
+        (written.shape, tight.shape)
+    # Nothing cut: the ink reaches into the pad on no side (the pad is 0.1 inch: 15 pixels).
+    ink = np.any(written[:, :, :3] < 0.99, axis=2)
+    rows, columns = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    assert rows[0] >= 10 and columns[0] >= 10, (rows[0], columns[0])
+    assert written.shape[0] - rows[-1] > 10 and written.shape[1] - columns[-1] > 10
+    svg = (tmp_path / "one.svg").read_text()
+    width_pt = float(svg.split('width="', 1)[1].split("pt", 1)[0])
+    assert abs(width_pt / 72 * plots.PNG_DPI - written.shape[1]) <= 10, (width_pt, written.shape)
+
+
 @pytest.mark.parametrize("how", ["the parent alone killed", "Ctrl-C"])
 def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
     """`edps-analyze report` killed outright (SIGKILL of the parent alone: it cannot stop its pool) or
