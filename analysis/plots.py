@@ -547,26 +547,34 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
     from analysis.timing import TIME_COLUMNS, duration_unit
 
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
+    # (the curve's values as text, device count) -> the fastest batch size and its hours; looked up, not
+    # filtered for, per line (a filter of the whole table per line was most of the time spent drawing these)
+    curve_texts = zip(*(fastest[k].astype(str) for k in keys)) if len(fastest) else iter(())
+    stars = {(text, count): (batch, hours) for text, count, batch, hours
+             in zip(curve_texts, fastest["devices"], fastest["batch_size"], fastest["hours"])}
     paths: list[Path] = []
     stems: set[str] = set()
     for key, curve in table.groupby(keys, sort=True, dropna=False):
         head = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         figure, axis = plt.subplots(figsize=(8.4, 4.6))
+        hours = pd.to_numeric(curve["hours"], errors="coerce")
+        drawn = curve.assign(hours=hours)[hours.notna()]
+        unit, per_unit = duration_unit(float(hours.median())) if drawn.size else ("h", 1.0)
         counts = sorted(curve["devices"].unique())
-        hours = pd.to_numeric(curve["hours"], errors="coerce").dropna()
-        unit, per_unit = duration_unit(float(hours.median())) if len(hours) else ("h", 1.0)
+        lines = dict(list(drawn.groupby("devices", sort=True)))
         colours = plt.cm.plasma(np.linspace(0.0, 0.8, max(1, len(counts))))
+        curve_text = tuple(str(value) for value in head.values())
         for colour, count in zip(colours, counts):
-            line = curve[(curve["devices"] == count)].dropna(subset=["hours"]).sort_values("batch_size")
-            if line.empty:
+            if count not in lines:
                 continue
-            axis.plot(line["batch_size"], line["hours"] / per_unit, "o-", color=colour, linewidth=1.6,
+            line = lines[count].sort_values("batch_size")
+            axis.plot(line["batch_size"].to_numpy(), line["hours"].to_numpy(dtype=float) / per_unit, "o-",
+                      color=colour, linewidth=1.6,
                       label=f"{count} device{'s' if count != 1 else ''}" + (" (measured)" if count == 1 else ""))
-            best = fastest[(fastest["devices"] == count) & np.logical_and.reduce(
-                [fastest[k].astype(str) == str(v) for k, v in head.items()])]
-            if len(best) and pd.notna(best["hours"].iloc[0]):
-                axis.plot([best["batch_size"].iloc[0]], [best["hours"].iloc[0] / per_unit], "*", color=colour,
-                          markersize=14, markeredgecolor="black", markeredgewidth=0.6)
+            batch, best = stars.get((curve_text, count), (None, None))
+            if best is not None and pd.notna(best):
+                axis.plot([batch], [best / per_unit], "*", color=colour, markersize=14, markeredgecolor="black",
+                          markeredgewidth=0.6)
         _log_scale(axis, "x", 2)
         _log_scale(axis, "y")
         axis.set_xlabel("batch size (examples per step, all devices together)")

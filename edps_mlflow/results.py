@@ -218,14 +218,29 @@ _OUTCOMES_TEXT = re.compile(rf"{TRIAL_OUTCOMES_FORMAT}(?: {_OUTCOME})*")
 _OUTCOME_PARTS = re.compile(_OUTCOME)
 
 
+def trial_outcome_texts(text: str | None) -> list[tuple[str, str, str, str]] | None:
+    """Each trial of :func:`encode_trial_outcomes` as the text of its fields: (index, status letter, steps
+    trained, steps-to-result or ""), for a reader that converts many studies' trials at once. None when
+    ``text`` is absent or not in that format."""
+    if not text or not _OUTCOMES_TEXT.fullmatch(text):
+        return None
+    return _OUTCOME_PARTS.findall(text)
+
+
+def status_of_letter(letter: str) -> TrialStatus:
+    """The status that :func:`encode_trial_outcomes` writes as ``letter``."""
+    return _LETTER_STATUSES[letter]
+
+
 def trial_outcome_fields(text: str | None) -> list[tuple[int, str, int | None, int]] | None:
     """Each trial of :func:`encode_trial_outcomes` as (index, status value, steps-to-result or None, steps
     trained), read by one regular expression: what a reader of thousands of studies needs, without a
     TrialOutcome per trial. None when ``text`` is absent or not in that format."""
-    if not text or not _OUTCOMES_TEXT.fullmatch(text):
+    texts = trial_outcome_texts(text)
+    if texts is None:
         return None
     return [(int(index), _LETTER_STATUSES[letter].value, int(reached) if reached else None, int(trained))
-            for index, letter, trained, reached in _OUTCOME_PARTS.findall(text)]
+            for index, letter, trained, reached in texts]
 
 
 def decode_trial_outcomes(text: str | None) -> list[TrialOutcome] | None:

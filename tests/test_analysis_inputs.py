@@ -8,6 +8,7 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -416,3 +417,31 @@ def test_the_trial_outcomes_tag_reads_back_what_was_written_and_refuses_anything
         if decoded is not None:
             assert decode_trial_outcomes(encode_trial_outcomes(decoded)) == sorted(decoded, key=lambda o: o.trial_index)
             assert len(decoded) == spoiled.count(":"), spoiled
+
+
+@settings(max_examples=50, deadline=None)
+@given(studies=st.lists(_OUTCOMES, min_size=1, max_size=5))
+def test_many_studies_trials_are_read_into_one_table_as_each_study_wrote_them(studies):
+    """The trials table of many studies, converted column by column at once (load._trials_frame, categorical
+    keys and statuses): each trial as trial_outcome_fields reads it, and the same outcomes per study for the
+    bootstrap as from a table of plain strings."""
+    from analysis.load import _trials_frame
+    from analysis.regimes import outcomes_by_study
+    from edps_mlflow.results import trial_outcome_texts
+
+    texts = [encode_trial_outcomes([TrialOutcome(*outcome) for outcome in outcomes]) for outcomes in studies]
+    keys = [f"study-{number}" for number in range(len(texts))]
+    parts = [trial_outcome_texts(text) for text in texts]
+    if not any(parts):
+        return
+    table = _trials_frame(keys, [len(p) for p in parts], [field for p in parts for field in p])
+    expected = [(key, *fields) for key, text in zip(keys, texts) for fields in trial_outcome_fields(text)]
+    got = [(key, int(index), status, None if np.isnan(reached) else int(reached), int(trained)) for
+           key, index, status, reached, trained in table[["study_key", "trial_index", "status", "steps_to_result",
+                                                           "steps_trained"]].itertuples(index=False)]
+    assert got == expected
+    plain = table.astype({"study_key": str, "status": str})
+    for key, outcomes in outcomes_by_study(table).items():
+        other = outcomes_by_study(plain)[key]
+        assert (outcomes.trials, outcomes.superseded) == (other.trials, other.superseded)
+        np.testing.assert_array_equal(outcomes.reached_steps, other.reached_steps)  # NaN: reached without steps
