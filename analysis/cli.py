@@ -250,16 +250,19 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
                  {"tolerance": tolerance})
 
 
-def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
-             fits: pd.DataFrame | None = None) -> dict[tuple[str, str], list[Path]]:
-    from analysis.plots import comparison_figures, steps_figure
+def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.DataFrame | None = None,
+             formats: tuple[str, ...] | None = None) -> dict[tuple[str, str], list[Path]]:
+    from analysis.plots import FIGURE_FORMATS, comparison_figures, steps_figure
+
+    formats = formats or FIGURE_FORMATS
     from analysis.regimes import sparsity_comparison
 
     comparison = sparsity_comparison(studies)
     figures = {}
     for (workload, optimizer), _ in studies.groupby(["workload", "optimizer"], sort=True):
-        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance, fits)
-                                          + comparison_figures(comparison, workload, optimizer, directory))
+        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance, fits,
+                                                       formats)
+                                          + comparison_figures(comparison, workload, optimizer, directory, formats))
     return figures
 
 
@@ -269,10 +272,12 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float,
 @_cost_options
 @click.option("--output", default="report.md", show_default=True, type=click.Path(),
               help="Report file: .md for Markdown, .html for HTML; figures go beside it.")
+@click.option("--svg", is_flag=True,
+              help="Also write each figure as SVG beside its PNG (vector, for print; the report shows the PNGs).")
 @click.option("--log-to-mlflow", is_flag=True, help="Record the report, tables and figures on an analysis run.")
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
-           trials_csv, device_counts, bandwidth, latency, output, log_to_mlflow) -> None:
-    """One report file with the grids, the fits, time to result and the figures."""
+           trials_csv, device_counts, bandwidth, latency, output, svg, log_to_mlflow) -> None:
+    """One report file with the grids, the fits, time to result and the figures (PNG; --svg: SVG too)."""
     from analysis.forked import writing_in_parallel
     from analysis.regimes import fit_table, sparsity_comparison
     from analysis.report import steps_grids, write_report
@@ -285,13 +290,16 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     trials = _trials(studies, tracking_uri, trials_csv, bootstrap)
     path.parent.mkdir(parents=True, exist_ok=True)
     directory = path.parent / f"{path.stem}_figures"
+    # The report shows the PNGs; an SVG of each (a third of the time spent writing them) only when asked.
+    formats = ("png", "svg") if svg else ("png",)
     with writing_in_parallel():  # the report reads the figures' files: they are all written at its end
         # The time figures need no fit: drawn first, they are written while the bootstrap runs.
-        time_sections, time_tables = _time_sections(studies, model, directory)
+        time_sections, time_tables = _time_sections(studies, model, directory, formats)
         fits = fit_table(studies, trials, tolerance, bootstrap, seed)
-        figures = _figures(studies, directory, tolerance, fits)
-        pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory)
-        probe_sections = [] if csv_path else _probe_sections(experiments, tracking_uri, fits, directory, studies)
+        figures = _figures(studies, directory, tolerance, fits, formats)
+        pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory, formats)
+        probe_sections = ([] if csv_path else
+                          _probe_sections(experiments, tracking_uri, fits, directory, studies, formats))
     extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
     for _, _, paths in extra:
         figures.setdefault(("sections", ""), []).extend(paths)
@@ -342,8 +350,9 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
     _emit(summary, output_format, human)
 
 
-def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: float, directory: Path
-                      ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
+def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: float, directory: Path,
+                      formats: tuple[str, ...]) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]],
+                                                         dict[str, pd.DataFrame]]:
     """The report's comparison of pruning methods (none when the pruned curves are all SNIP's) and its tables."""
     from analysis.plots import pruning_figure
     from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
@@ -355,7 +364,7 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
         return [], {}
     comparison = pruning_comparison(table)
     summary = pruning_summary(table, fits, tolerance)
-    paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory)]
+    paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory, formats)]
     title = (f"Pruning methods at each sparsity, against the dense network (shape: the normalised curves agree "
              f"within {tolerance:.0%} at every batch size both measured)")
     footnote = intervals_footnote(summary)
@@ -364,7 +373,7 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
     return [(title, summary_for_people(summary), paths)], {"pruning_summary": summary, "pruning_comparison": comparison}
 
 
-def _time_sections(studies: pd.DataFrame, model, directory: Path
+def _time_sections(studies: pd.DataFrame, model, directory: Path, formats: tuple[str, ...]
                    ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
     """The report's time-to-result sections (the fastest batch size per device count with the figures, then
     every row) and the tables for --log-to-mlflow; one section saying why when the studies were not timed."""
@@ -379,7 +388,7 @@ def _time_sections(studies: pd.DataFrame, model, directory: Path
         return [(title, pd.DataFrame({"not available": [str(error)]}), [])], {}
     fastest = fastest_table(table)
     summary, rows = time_summary(table, fastest)
-    paths = time_figures(table, fastest, directory, model.describe())
+    paths = time_figures(table, fastest, directory, model.describe(), formats)
     return ([(f"{title}: the fastest batch size per number of devices (one device: measured; more: "
               f"{model.describe()})", summary, paths),
              (f"{title}: every batch size", rows, [])],
@@ -479,8 +488,8 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
     _emit(summary, output_format, summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
-def _probe_sections(experiments, tracking_uri, fits, directory: Path,
-                    studies: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame, list[Path]]]:
+def _probe_sections(experiments, tracking_uri, fits, directory: Path, studies: pd.DataFrame,
+                    formats: tuple[str, ...]) -> list[tuple[str, str, pd.DataFrame, list[Path]]]:
     """Probe summaries for the report, when the studies logged probes (else nothing)."""
     from analysis.load import load_best_trial_probes, load_probe_values, read_without_probes
 
@@ -495,7 +504,7 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path,
         summary = lipschitz_table(by_study)
         verdict = pd.DataFrame({"finding": lipschitz_verdict(summary)})
         sections.append(("lipschitz", "Lipschitz constant of the gradient along the best trial's run, per "
-                         "sparsity and batch size", by_study, lipschitz_figure(by_study, directory)))
+                         "sparsity and batch size", by_study, lipschitz_figure(by_study, directory, formats)))
         sections.append(("lipschitz_per_sparsity", "Lipschitz constant per sparsity (over batch sizes)", summary,
                          []))
         sections.append(("lipschitz_verdict", "Does the constant rise with sparsity?", verdict, []))
@@ -505,7 +514,7 @@ def _probe_sections(experiments, tracking_uri, fits, directory: Path,
         latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri, history=False)
         table = noise_scale_table(latest, fits)
         sections.append(("noise_scale", "Gradient noise scale B_simple beside the fitted B_crit", table,
-                         noise_scale_figure(table, directory)))
+                         noise_scale_figure(table, directory, formats)))
     except EdpsError:
         pass
     return sections

@@ -357,10 +357,10 @@ PATH_OPTIMIZER = "../../$\\frac{$\x00" + "x" * 300
 def test_report_draws_every_curve_to_its_own_file(folder, capsys):
     table = pd.concat([_timed_curve(name, PATH_OPTIMIZER) for name in PATH_NAMES], ignore_index=True)
     path = write(folder, "names.csv", table.to_csv(index=False))
-    code, _ = run(["report", "--csv", path, "--bootstrap", "0", "--output", "out/report.md"], capsys)
+    code, _ = run(["report", "--csv", path, "--bootstrap", "0", "--output", "out/report.md", "--svg"], capsys)
     assert code == 0
     files = _figures_in(folder / "out" / "report_figures")
-    # a steps, a sparsity and a time figure per curve, each as PNG and SVG: none overwrote another
+    # a steps, a sparsity and a time figure per curve, each as PNG and SVG (--svg): none overwrote another
     assert len(files) == 3 * 2 * len(PATH_NAMES)
     assert not (folder / "x").exists() and sorted(p.name for p in folder.iterdir()) == ["names.csv", "out"]
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (folder / "out" / "report.md").read_text())

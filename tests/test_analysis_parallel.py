@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from xml.etree import ElementTree
 
 import matplotlib
 import matplotlib.image
@@ -42,7 +43,7 @@ def _steps_csv(folder: Path) -> Path:
 
 
 def _report(csv: Path, output: Path) -> dict[str, bytes]:
-    main(["report", "--csv", str(csv), "--bootstrap", "0", "--output", str(output)])
+    main(["report", "--csv", str(csv), "--bootstrap", "0", "--output", str(output), "--svg"])
     return {p.name: p.read_bytes() for p in sorted((output.parent / f"{output.stem}_figures").iterdir())}
 
 
@@ -100,6 +101,7 @@ def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, 
             assert np.mean(np.abs(one - other) > 0.1) < 0.01, (name, np.mean(np.abs(one - other) > 0.1))
         else:
             assert abs(len(parallel[name]) - len(serial[name])) <= 0.01 * len(serial[name]), name
+            assert ElementTree.fromstring(parallel[name]).tag.endswith("svg"), name
     assert _CountingPool.submitted == 8  # every figure went to a child
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []  # gone with the command
 
