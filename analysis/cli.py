@@ -287,7 +287,9 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         raise EdpsError(f"report output must end in .md or .html, got {output!r}")
     model = _cost_model(device_counts, bandwidth, latency)
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    trials = _trials(studies, tracking_uri, trials_csv, bootstrap)
+    # A trials CSV is input: read and checked before anything is written. The store's trials are read once the
+    # time figures are handed to the writers, which write them meanwhile.
+    trials = _trials(studies, tracking_uri, trials_csv, bootstrap) if trials_csv else None
     path.parent.mkdir(parents=True, exist_ok=True)
     directory = path.parent / f"{path.stem}_figures"
     # The report shows the PNGs; an SVG of each (a third of the time spent writing them) only when asked.
@@ -295,6 +297,8 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     with writing_in_parallel():  # the report reads the figures' files: they are all written at its end
         # The time figures need no fit: drawn first, they are written while the bootstrap runs.
         time_sections, time_tables = _time_sections(studies, model, directory, formats)
+        if not trials_csv:
+            trials = _trials(studies, tracking_uri, trials_csv, bootstrap)
         fits = fit_table(studies, trials, tolerance, bootstrap, seed)
         figures = _figures(studies, directory, tolerance, fits, formats)
         pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory, formats)

@@ -19,20 +19,24 @@ benchmark only: the product writes through MLflow's client.
 The grid: the paper's grid on digits (sgd, momentum, nesterov x sparsity 0, 0.5, 0.7, 0.9 x batch sizes
 2..1024), 100 trials a study, repeated with seeds 0, 1, 2, ... (the same experiment, as a lab repeats a
 sweep) until the size is reached; the last seed's sweeps cover what is left, one sweep per optimizer. 15,000
-trial runs are 150 study runs; 150,000 are 1,500. The small store is the first part of the large one, so one
-store per backend is built once and grown.
+trial runs are 150 study runs; 150,000 are 1,500. The small store is the first part of the large one: one
+store per backend is built once and grown, and copied at each smaller size (sqlite's backup, pg_dump) so that
+the sizes can be measured in turn.
 
 PostgreSQL: a private server (initdb + pg_ctl in a temporary folder, as the ``postgres`` user when this
 runs as root; nothing needs to be set up) on a free port, reached with a ``postgresql+psycopg2://`` URI;
 VACUUM ANALYZE after each build, as its autovacuum would have done on a store that grew over weeks. sqlite:
 the file as MLflow makes it.
 
-Each command runs in a fresh process, as a user types it: wall seconds, CPU seconds and maximum resident
-memory of that process (the database server's own CPU is in the wall time only), and the ratio of its wall
-time at the larger size to the smaller. ``doctor`` is the first check of the experiment (it searches the
-store by tag for runs without their kind or key: what it remembered of a check at the smaller size is
-forgotten first); ``doctor again`` is a later check when no run was made since (it reads the runs made
-since the previous check, and the copies carry times in the past).
+Each command runs in a fresh process, as a user types it, ``--repeats`` times on each store, the stores in
+turn (small, large, small, large, ...): this machine's speed drifts by a fifth within minutes, and measured
+one size after the other a command's ratio moved with it. Shown: the run of median wall time (wall seconds,
+CPU seconds and maximum resident memory of that process; the database server's own CPU is in the wall time
+only) with the range of wall times, and the median over the pairs of runs of the larger store's wall time
+over the smaller's. ``doctor`` is the first check of the experiment (what it remembered of an earlier check is
+forgotten before each run: it searches the store by tag for runs without their kind or key); ``doctor again``
+is a later check when no run was made since (it reads the runs made since the previous check, and the copies
+carry times in the past).
 """
 
 from __future__ import annotations
@@ -511,6 +515,34 @@ def forget_doctor_checks(uri: str, experiment_id: int) -> None:
             client.delete_experiment_tag(str(experiment_id), name)
 
 
+def snapshot(backend: str, folder: Path, uri: str, size: int) -> str:
+    """A copy of the store as it is now (its smaller size), to measure beside the larger store it grows into:
+    each command then runs on the two in turn, so that the machine's drift during the run (a fifth of a
+    command's time within minutes here) falls on both alike. Returns the copy's URI."""
+    if backend == "sqlite":
+        target = folder / f"mlflow-{size}.db"
+        source, copy = sqlite3.connect(uri.removeprefix("sqlite:///")), sqlite3.connect(target)
+        try:
+            source.backup(copy)
+        finally:
+            source.close()
+            copy.close()
+        return f"sqlite:///{target}"
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri.replace("postgresql+psycopg2://", "postgresql://"))
+    server = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port), "-U", parts.username or "postgres"]
+    name = f"edps_{size}"
+    subprocess.run(["psql", *server, "-d", "postgres", "-q", "-c", f"create database {name}"], check=True,
+                   capture_output=True)
+    dump = subprocess.Popen([_pg_binary("pg_dump"), *server, parts.path.lstrip("/")], stdout=subprocess.PIPE)
+    subprocess.run(["psql", *server, "-d", name, "-q"], stdin=dump.stdout, check=True, capture_output=True)
+    if dump.wait() != 0:
+        raise SystemExit(f"pg_dump of the {size:,}-run store failed")
+    subprocess.run(["psql", *server, "-d", name, "-q", "-c", "vacuum analyze"], check=True, capture_output=True)
+    return uri.rsplit("/", 1)[0] + f"/{name}"
+
+
 # ---- the commands ------------------------------------------------------------------------------------
 COMMANDS: dict[str, list[str]] = {
     "status": [*EDPS, "status", "--experiment", EXPERIMENT],
@@ -645,20 +677,20 @@ def _cell(result: Measured | None) -> str:
     return figures if result.code == 0 else f"{figures} exit {result.code}"
 
 
-def measure_repeated(command: list[str], uri: str, folder: Path, timeout: float, repeats: int,
-                     before_each: Any = None) -> Measured:
-    """The run of median wall time among ``repeats`` runs of ``command`` (``before_each`` called before each),
-    with every run's wall time; the first failure or timeout as it is."""
-    runs = []
-    for _ in range(repeats):
-        if before_each is not None:
-            before_each()
-        result = measure(command, uri, folder, timeout)
-        if result.code != 0:
-            return result
-        runs.append(result)
+def summarised(runs: list[Measured]) -> Measured:
+    """The run of median wall time among ``runs`` of one command, with every run's wall time; the first
+    failure or timeout as it is."""
+    failed = [r for r in runs if r.code != 0]
+    if failed:
+        return failed[0]
     median = sorted(runs, key=lambda r: r.wall)[len(runs) // 2]
     return replace(median, walls=tuple(r.wall for r in runs))
+
+
+def paired_ratio(smaller: list[Measured], larger: list[Measured]) -> float | None:
+    """The median, over the runs made in turn, of the larger store's wall time over the smaller's."""
+    pairs = [b.wall / a.wall for a, b in zip(smaller, larger) if a.code == 0 and b.code == 0]
+    return sorted(pairs)[len(pairs) // 2] if pairs and len(smaller) == len(larger) else None
 
 
 # ---- main --------------------------------------------------------------------------------------------
@@ -671,7 +703,8 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="folder for the stores (default: a temporary one, removed)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a command may take")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of each command; the run of median wall time is shown, with the range")
+                        help="runs of each command on each store, the stores in turn; the run of median wall "
+                             "time is shown, with the range")
     parser.add_argument("--ui", action="store_true",
                         help="also open the MLflow UI over the largest sqlite store in headless Chromium")
     args = parser.parse_args()
@@ -687,6 +720,7 @@ def main() -> None:
     fingerprint = get_workload(WORKLOAD).data_fingerprint(None)
     paper_grid_key = planned_sweeps(len(OPTIMIZERS) * 4 * 10 * TRIALS, fingerprint)[0].sweep_key
     results: dict[tuple[str, int, str], Measured] = {}
+    ratios: dict[tuple[str, str], float] = {}
     counts: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         for backend in [b.strip() for b in args.backends.split(",")]:
@@ -699,6 +733,8 @@ def main() -> None:
                 replicator = Replicator(template, sink, experiment_id, int(time.time() * 1000) - 90 * 86_400_000)
                 replicator.prepare_experiment(index_run)
                 built: list[SweepSpec] = []
+                stores: dict[int, str] = {}  # size -> the URI of the store of that size
+                plan_possible: dict[int, bool] = {}
                 for size in sizes:
                     started = time.perf_counter()
                     for spec in planned_sweeps(size, fingerprint):
@@ -710,30 +746,43 @@ def main() -> None:
                     studies = len(replicator.study_keys)
                     if isinstance(sink, PostgresSink):
                         sink.analyze()
-                    # What was just written reaches the disk before anything is timed: a store in daily use is
-                    # not in the middle of writing gigabytes back (that took the first commands' CPU and disk).
-                    os.sync()
                     counts[(backend, size)] = (replicator.trial_runs, studies)
+                    # the paper grid not all in the store yet: the sweep would train
+                    plan_possible[size] = any(b.sweep_key == paper_grid_key for b in built)
+                    stores[size] = uri if size == sizes[-1] else snapshot(backend, folder, uri, size)
                     print(f"{backend}: {replicator.trial_runs:,} trial runs and {studies:,} study runs built in "
                           f"{time.perf_counter() - started:.0f} s", flush=True)
-                    run_folder = folder / f"commands-{size}"
-                    run_folder.mkdir()
-                    forget_doctor_checks(uri, experiment_id)
-                    for name in commands:
-                        if name == "sweep plan" and not any(b.sweep_key == paper_grid_key for b in built):
-                            continue  # the paper grid is not all in the store yet: the sweep would train
-                        # doctor's first check: forgotten before each repeat, so that each is a first check
-                        forget = (lambda: forget_doctor_checks(uri, experiment_id)) if name == "doctor" else None
-                        result = measure_repeated(COMMANDS[name], uri, run_folder, args.timeout, args.repeats, forget)
-                        results[(backend, size, name)] = result
-                        print(f"  {name:15s} {_cell(result):>28s}   {result.last_line[:110]}", flush=True)
                 sink.close()
+                # What was written reaches the disk before anything is timed: a store in daily use is not in
+                # the middle of writing gigabytes back (that took the first commands' CPU and disk).
+                os.sync()
+                for size in sizes:
+                    (folder / f"commands-{size}").mkdir()
+                    forget_doctor_checks(stores[size], experiment_id)
+                for name in commands:
+                    runs: dict[int, list[Measured]] = {size: [] for size in sizes}
+                    for _ in range(args.repeats):  # the sizes in turn, so that drift falls on each alike
+                        for size in sizes:
+                            if name == "sweep plan" and not plan_possible[size]:
+                                continue
+                            if name == "doctor":  # each run a first check
+                                forget_doctor_checks(stores[size], experiment_id)
+                            runs[size].append(measure(COMMANDS[name], stores[size], folder / f"commands-{size}",
+                                                      args.timeout))
+                    for size in sizes:
+                        if runs[size]:
+                            result = results[(backend, size, name)] = summarised(runs[size])
+                            print(f"  {size:>7,} {name:15s} {_cell(result):>28s}   {result.last_line[:100]}",
+                                  flush=True)
+                    ratio = paired_ratio(runs[sizes[0]], runs[sizes[-1]])
+                    if ratio is not None:
+                        ratios[(backend, name)] = ratio
                 if args.ui and backend == "sqlite":
                     check_ui(uri, experiment_id, folder)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    _print_table(results, counts, sizes, commands)
+    _print_table(results, ratios, counts, sizes, commands)
 
 
 @contextmanager
@@ -748,10 +797,11 @@ def _store(backend: str, folder: Path) -> Iterator[tuple[str, Any]]:
         raise SystemExit(f"unknown backend {backend!r}: sqlite or postgresql")
 
 
-def _print_table(results: dict[tuple[str, int, str], Measured], counts: dict[tuple[str, int], tuple[int, int]],
-                 sizes: list[int], commands: list[str]) -> None:
+def _print_table(results: dict[tuple[str, int, str], Measured], ratios: dict[tuple[str, str], float],
+                 counts: dict[tuple[str, int], tuple[int, int]], sizes: list[int], commands: list[str]) -> None:
     print("\nwall s / CPU s / max RSS MB of each command in a fresh process (the run of median wall time, the "
-          "range of wall times in parentheses); ratio: median wall time at the largest size over the smallest")
+          "range of wall times in parentheses); ratio: the median over the runs made in turn on the largest and "
+          "the smallest store of the larger's wall time over the smaller's")
     for backend in sorted({b for b, _ in counts}):
         header = [f"{counts[(backend, s)][0]:,} trial runs ({counts[(backend, s)][1]:,} studies)" for s in sizes
                   if (backend, s) in counts]
@@ -760,9 +810,7 @@ def _print_table(results: dict[tuple[str, int, str], Measured], counts: dict[tup
         print("|---|" + "---|" * len(header) + "---|")
         for name in commands:
             cells = [_cell(results.get((backend, s, name))) for s in sizes if (backend, s) in counts]
-            first, last = results.get((backend, sizes[0], name)), results.get((backend, sizes[-1], name))
-            ratio = (f"{last.wall / first.wall:.2f}" if first and last and first.code == 0 and last.code == 0
-                     and len(sizes) > 1 else "-")
+            ratio = f"{ratios[(backend, name)]:.2f}" if (backend, name) in ratios and len(sizes) > 1 else "-"
             print(f"| {name} | {' | '.join(cells)} | {ratio} |")
 
 
