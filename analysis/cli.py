@@ -253,10 +253,9 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
 def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.DataFrame | None = None,
              formats: tuple[str, ...] | None = None) -> dict[tuple[str, str], list[Path]]:
     from analysis.plots import FIGURE_FORMATS, comparison_figures, steps_figure
-
-    formats = formats or FIGURE_FORMATS
     from analysis.regimes import sparsity_comparison
 
+    formats = formats or FIGURE_FORMATS
     comparison = sparsity_comparison(studies)
     figures = {}
     for (workload, optimizer), _ in studies.groupby(["workload", "optimizer"], sort=True):
