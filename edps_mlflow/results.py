@@ -234,8 +234,9 @@ def status_of_letter(letter: str) -> TrialStatus:
 
 def trial_outcome_fields(text: str | None) -> list[tuple[int, str, int | None, int]] | None:
     """Each trial of :func:`encode_trial_outcomes` as (index, status value, steps-to-result or None, steps
-    trained), read by one regular expression: what a reader of thousands of studies needs, without a
-    TrialOutcome per trial. None when ``text`` is absent or not in that format."""
+    trained), converted one trial at a time (a reader of thousands of studies converts
+    :func:`trial_outcome_texts` a column at a time instead). None when ``text`` is absent or not in that
+    format."""
     texts = trial_outcome_texts(text)
     if texts is None:
         return None
