@@ -550,11 +550,35 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path,
     return _save(figure, directory, "noise_scale", formats)
 
 
+# The time figures' grid, in inches: a panel per curve, two across, the cost model above them all.
+TIME_PANEL = (5.4, 3.4)  # width, height of one panel's axes
+TIME_GAPS = (1.0, 0.95)  # between columns (the right panel's y label), between rows (a panel's title)
+TIME_EDGES = (0.8, 0.3, 0.6, 0.95)  # left, right, bottom, top (the figure's three-line title)
+TIME_PANELS_ACROSS = 2
+
+
+def _panel_boxes(count: int) -> tuple[tuple[float, float], list[tuple[float, float, float, float]]]:
+    """The figure size and, per panel in reading order, its axes as [left, bottom, width, height] fractions."""
+    across = min(count, TIME_PANELS_ACROSS)
+    rows = -(-count // across)
+    (width, height), (column_gap, row_gap), (left, right, bottom, top) = TIME_PANEL, TIME_GAPS, TIME_EDGES
+    size = (left + across * width + (across - 1) * column_gap + right,
+            bottom + rows * height + (rows - 1) * row_gap + top)
+    boxes = []
+    for index in range(count):
+        row, column = divmod(index, across)
+        x = left + column * (width + column_gap)
+        y = bottom + (rows - 1 - row) * (height + row_gap)
+        boxes.append((x / size[0], y / size[1], width / size[0], height / size[1]))
+    return size, boxes
+
+
 def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, cost: str,
                  formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
-    """Time to result against batch size, log-log, one line per device count and one figure per curve, in the
-    unit (s, min, h, days) its times read best in; each line's fastest batch size starred. ``table`` and
-    ``fastest`` come from analysis.timing; ``cost`` describes the cost model for the title."""
+    """Time to result against batch size, log-log: one figure per workload and optimizer, as the steps
+    figures are, with a panel per curve (sparsity, pruning method, protocol) in the unit (s, min, h, days)
+    its times read best in, one line per device count, each line's fastest batch size starred. ``table``
+    and ``fastest`` come from analysis.timing; ``cost`` describes the cost model for the title."""
     from analysis.timing import TIME_COLUMNS, duration_unit
 
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
@@ -564,45 +588,57 @@ def time_figures(table: pd.DataFrame, fastest: pd.DataFrame, directory: Path, co
     stars = {(text, count): (batch, hours) for text, count, batch, hours
              in zip(curve_texts, fastest["devices"], fastest["batch_size"], fastest["hours"])}
     paths: list[Path] = []
-    stems: set[str] = set()
-    for key, curve in table.groupby(keys, sort=True, dropna=False):
-        head = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        figure, axis = plt.subplots(figsize=(8.4, 4.6))
-        hours = pd.to_numeric(curve["hours"], errors="coerce")
-        drawn = curve.assign(hours=hours)[hours.notna()]
-        unit, per_unit = duration_unit(float(hours.median())) if drawn.size else ("h", 1.0)
-        counts = sorted(curve["devices"].unique())
-        lines = dict(list(drawn.groupby("devices", sort=True)))
-        colours = plt.cm.plasma(np.linspace(0.0, 0.8, max(1, len(counts))))
-        curve_text = tuple(str(value) for value in head.values())
-        for colour, count in zip(colours, counts):
-            if count not in lines:
-                continue
-            line = lines[count].sort_values("batch_size")
-            axis.plot(line["batch_size"].to_numpy(), line["hours"].to_numpy(dtype=float) / per_unit, "o-",
-                      color=colour, linewidth=1.6,
-                      label=f"{count} device{'s' if count != 1 else ''}" + (" (measured)" if count == 1 else ""))
-            batch, best = stars.get((curve_text, count), (None, None))
-            if best is not None and pd.notna(best):
-                axis.plot([batch], [best / per_unit], "*", color=colour, markersize=14, markeredgecolor="black",
-                          markeredgewidth=0.6)
-        _log_scale(axis, "x", 2)
-        _log_scale(axis, "y")
-        axis.set_xlabel("batch size (examples per step, all devices together)")
-        axis.set_ylabel(f"time to result ({unit})")
-        axis.grid(True, which="major", alpha=0.3)
-        devices = curve["device"].dropna()
-        measured = devices.iloc[0] if len(devices) else "an unrecorded device"
-        method = head.get("pruning", "snip") if float(head["sparsity"]) > 0 else "snip"
-        named = f" {_literal(method)}" if method != "snip" else ""
-        _set_title(axis, f"{_literal(head['workload'])}, {_literal(head['optimizer'])}, sparsity "
-                         f"{float(head['sparsity']):g}{named}: time to reach the goal (star: the fastest batch "
-                         f"size)\none device: measured on {_literal(measured)}\nmore devices: {cost}", fontsize=8)
-        axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, framealpha=0.9)
-        stem = file_stem("time", head["workload"], head["optimizer"], f"sp{float(head['sparsity']):g}",
-                         *([method] if method != "snip" else []))
-        if stem in stems:  # a second protocol of the same sparsity
-            stem += f"_{len(stems)}"
-        stems.add(stem)
-        paths += _save(figure, directory, stem, formats)
+    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True, dropna=False):
+        panels = list(group.groupby(keys, sort=True, dropna=False))
+        heads = [dict(zip(keys, key if isinstance(key, tuple) else (key,))) for key, _ in panels]
+        protocol = [k for k in keys[len(CURVE_KEYS):] if len({str(head[k]) for head in heads}) > 1]
+        several = several_methods(with_curve_axes(group))
+        measured_on = [str(curve["device"].dropna().iloc[0]) if curve["device"].notna().any()
+                       else "an unrecorded device" for _, curve in panels]
+        one_device = len(set(measured_on)) == 1
+        counts = sorted(group["devices"].unique())
+        colours = dict(zip(counts, plt.cm.plasma(np.linspace(0.0, 0.8, max(1, len(counts))))))
+        size, boxes = _panel_boxes(len(panels))
+        figure = plt.figure(figsize=size)
+        across = min(len(panels), TIME_PANELS_ACROSS)
+        for index, ((_, curve), head, box, device) in enumerate(zip(panels, heads, boxes, measured_on)):
+            axis = figure.add_axes(box)
+            hours = pd.to_numeric(curve["hours"], errors="coerce")
+            drawn = curve.assign(hours=hours)[hours.notna()]
+            unit, per_unit = duration_unit(float(hours.median())) if drawn.size else ("h", 1.0)
+            lines = dict(list(drawn.groupby("devices", sort=True)))
+            curve_text = tuple(str(value) for value in head.values())
+            for count in counts:
+                if count not in lines:
+                    continue
+                line = lines[count].sort_values("batch_size")
+                axis.plot(line["batch_size"].to_numpy(), line["hours"].to_numpy(dtype=float) / per_unit, "o-",
+                          color=colours[count], linewidth=1.6,
+                          label=f"{count} device{'s' if count != 1 else ''}" + (" (measured)" if count == 1 else ""))
+                batch, best = stars.get((curve_text, count), (None, None))
+                if best is not None and pd.notna(best):
+                    axis.plot([batch], [best / per_unit], "*", color=colours[count], markersize=14,
+                              markeredgecolor="black", markeredgewidth=0.6)
+            _log_scale(axis, "x", 2)
+            _log_scale(axis, "y")
+            if index + across >= len(panels):  # no panel below this one
+                axis.set_xlabel("batch size (examples per step, all devices together)")
+            axis.set_ylabel(f"time to result ({unit})")
+            axis.grid(True, which="major", alpha=0.3)
+            sparsity, method = float(head["sparsity"]), str(head.get("pruning", "snip"))
+            # the method is named beside others, and always when it is not SNIP, the default
+            named = sparsity > 0 and (several or method != "snip")
+            words = [f"sparsity {sparsity:g}" + (f" {_literal(method)}" if named else "")]
+            words += [f"{k} {_literal(head[k])}" for k in protocol]
+            if not one_device:
+                words.append(f"(one device: {_literal(device)})")
+            _set_title(axis, " ".join(words), fontsize=9)
+            if index == across - 1:  # the legend beside the first row, off the data
+                axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                            framealpha=0.9)
+        measured = f"one device: measured on {_literal(measured_on[0])}" if one_device else "one device: measured"
+        figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}: time to reach the goal (star: the fastest "
+                        f"batch size)\n{measured}\nmore devices: {cost}", fontsize=8,
+                        y=1.0 - 0.1 / size[1], va="top")
+        paths += _save(figure, directory, file_stem("time", workload, optimizer), formats)
     return paths

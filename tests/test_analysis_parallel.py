@@ -27,8 +27,8 @@ BATCH_SIZES = [2, 4, 8, 16, 32, 64, 128, 256]
 
 
 def _steps_csv(folder: Path) -> Path:
-    """Two optimizers, two sparsities, timed: a steps and a sparsity figure per optimizer, and a time figure
-    per curve (eight figures)."""
+    """Two optimizers, two sparsities, timed: a steps, a sparsity and a time figure per optimizer (six
+    figures)."""
     rows = []
     for optimizer, b_crit in (("sgd", 30), ("momentum", 60)):
         for sparsity, s_min in ((0.0, 60), (0.9, 90)):
@@ -88,7 +88,7 @@ def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, 
     monkeypatch.setattr(_CountingPool, "pids", set())
     _cpus(monkeypatch, 2)
     parallel = _report(csv, tmp_path / "parallel" / "report.md")
-    assert len(serial) == 16 and {Path(name).suffix for name in serial} == {".png", ".svg"}
+    assert len(serial) == 12 and {Path(name).suffix for name in serial} == {".png", ".svg"}
     assert list(parallel) == list(serial)
     # The same pictures: byte for byte when this test runs alone; after other tests in the same process a few
     # PNGs differed in bytes (matplotlib's caches of fonts and text, filled differently by then), so what is
@@ -102,7 +102,7 @@ def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, 
         else:
             assert abs(len(parallel[name]) - len(serial[name])) <= 0.01 * len(serial[name]), name
             assert ElementTree.fromstring(parallel[name]).tag.endswith("svg"), name
-    assert _CountingPool.submitted == 8  # every figure went to a child
+    assert _CountingPool.submitted == 6  # every figure went to a child
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []  # gone with the command
 
 
@@ -129,7 +129,7 @@ def test_a_figure_that_cannot_be_written_is_the_commands_one_line_error(tmp_path
     monkeypatch.setattr(_CountingPool, "pids", set())
     _cpus(monkeypatch, 2)
     assert _error_line(tmp_path, capsys, "parallel") == serial
-    assert "no space left" in serial and "report_figures/time_w_momentum_sp0.png" in serial
+    assert "no space left" in serial and "report_figures/time_w_momentum.png" in serial
     assert _CountingPool.submitted or not forked.forking_is_safe()  # the error came from a child
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []
 
@@ -149,7 +149,7 @@ def test_a_process_with_other_threads_writes_its_figures_itself(tmp_path, monkey
     finally:
         stop.set()
         other.join()
-    assert len(files) == 16 and all(files.values())
+    assert len(files) == 12 and all(files.values())
 
 
 def test_log_axes_are_labelled_in_plain_numbers(tmp_path):

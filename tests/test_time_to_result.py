@@ -121,8 +121,8 @@ def test_csv_round_trip_and_markdown(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "| workload | optimizer | sparsity | devices | fastest batch size |" in captured.out
     assert "| w | sgd | 0 | 2 | 128 | 64 |" in captured.out
-    assert (tmp_path / "figures" / "time_w_sgd_sp0.png").read_bytes()[:4] == b"\x89PNG"
-    assert str(tmp_path / "figures" / "time_w_sgd_sp0.svg") in captured.err
+    assert (tmp_path / "figures" / "time_w_sgd.png").read_bytes()[:4] == b"\x89PNG"
+    assert str(tmp_path / "figures" / "time_w_sgd.svg") in captured.err
 
 
 def _metric(client: MlflowClient, run_id: str, name: str) -> float:
@@ -188,16 +188,52 @@ def test_time_on_a_real_sweep(tmp_path, capsys):
         rel=1e-9)
     assert pd.isna(curve.loc[(16, 2), "hours"])  # 8 per device: below the smallest timed batch size
     assert "timed in packs of up to" in curve.loc[(16, 1), "note"]  # batch size 32 was timed in a pack of 3
-    assert (tmp_path / "figures" / "time_digits-simple-cnn_sgd_sp0.png").exists()
+    assert (tmp_path / "figures" / "time_digits-simple-cnn_sgd.png").exists()
 
     main(["report", "--tracking-uri", uri, "--experiment", "t", "--bootstrap", "0", "--devices", "1,2,4",
           "--output", str(tmp_path / "r" / "report.html")])
     page = (tmp_path / "r" / "report.html").read_text()
     assert "<h2>Time to result: the fastest batch size per number of devices" in page
-    figure = (tmp_path / "r" / "report_figures" / "time_digits-simple-cnn_sgd_sp0.png").read_bytes()
+    figure = (tmp_path / "r" / "report_figures" / "time_digits-simple-cnn_sgd.png").read_bytes()
     sources = re.findall(r"src='data:image/png;base64,([^']+)'", page)
     assert any(base64.b64decode(source) == figure for source in sources)
     main(["report", "--tracking-uri", uri, "--experiment", "t", "--bootstrap", "0",
           "--output", str(tmp_path / "r" / "report.md")])
     text = (tmp_path / "r" / "report.md").read_text()
-    assert "## Time to result: every batch size" in text and "report_figures/time_digits-simple-cnn_sgd_sp0.png" in text
+    assert "## Time to result: every batch size" in text and "report_figures/time_digits-simple-cnn_sgd.png" in text
+
+
+def test_a_time_figure_per_workload_and_optimizer_with_a_panel_per_curve(tmp_path, monkeypatch):
+    """Two optimizers, each with a dense curve, SNIP at 0.9 and random at 0.9: two figures of three panels, each
+    panel titled by its curve, with a line per device count and its fastest batch size starred."""
+    from analysis import forked, plots
+
+    curves = []
+    for optimizer in ("momentum", "sgd"):
+        for sparsity, pruning, slower in ((0.0, "snip", 1.0), (0.9, "snip", 1.5), (0.9, "random", 2.0)):
+            curves.append(STUDIES.assign(optimizer=optimizer, sparsity=sparsity, pruning=pruning,
+                                         steps_to_result=STUDIES["steps_to_result"] * slower))
+    table = time_table(pd.concat(curves, ignore_index=True), MODEL)
+    fastest = fastest_table(table)
+    drawn = {}
+    monkeypatch.setattr(forked, "save", lambda writer, figure, paths: drawn.update({paths[0].name: figure}))
+    paths = plots.time_figures(table, fastest, tmp_path, MODEL.describe(), ("png",))
+    assert [p.name for p in paths] == ["time_w_momentum.png", "time_w_sgd.png"] == sorted(drawn)
+    figure = drawn["time_w_sgd.png"]
+    assert [axis.get_title() for axis in figure.axes] == ["sparsity 0", "sparsity 0.9 random", "sparsity 0.9 snip"]
+    assert "w, sgd: time to reach the goal" in figure.texts[0].get_text()  # the title holds the cost model
+    assert MODEL.describe() in figure.texts[0].get_text()
+    first_row = [axis.get_position().y0 for axis in figure.axes]
+    assert first_row[0] == first_row[1] > first_row[2]  # two across, the third below the first
+    assert [axis.get_legend() is not None for axis in figure.axes] == [False, True, False]
+    for axis, slower in zip(figure.axes, (1.0, 2.0, 1.5)):
+        lines = [line for line in axis.get_lines() if line.get_linestyle() == "-"]
+        assert [line.get_label() for line in lines] == ["1 device (measured)", "2 devices", "3 devices", "4 devices"]
+        unit = axis.get_ylabel()[len("time to result ("):-1]
+        per_unit = {"s": 1 / 3600, "min": 1 / 60, "h": 1.0, "days": 24.0}[unit]
+        measured = lines[0].get_ydata()
+        assert measured == pytest.approx(STUDIES["steps_to_result"] * slower * STUDIES["seconds_per_step"]
+                                         / 3600 / per_unit)
+        stars = [line for line in axis.get_lines() if line.get_marker() == "*"]
+        assert stars[0].get_ydata()[0] == pytest.approx(min(measured))  # one device's fastest batch size
+        assert len(stars) == len(lines)
