@@ -210,9 +210,9 @@ def describe_experiments(experiments: tuple[str, ...]) -> str:
     return ", ".join(experiments) if experiments else "every experiment with study runs"
 
 
-def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = False) -> list:
-    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page; the active runs, or
-    with ``deleted`` the deleted ones."""
+def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = False, most: int | None = None) -> list:
+    """Every run matching ``conditions`` (built by :func:`filter_string`), page by page, or the first ``most``;
+    the active runs, or with ``deleted`` the deleted ones."""
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
@@ -221,19 +221,19 @@ def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = F
     while True:
         try:
             page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
-                                      max_results=1000, page_token=token)
+                                      max_results=min(1000, most - len(runs)) if most else 1000, page_token=token)
         except MlflowException as error:
             raise _store_error(str(client.tracking_uri), error) from None
         runs.extend(page)
         token = page.token
-        if not token:
+        if not token or (most is not None and len(runs) >= most):
             return runs
 
 
 def _searcher(client, experiment_ids: list[str]):
     """study_index's search over ``experiment_ids`` (every page; active runs, or the deleted ones)."""
     return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids),
-                              lambda conditions, deleted: _paged(client, experiment_ids, conditions, deleted))
+                              functools.partial(_paged, client, experiment_ids))
 
 
 def _finished_studies(client, experiment_ids: list[str]) -> list:

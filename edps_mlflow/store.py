@@ -793,17 +793,18 @@ def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list
 
 
 def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Search:
-    """study_index's search over ``experiment_ids``: every page, active runs or deleted ones."""
-    def runs_found(conditions: str, deleted: bool) -> list[Run]:
+    """study_index's search over ``experiment_ids``: every page (or the first ``most`` runs), active runs or
+    deleted ones."""
+    def runs_found(conditions: str, deleted: bool, most: int | None) -> list[Run]:
         view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
         runs: list[Run] = []
         token = None
         while True:
-            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view, max_results=1000,
-                                      page_token=token)
+            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
+                                      max_results=min(1000, most - len(runs)) if most else 1000, page_token=token)
             runs.extend(page)
             token = page.token
-            if not token:
+            if not token or (most is not None and len(runs) >= most):
                 return runs
 
     return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids), runs_found)

@@ -46,9 +46,9 @@ def _recording(client: StoreClient, experiment_id: str) -> tuple[study_index.Sea
     sent: list[str] = []
     search = searcher(client, [experiment_id])
 
-    def recorded(conditions: str, deleted: bool):
+    def recorded(conditions: str, deleted: bool, most: int | None):
         sent.append(conditions)
-        return search(conditions, deleted)
+        return search.runs(conditions, deleted, most)
 
     return study_index.Search(search.experiment_ids, recorded), sent
 
@@ -79,12 +79,37 @@ def test_readers_see_each_study_run_once_and_a_complete_index_is_read_by_run_att
     assert all(run.indexed for run in runs)
     # MLflow searches a run's name as a tag: the index run is found by its start time instead.
     assert sent and not [conditions for conditions in sent if "tags." in conditions or "run_name" in conditions], sent
+    # The one deleted run is among the deleted runs listed without a filter: the only search by id is that of
+    # the entries that say RUNNING (live and ended).
+    assert sent[-1] == "" and len([conditions for conditions in sent if "run_id" in conditions]) == 1, sent
     # The sweep's plan reads the same: one run per study, the finished one done.
     stored = {s.study_key: s for s in registry.study_runs(client, experiment_id, "digits-simple-cnn", 60.0)}
     assert stored[_spec(16).study_key].finished and stored[_spec(32).study_key].live
     assert _spec(128).study_key not in stored
     for tracker in (live, ended):
         tracker.close()
+
+
+def test_many_deleted_runs_are_looked_up_by_id(sqlite_store, monkeypatch):
+    """Beyond DELETED_LISTED deleted runs in the experiment, the indexed study runs are looked up among the
+    deleted ones by id: a deleted study run is left out as before, and the deleted runs are not all read."""
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "many-deleted")
+    kept = _study(client, experiment_id, _spec(16))
+    kept.finish_study()
+    gone = _study(client, experiment_id, _spec(32))
+    gone.finish_study()
+    client.delete_run(gone.study_run_id)
+    for _ in range(3):  # a user's deleted runs, not studies
+        client.delete_run(client.create_run(experiment_id).info.run_id)
+    monkeypatch.setattr(study_index, "DELETED_LISTED", 2)
+    search, sent = _recording(client, experiment_id)
+    assert set(_keys(study_index.study_runs(search))) == {kept.study_run_id}
+    assert [conditions for conditions in sent if "run_id" in conditions], sent
+    assert study_index.deleted_among(search, [kept.study_run_id, gone.study_run_id]) == {gone.study_run_id}
+    monkeypatch.setattr(study_index, "DELETED_LISTED", 100)
+    assert study_index.deleted_among(search, [kept.study_run_id, gone.study_run_id]) == {gone.study_run_id}
+    assert study_index.deleted_among(search, []) == set()
 
 
 def test_an_entry_never_claims_more_than_the_store_holds(sqlite_store):
