@@ -19,12 +19,15 @@ import functools
 import json
 import math
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 import pandas as pd
 
+from analysis import forked
+from analysis.filenames import FIGURE_FORMATS
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import collect_less_often, configure_process, log_note, skip_shutdown_collection
@@ -65,6 +68,8 @@ TOLERANCE = _Finite(min=0, max=10, min_open=True, max_open=True)
 SEED = click.IntRange(0, 2**32 - 1)  # what numpy's generators take as a plain seed
 # 100,000 resamples are already far more than a 95% interval needs; more would only hang the command.
 BOOTSTRAP = click.IntRange(0, 100_000)
+# What the figures' processes import as they start (matplotlib with them): the report never draws here.
+PLOTTING_MODULES = ("analysis.plots",)
 
 
 def _source_options(command: Callable) -> Callable:
@@ -242,7 +247,7 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
     """Figures (PNG and SVG): steps against batch size, normalised curves, cost of sparsity. The fits drawn are
     those of the fit table (`edps-analyze fit`, without intervals: `report` draws them with theirs)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    figures = _figures(studies, Path(out_dir), tolerance)
+    figures = _paths(_figures(studies, Path(out_dir), tolerance))
     for path in (p for paths in figures.values() for p in paths):
         click.echo(str(path))
     if log_to_mlflow:
@@ -251,18 +256,25 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
 
 
 def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.DataFrame | None = None,
-             formats: tuple[str, ...] | None = None) -> dict[tuple[str, str], list[Path]]:
-    from analysis.plots import FIGURE_FORMATS, comparison_figures, steps_figure
+             formats: tuple[str, ...] = FIGURE_FORMATS) -> dict[tuple[str, str], list[Future]]:
+    """Per (workload, optimizer), its steps figure and its sparsity comparison: drawn and written by the
+    processes of analysis.forked (each given its own rows), their paths once its block has ended."""
     from analysis.regimes import sparsity_comparison
 
-    formats = formats or FIGURE_FORMATS
     comparison = sparsity_comparison(studies)
     figures = {}
-    for (workload, optimizer), _ in studies.groupby(["workload", "optimizer"], sort=True):
-        figures[(workload, optimizer)] = (steps_figure(studies, workload, optimizer, directory, tolerance, fits,
-                                                       formats)
-                                          + comparison_figures(comparison, workload, optimizer, directory, formats))
+    for (workload, optimizer), group in studies.groupby(["workload", "optimizer"], sort=True):
+        compared = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
+        figures[(workload, optimizer)] = [
+            forked.call("analysis.plots", "steps_figure", group, workload, optimizer, directory, tolerance, fits,
+                        formats),
+            forked.call("analysis.plots", "comparison_figures", compared, workload, optimizer, directory, formats)]
     return figures
+
+
+def _paths(figures: dict[tuple[str, str], list[Future]]) -> dict[tuple[str, str], list[Path]]:
+    """The paths of :func:`_figures`, once written."""
+    return {key: [path for future in futures for path in future.result()] for key, futures in figures.items()}
 
 
 @cli.command()
@@ -277,7 +289,6 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
            trials_csv, device_counts, bandwidth, latency, output, svg, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures (PNG; --svg: SVG too)."""
-    from analysis.forked import writing_in_parallel
     from analysis.regimes import fit_table, sparsity_comparison
     from analysis.report import steps_grids, write_report
 
@@ -285,24 +296,29 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     if path.suffix.lower() not in (".md", ".html", ".htm"):
         raise EdpsError(f"report output must end in .md or .html, got {output!r}")
     model = _cost_model(device_counts, bandwidth, latency)
-    studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    # A trials CSV is input: read and checked before anything is written. The store's trials are read once the
-    # time figures are handed to the writers, which write them meanwhile.
-    trials = _trials(studies, tracking_uri, trials_csv, bootstrap) if trials_csv else None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    directory = path.parent / f"{path.stem}_figures"
     # The report shows the PNGs; an SVG of each (a third of the time spent writing them) only when asked.
     formats = ("png", "svg") if svg else ("png",)
-    with writing_in_parallel():  # the report reads the figures' files: they are all written at its end
-        # The time figures need no fit: drawn first, they are written while the bootstrap runs.
+    # The figures' processes are forked first: they import the plotting modules while this process imports
+    # MLflow and reads the store. The report reads the figures' files: they are all written at the block's end.
+    with forked.writing_in_parallel(preload=PLOTTING_MODULES):
+        studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+        # A trials CSV is input: read and checked before anything is written. The store's trials are read once
+        # the time figures are handed to the children, which draw them meanwhile.
+        trials = _trials(studies, tracking_uri, trials_csv, bootstrap) if trials_csv else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        directory = path.parent / f"{path.stem}_figures"
+        # The time figures need no fit: handed over first, they are drawn while the bootstrap runs.
         time_sections, time_tables = _time_sections(studies, model, directory, formats)
         if not trials_csv:
             trials = _trials(studies, tracking_uri, trials_csv, bootstrap)
         fits = fit_table(studies, trials, tolerance, bootstrap, seed)
-        figures = _figures(studies, directory, tolerance, fits, formats)
+        pending = _figures(studies, directory, tolerance, fits, formats)
         pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory, formats)
         probe_sections = ([] if csv_path else
                           _probe_sections(experiments, tracking_uri, fits, directory, studies, formats))
+    figures = _paths(pending)
+    time_sections = [(title, table, [path for future in futures for path in future.result()])
+                     for title, table, futures in time_sections]
     extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
     for _, _, paths in extra:
         figures.setdefault(("sections", ""), []).extend(paths)
@@ -357,14 +373,14 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
                       formats: tuple[str, ...]) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]],
                                                          dict[str, pd.DataFrame]]:
     """The report's comparison of pruning methods (none when the pruned curves are all SNIP's) and its tables."""
-    from analysis.plots import pruning_figure
-    from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
-                                          summary_for_people)
     from analysis.regimes import with_curve_axes
 
     table = with_curve_axes(studies)
     if set(table.loc[table["sparsity"] > 0, "pruning"]) <= {"snip"}:
         return [], {}
+    from analysis.plots import pruning_figure
+    from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
+                                          summary_for_people)
     comparison = pruning_comparison(table)
     summary = pruning_summary(table, fits, tolerance)
     paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory, formats)]
@@ -377,10 +393,10 @@ def _pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: floa
 
 
 def _time_sections(studies: pd.DataFrame, model, directory: Path, formats: tuple[str, ...]
-                   ) -> tuple[list[tuple[str, pd.DataFrame, list[Path]]], dict[str, pd.DataFrame]]:
-    """The report's time-to-result sections (the fastest batch size per device count with the figures, then
-    every row) and the tables for --log-to-mlflow; one section saying why when the studies were not timed."""
-    from analysis.plots import time_figures
+                   ) -> tuple[list[tuple[str, pd.DataFrame, list[Future]]], dict[str, pd.DataFrame]]:
+    """The report's time-to-result sections (the fastest batch size per device count with the figures, drawn
+    by analysis.forked's processes, then every row) and the tables for --log-to-mlflow; one section saying
+    why when the studies were not timed."""
     from analysis.report import time_summary
     from analysis.timing import fastest_table, time_table
 
@@ -391,7 +407,12 @@ def _time_sections(studies: pd.DataFrame, model, directory: Path, formats: tuple
         return [(title, pd.DataFrame({"not available": [str(error)]}), [])], {}
     fastest = fastest_table(table)
     summary, rows = time_summary(table, fastest)
-    paths = time_figures(table, fastest, directory, model.describe(), formats)
+    # a call per workload and optimizer (a figure each), so that the children draw them side by side
+    paths = []
+    for (workload, optimizer), curves in table.groupby(["workload", "optimizer"], sort=True):
+        its_fastest = fastest[(fastest["workload"] == workload) & (fastest["optimizer"] == optimizer)]
+        paths.append(forked.call("analysis.plots", "time_figures", curves, its_fastest, directory,
+                                 model.describe(), formats))
     return ([(f"{title}: the fastest batch size per number of devices (one device: measured; more: "
               f"{model.describe()})", summary, paths),
              (f"{title}: every batch size", rows, [])],

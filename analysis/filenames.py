@@ -26,6 +26,10 @@ _NOT_PLAIN = re.compile(r"[^a-z0-9.-]+")
 _CLEANED_LENGTH = 40
 _HASH_LENGTH = 12
 
+# The files of a figure: the PNG that reports show, and the SVG for print (here, not in plots.py, so that a
+# command that hands its figures to other processes names them without importing matplotlib).
+FIGURE_FORMATS = ("png", "svg")
+
 
 def file_stem(kind: str, *values: object) -> str:
     """``kind_value1_value2...``, each value as it is when plain; else cleaned and a hash appended."""

@@ -1,13 +1,18 @@
-"""The figures of a report, written by forked processes while this process draws the next.
+"""The figures of a report, drawn and written by forked processes while this process reads and fits.
 
 Writing a figure (laying out its text, rendering the PNG and the SVG) takes several times as long as drawing
-it (making its lines and labels), so a report of many figures hands each drawn figure, pickled, to a pool of
-processes and waits for them all at the end. Outside :func:`writing_in_parallel`, and wherever forking is not
-safe, figures are written at once, in this process."""
+it (making its lines and labels), so a report of many figures hands its figures to a pool of processes and
+waits for them all at the end: a figure drawn here goes pickled (:func:`save`), and a figure function goes
+with its tables (:func:`call`), to be drawn and written there. A pool forked with ``preload`` (the plotting
+modules) is forked at once, before this process imports MLflow and reads the store: the children import
+matplotlib meanwhile, on the core that the import of MLflow leaves idle, and this process never needs it.
+Outside :func:`writing_in_parallel`, and wherever forking is not safe, figures are drawn and written at once,
+in this process."""
 
 from __future__ import annotations
 
 import gc
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -57,32 +62,47 @@ class _Pool:
     """The processes of one :func:`writing_in_parallel` block, forked at its first figure (not before: a
     report may have none, and the pool's own thread makes this process unsafe to fork once started)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, preload: tuple[str, ...] = ()) -> None:
         self.workers = workers
+        self.preload = preload
         self.executor: ProcessPoolExecutor | None = None
         self.pending: list[Future] = []
         self.refused = False  # a fork was refused: this block's figures are written here
 
-    def save(self, writer: Writer, figure: Any, paths: list[Path]) -> None:
+    def _submit(self, function: Callable[..., Any], *args: Any) -> Future | None:
+        """``function(*args)`` handed to a child (the children forked at the first); None when there are none,
+        or the fork was refused (no memory): the caller then does it here."""
         if self.executor is None and not self.refused and forking_is_safe():
             self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                                initializer=_child_setup, initargs=(os.getpid(),))
+                                                initializer=_child_setup, initargs=(os.getpid(), self.preload))
         if self.executor is None:
-            writer(figure, paths)
-            return
-        pickled = pickle.dumps(figure)
+            return None
         try:
             with _interrupts_deferred():
-                self.pending.append(self.executor.submit(_write_pickled, writer, pickled, paths))
+                future = self.executor.submit(function, *args)
         except BrokenProcessPool as error:  # a child died while this process drew the figure
             raise _died(error) from None
         except OSError:
             if self.pending:
                 raise
-            # the first figure forks the children: a fork refused (no memory) leaves them to this process
+            # the first submit forks the children: a fork refused (no memory) leaves the work to this process
             self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor, self.refused = None, True
+            return None
+        self.pending.append(future)
+        return future
+
+    def start(self) -> None:
+        """Forks the children now (they import ``preload`` first)."""
+        self._submit(_ready)
+
+    def save(self, writer: Writer, figure: Any, paths: list[Path]) -> None:
+        if self._submit(_write_pickled, writer, pickle.dumps(figure), paths) is None:
             writer(figure, paths)
+
+    def call(self, module: str, function: str, args: tuple) -> Future:
+        future = self._submit(_call_by_name, module, function, args)
+        return future if future is not None else _done(_call_by_name, module, function, args)
 
     def finish(self) -> None:
         """Waits for every figure; a child's error is raised here as the error itself (an OSError of a full
@@ -119,18 +139,21 @@ def _interrupts_deferred() -> Iterator[None]:
 
 
 @contextmanager
-def writing_in_parallel(workers: int | None = None) -> Iterator[None]:
+def writing_in_parallel(workers: int | None = None, preload: tuple[str, ...] = ()) -> Iterator[None]:
     """Within the block, figures are written by ``workers`` forked processes (default: one per available CPU,
     at most MAX_WORKERS) and their paths returned before the files exist; the block ends once every file is
     written, or with the first error of a child. With one worker, figures are written at once; nested in
-    another such block, they go to the outer block's processes and are waited for at its end."""
+    another such block, they go to the outer block's processes and are waited for at its end. With
+    ``preload`` (modules), the processes are forked on entering the block and import those modules first."""
     global _active
     workers = min(available_cpus(), MAX_WORKERS) if workers is None else workers
     if workers < 2 or _active is not None:
         yield
         return
-    pool = _active = _Pool(workers)
+    pool = _active = _Pool(workers, preload)
     try:
+        if preload:
+            pool.start()
         yield
         pool.finish()
     finally:
@@ -146,18 +169,48 @@ def save(writer: Writer, figure: Any, paths: list[Path]) -> None:
         _active.save(writer, figure, paths)
 
 
+def call(module: str, function: str, *args: Any) -> Future:
+    """``module.function(*args)`` (a figure function: it draws and writes its figures, and returns their
+    paths), done by a child within :func:`writing_in_parallel`, else now; its result once the block ended.
+    Named, not passed: this process need not import the plotting modules that the children import."""
+    if _active is None:
+        return _done(_call_by_name, module, function, args)
+    return _active.call(module, function, args)
+
+
+def _done(function: Callable[..., Any], *args: Any) -> Future:
+    """A future of ``function(*args)`` done now, in this process; its error raised now, as a call's would be."""
+    future: Future = Future()
+    future.set_result(function(*args))
+    return future
+
+
+def _call_by_name(module: str, function: str, args: tuple) -> Any:
+    return getattr(importlib.import_module(module), function)(*args)
+
+
 def _write_pickled(writer: Writer, figure: bytes, paths: list[Path]) -> None:
     writer(pickle.loads(figure), paths)
 
 
-def _child_setup(parent: int) -> None:
+def _ready() -> None:
+    """The first work of a pool forked at once: nothing (the children's setup is what is wanted)."""
+
+
+def _child_setup(parent: int, preload: tuple[str, ...] = ()) -> None:
     """A child leaves Ctrl-C to its parent (which then stops the pool) and ends when the parent is gone. The
     objects it inherits are never garbage here: frozen, they are left out of its collections, which would
-    otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page."""
+    otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page. What it is
+    given to do it does here (:func:`save` and :func:`call` within it are not handed on); it imports
+    ``preload`` first."""
+    global _active
+    _active = None
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C held back since the fork is dropped here
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="forked-parent-check").start()
+    for module in preload:
+        importlib.import_module(module)
 
 
 def _end_with(parent: int) -> None:

@@ -18,7 +18,7 @@ from matplotlib.ticker import LogFormatter  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from analysis import forked, png  # noqa: E402
-from analysis.filenames import file_stem  # noqa: E402
+from analysis.filenames import FIGURE_FORMATS, file_stem  # noqa: E402
 from analysis.regimes import (  # noqa: E402
     CURVE_KEYS,
     curve_columns,
@@ -219,8 +219,6 @@ def _write(figure: plt.Figure, paths: list[Path]) -> None:
         figure.savefig(path, bbox_inches=box)
 
 
-# The files of a figure: the PNG that reports show, and the SVG for print.
-FIGURE_FORMATS = ("png", "svg")
 
 
 def _save(figure: plt.Figure, directory: Path, stem: str, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:

@@ -102,7 +102,8 @@ def test_figures_written_in_parallel_are_those_written_in_one_process(tmp_path, 
         else:
             assert abs(len(parallel[name]) - len(serial[name])) <= 0.01 * len(serial[name]), name
             assert ElementTree.fromstring(parallel[name]).tag.endswith("svg"), name
-    assert _CountingPool.submitted == 6  # every figure went to a child
+    # every figure went to a child: after the start, the time figures, steps and sparsity comparison per optimizer
+    assert _CountingPool.submitted == 1 + 2 + 2 * 2
     assert [p for p in multiprocessing.active_children() if p.pid in _CountingPool.pids] == []  # gone with the command
 
 
@@ -248,7 +249,7 @@ def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
 
     import psutil
 
-    # The optimizers twice over under other names: sixteen figures, so that the writers work for a few seconds.
+    # The optimizers twice over under other names: twelve figures, so that the writers work for a few seconds.
     studies = pd.read_csv(_steps_csv(tmp_path))
     csv = tmp_path / "many.csv"
     pd.concat([studies.assign(optimizer=studies["optimizer"] + f"-{copy}", study_key=studies["study_key"] + f"-{copy}")
@@ -263,8 +264,11 @@ def test_a_report_stopped_midway_leaves_no_figure_writer_behind(tmp_path, how):
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parent = psutil.Process(process.pid)
     writers: list[psutil.Process] = []
+    figures = output.parent / "report_figures"
     deadline = time.monotonic() + 60
-    while not writers and process.poll() is None and time.monotonic() < deadline:
+    # The writers are forked as the report starts; it is stopped once they have written a figure.
+    while not (writers and figures.is_dir() and any(figures.iterdir())) and process.poll() is None \
+            and time.monotonic() < deadline:
         writers = parent.children(recursive=True)
         time.sleep(0.01)
     assert writers, f"the report ended (code {process.poll()}) before any figure writer was seen"
@@ -326,3 +330,38 @@ def test_ctrl_c_while_the_writers_are_forked_ends_the_command(tmp_path):
             writer.kill()
         pytest.fail(f"the interrupted command did not end ({len(writers)} writers left)")
     assert (process.returncode, out.strip()) == (130, "interrupted"), err
+
+
+_REPORT_AND_ITS_IMPORTS = """
+import os, sys
+os.sched_setaffinity(0, range(os.cpu_count()))
+from analysis.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as end:
+    if end.code:
+        raise
+print("matplotlib" in sys.modules)
+"""
+
+
+def test_a_report_draws_in_its_forked_processes_and_never_imports_matplotlib(tmp_path):
+    """`edps-analyze report` as a command runs it: its figures' processes are forked before it reads the
+    store, import the plotting modules themselves, and draw and write every figure; the command itself never
+    imports matplotlib (a third of a second, and its memory)."""
+    import os
+    import subprocess
+    import sys
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: a report draws its figures itself")
+    output = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-c", _REPORT_AND_ITS_IMPORTS, "report", "--csv", str(_steps_csv(tmp_path)),
+                           "--bootstrap", "20", "--output", str(output)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout
+    written = sorted(p.name for p in (tmp_path / "report_figures").iterdir())
+    assert written == sorted(f"{kind}_w_{optimizer}.png" for kind in ("steps", "sparsity", "time")
+                             for optimizer in ("momentum", "sgd")), written
+    page = output.read_text()
+    assert page.count("src='data:image/png;base64,") == len(written)
