@@ -11,6 +11,7 @@ in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import multiprocessing
@@ -73,8 +74,10 @@ class _Pool:
         """``function(*args)`` handed to a child (the children forked at the first); None when there are none,
         or the fork was refused (no memory): the caller then does it here."""
         if self.executor is None and not self.refused and forking_is_safe():
-            self.executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                                initializer=_child_setup, initargs=(os.getpid(), self.preload))
+            context = multiprocessing.get_context("fork")
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=context,
+                                                initializer=_child_setup,
+                                                initargs=(os.getpid(), self.preload, context.Lock()))
         if self.executor is None:
             return None
         try:
@@ -197,7 +200,7 @@ def _ready() -> None:
     """The first work of a pool forked at once: nothing (the children's setup is what is wanted)."""
 
 
-def _child_setup(parent: int, preload: tuple[str, ...] = ()) -> None:
+def _child_setup(parent: int, preload: tuple[str, ...] = (), one_at_a_time: Any = None) -> None:
     """A child leaves Ctrl-C to its parent (which then stops the pool) and ends when the parent is gone. The
     objects it inherits are never garbage here: frozen, they are left out of its collections, which would
     otherwise walk the parent's whole heap (the studies, the trials) and copy it page by page. What it is
@@ -209,8 +212,10 @@ def _child_setup(parent: int, preload: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C held back since the fork is dropped here
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_end_with, args=(parent,), daemon=True, name="forked-parent-check").start()
-    for module in preload:
-        importlib.import_module(module)
+    # The children import one after the other: the parent, importing MLflow meanwhile, keeps a core to itself.
+    with one_at_a_time if one_at_a_time is not None else contextlib.nullcontext():
+        for module in preload:
+            importlib.import_module(module)
 
 
 def _end_with(parent: int) -> None:
