@@ -60,8 +60,9 @@ def _died(error: BrokenProcessPool) -> EdpsError:
 
 
 class _Pool:
-    """The processes of one :func:`writing_in_parallel` block, forked at its first figure (not before: a
-    report may have none, and the pool's own thread makes this process unsafe to fork once started)."""
+    """The processes of one :func:`writing_in_parallel` block, forked at its first figure, or on entering the
+    block when they preload modules (the report's: it always has figures, and forks before it starts a thread
+    of its own; the pool's own thread makes this process unsafe to fork once started)."""
 
     def __init__(self, workers: int, preload: tuple[str, ...] = ()) -> None:
         self.workers = workers
