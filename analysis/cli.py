@@ -274,7 +274,12 @@ def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.
 
 def _paths(figures: dict[tuple[str, str], list[Future]]) -> dict[tuple[str, str], list[Path]]:
     """The paths of :func:`_figures`, once written."""
-    return {key: [path for future in futures for path in future.result()] for key, futures in figures.items()}
+    return {key: _written(futures) for key, futures in figures.items()}
+
+
+def _written(futures: list[Future]) -> list[Path]:
+    """The paths that figure calls (analysis.forked.call) wrote, in their order."""
+    return [path for future in futures for path in future.result()]
 
 
 @cli.command()
@@ -317,8 +322,7 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         probe_sections = ([] if csv_path else
                           _probe_sections(experiments, tracking_uri, fits, directory, studies, formats))
     figures = _paths(pending)
-    time_sections = [(title, table, [path for future in futures for path in future.result()])
-                     for title, table, futures in time_sections]
+    time_sections = [(title, table, _written(futures)) for title, table, futures in time_sections]
     extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
     for _, _, paths in extra:
         figures.setdefault(("sections", ""), []).extend(paths)

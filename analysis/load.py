@@ -216,18 +216,16 @@ def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = F
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
 
-    runs, token = [], None
     view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
-    while True:
+
+    def page(size: int, token: str | None):
         try:
-            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
-                                      max_results=min(1000, most - len(runs)) if most else 1000, page_token=token)
+            return client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
+                                      max_results=size, page_token=token)
         except MlflowException as error:
             raise _store_error(str(client.tracking_uri), error) from None
-        runs.extend(page)
-        token = page.token
-        if not token or (most is not None and len(runs) >= most):
-            return runs
+
+    return study_index.every_page(page, most)
 
 
 def _searcher(client, experiment_ids: list[str]):

@@ -219,8 +219,6 @@ def _write(figure: plt.Figure, paths: list[Path]) -> None:
         figure.savefig(path, bbox_inches=box)
 
 
-
-
 def _save(figure: plt.Figure, directory: Path, stem: str, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
     """The files of ``figure`` in ``formats`` (of FIGURE_FORMATS), written now or by a child (analysis.forked)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -782,14 +782,8 @@ def experiment_name_for(workload: str, requested: str | None) -> str:
 
 def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
     """Every run matching ``conditions`` (built by ``filters.filter_string``), page by page."""
-    runs: list[Run] = []
-    token = None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=conditions, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
+    return study_index.every_page(lambda size, token: client.search_runs(
+        [experiment_id], filter_string=conditions, max_results=size, page_token=token))
 
 
 def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Search:
@@ -797,15 +791,8 @@ def searcher(client: StoreClient, experiment_ids: list[str]) -> study_index.Sear
     deleted ones."""
     def runs_found(conditions: str, deleted: bool, most: int | None) -> list[Run]:
         view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
-        runs: list[Run] = []
-        token = None
-        while True:
-            page = client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
-                                      max_results=min(1000, most - len(runs)) if most else 1000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token or (most is not None and len(runs) >= most):
-                return runs
+        return study_index.every_page(lambda size, token: client.search_runs(
+            experiment_ids, filter_string=conditions, run_view_type=view, max_results=size, page_token=token), most)
 
     return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids), runs_found)
 

@@ -62,6 +62,8 @@ ENTRY_FORMAT = 1
 MAX_TAG_VALUE = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 # Run ids per search by id (each a bound parameter of the store's SQL; sqlite allows some thousands).
 IDS_PER_SEARCH = 500
+# Runs per page of a search (every_page).
+PAGE_SIZE = 1000
 # The most deleted runs that a reader lists to leave deleted study runs out (beyond: a search by id).
 DELETED_LISTED = 100
 RUNNING = "RUNNING"
@@ -156,6 +158,19 @@ class Search:
 
     def __call__(self, conditions: str, deleted: bool = False) -> list[Any]:
         return list(self.runs(conditions, deleted, None))
+
+
+def every_page(search_page: Callable[[int, str | None], Any], most: int | None = None) -> list[Any]:
+    """The runs of a paged search, ``search_page(max_results, page_token)`` returning a page (a list of runs
+    with the next page's ``token``): every page, or the first ``most`` runs."""
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = search_page(min(PAGE_SIZE, most - len(runs)) if most else PAGE_SIZE, token)
+        runs.extend(page)
+        token = page.token
+        if not token or (most is not None and len(runs) >= most):
+            return runs
 
 
 def index_runs(search: Search) -> list[Any]:
