@@ -51,7 +51,7 @@ from edps_mlflow import study_index
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialStatus, status_of_letter, trial_outcome_texts
+from edps_mlflow.results import (RunState, TrialOutcomeColumns, TrialStatus, trial_outcome_columns)
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")
@@ -355,17 +355,9 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
         client = _client(tracking_uri)
         texts.update({run_id: tags.get(n.TAG_TRIAL_OUTCOMES)
                       for run_id, tags in _study_tags(client, studies, missing).items()})
-    keys, counts, fields = [], [], []
-    downloads = []
-    for run_id, key in wanted:
-        found = trial_outcome_texts(texts.get(run_id))
-        if found is None:
-            downloads.append((run_id, key))
-            continue
-        keys.append(key)
-        counts.append(len(found))
-        fields += found
-    frames = [_trials_frame(keys, counts, fields)] if fields else []
+    columns = trial_outcome_columns([texts.get(run_id) for run_id, _ in wanted])
+    downloads = [study for study, readable in zip(wanted, columns.readable) if not readable]
+    frames = [_trials_frame([key for _, key in wanted], columns)] if len(columns.trial_index) else []
     if downloads:
         frames += _downloaded_trials(client or _client(tracking_uri), downloads)
     if not frames:
@@ -373,24 +365,19 @@ def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.Da
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def _trials_frame(keys: list[str], counts: list[int], fields: list[tuple[str, str, str, str]]) -> pd.DataFrame:
-    """The trials table of studies ``keys``, with ``counts`` trials each, from their fields as text
-    (:func:`trial_outcome_texts`), each column converted at once. study_key and status are categorical: made
-    into pandas strings one by one, 150,000 trials' keys and statuses took most of the read."""
-    text = np.array(fields, dtype=str).reshape(-1, 4)
-    letters, reached = text[:, 1], text[:, 3]
-    statuses = sorted(set(letters.tolist()))
-    status_codes = np.zeros(len(text), dtype=np.int8)
-    for code, letter in enumerate(statuses):
-        status_codes[letters == letter] = code
-    steps = np.full(len(text), math.nan)
-    steps[reached != ""] = reached[reached != ""].astype(float)
-    key_codes, unique_keys = pd.factorize(pd.Series(keys, dtype=object))
+def _trials_frame(keys: list[str], columns: TrialOutcomeColumns) -> pd.DataFrame:
+    """The trials table of studies ``keys`` from their tags' columns (:func:`trial_outcome_columns`; a study
+    whose tag is not readable has no rows). study_key and status are categorical: made into pandas strings
+    one by one, 150,000 trials' keys and statuses took most of the read."""
+    readable = [key for key, read in zip(keys, columns.readable) if read]
+    key_codes, unique_keys = pd.factorize(pd.Series(readable, dtype=object))
+    status = pd.Categorical.from_codes(columns.status_codes, categories=[s.value for s in columns.statuses])
     return pd.DataFrame({
-        "study_key": pd.Categorical.from_codes(np.repeat(key_codes, counts), categories=unique_keys.astype(str)),
-        "trial_index": text[:, 0].astype(np.int64),
-        "status": pd.Categorical.from_codes(status_codes, categories=[status_of_letter(letter).value for letter in statuses]),
-        "steps_to_result": steps, "steps_trained": text[:, 2].astype(float)}, columns=list(TRIAL_COLUMNS))
+        "study_key": pd.Categorical.from_codes(np.repeat(key_codes, columns.counts[columns.readable]),
+                                               categories=unique_keys.astype(str)),
+        "trial_index": columns.trial_index, "status": status.remove_unused_categories(),
+        "steps_to_result": columns.steps_to_result, "steps_trained": columns.steps_trained},
+        columns=list(TRIAL_COLUMNS))
 
 
 def _study_tags(client, studies: pd.DataFrame, run_ids: set[str]) -> dict[str, dict[str, str]]:

@@ -19,7 +19,7 @@ from analysis.filenames import file_stem
 from analysis.load import STUDY_COLUMNS, csv_text, read_csv, spreadsheet_text, unquoted_text, write_csv
 from analysis.regimes import fit_table
 from edps_mlflow.results import (TrialOutcome, TrialStatus, decode_trial_outcomes, encode_trial_outcomes,
-                                 trial_outcome_fields)
+                                 trial_outcome_columns, trial_outcome_fields)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STEPS = (FIXTURES / "synthetic_steps.csv").read_text()
@@ -417,24 +417,36 @@ def test_the_trial_outcomes_tag_reads_back_what_was_written_and_refuses_anything
         if decoded is not None:
             assert decode_trial_outcomes(encode_trial_outcomes(decoded)) == sorted(decoded, key=lambda o: o.trial_index)
             assert len(decoded) == spoiled.count(":"), spoiled
+        # The reader of many studies at once refuses the same texts, and reads the others as one at a time.
+        columns = trial_outcome_columns([text, spoiled, None])
+        assert list(columns.readable) == [True, fields is not None, False], spoiled
+        if fields is None:
+            assert list(columns.counts) == [len(outcomes), 0, 0]
+            assert len(columns.trial_index) == len(outcomes)
+        else:
+            assert list(columns.counts) == [len(outcomes), len(fields), 0]
+            read = list(zip(columns.trial_index.tolist(), [columns.statuses[c].value for c in columns.status_codes],
+                            [None if np.isnan(r) else int(r) for r in columns.steps_to_result],
+                            [int(t) for t in columns.steps_trained]))
+            assert read == trial_outcome_fields(text) + fields, spoiled
 
 
 @settings(max_examples=50, deadline=None)
 @given(studies=st.lists(_OUTCOMES, min_size=1, max_size=5))
 def test_many_studies_trials_are_read_into_one_table_as_each_study_wrote_them(studies):
-    """The trials table of many studies, converted column by column at once (load._trials_frame, categorical
-    keys and statuses): each trial as trial_outcome_fields reads it, and the same outcomes per study for the
-    bootstrap as from a table of plain strings."""
+    """The trials table of many studies, converted column by column at once (results.trial_outcome_columns,
+    then load._trials_frame with categorical keys and statuses): each trial as trial_outcome_fields reads it
+    one at a time, and the same outcomes per study for the bootstrap as from a table of plain strings."""
     from analysis.load import _trials_frame
     from analysis.regimes import outcomes_by_study
-    from edps_mlflow.results import trial_outcome_texts
 
     texts = [encode_trial_outcomes([TrialOutcome(*outcome) for outcome in outcomes]) for outcomes in studies]
     keys = [f"study-{number}" for number in range(len(texts))]
-    parts = [trial_outcome_texts(text) for text in texts]
-    if not any(parts):
+    columns = trial_outcome_columns(texts)
+    assert list(columns.counts) == [len(trial_outcome_fields(text)) for text in texts]
+    if not len(columns.trial_index):
         return
-    table = _trials_frame(keys, [len(p) for p in parts], [field for p in parts for field in p])
+    table = _trials_frame(keys, columns)
     expected = [(key, *fields) for key, text in zip(keys, texts) for fields in trial_outcome_fields(text)]
     got = [(key, int(index), status, None if np.isnan(reached) else int(reached), int(trained)) for
            key, index, status, reached, trained in table[["study_key", "trial_index", "status", "steps_to_result",
