@@ -30,7 +30,8 @@ from analysis import forked
 from analysis.filenames import FIGURE_FORMATS
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import collect_less_often, configure_process, log_note, skip_shutdown_collection
+from edps_mlflow.process_settings import (collect_less_often, configure_process, log_note, pause_collection,
+                                          resume_collection, skip_shutdown_collection)
 
 
 class _Finite(click.FloatRange):
@@ -110,6 +111,7 @@ def _load(tracking_uri: str | None, experiments: tuple[str, ...], csv_path: str 
         table = table[table["sparsity"].round(6).isin([round(s, 6) for s in sparsities])]
     if table.empty:
         raise EdpsError("no studies left after the filters")
+    resume_collection()
     return table.reset_index(drop=True), source
 
 
@@ -484,6 +486,7 @@ def lipschitz(tracking_uri, experiments, output_format, out_dir) -> None:
     from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict
 
     by_study = lipschitz_by_study(load_best_trial_probes(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
+    resume_collection()
     summary = lipschitz_table(by_study)
     human = (by_study.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n\nper sparsity:\n"
              + summary.to_string(index=False, float_format=lambda v: f"{v:.4g}") + "\n"
@@ -512,6 +515,7 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
         fits = fit_table(load_studies(experiments, tracking_uri), None, repeats=0)
     except EdpsError:
         fits = None
+    resume_collection()
     summary = noise_scale_table(latest, fits)
     _emit(summary, output_format, summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
@@ -581,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_process(program="edps-analyze")
     if argv is None:  # the console entry point: the process is the command's
         collect_less_often()
+        pause_collection()  # until the command has read the store (resume_collection)
     try:
         try:
             cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})

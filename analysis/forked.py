@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import resume_collection
 
 Writer = Callable[[Any, list[Path]], None]  # writes a figure to its files (analysis.plots)
 
@@ -217,6 +218,8 @@ def _child_setup(parent: int, preload: tuple[str, ...] = (), one_at_a_time: Any 
     with one_at_a_time if one_at_a_time is not None else contextlib.nullcontext():
         for module in preload:
             importlib.import_module(module)
+    # Forked while the command paused the collector to read the store: the modules imported, it runs again.
+    resume_collection()
 
 
 def _end_with(parent: int) -> None:

@@ -120,8 +120,6 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
     in its Python alone. It finds the minimum that MINPACK finds (sums of squares alike to 1e-8, tested);
     where there is none (B_crit far beyond the measured batch sizes, a flat valley) it stops FAR_OUT beyond
     them."""
-    from scipy.special import expit
-
     b = np.asarray(batch_sizes, dtype=float)
     order = np.argsort(b, kind="stable")
     b = b[order]
@@ -161,7 +159,7 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
         # The Jacobian's columns: d r / d log S_min = 1 and d r / d log B_crit = the logistic of
         # log B_crit - log B, at a row's points. The 2x2 normal equations J'J step = -J'r, their diagonal
         # scaled by 1 + damping (Marquardt), solved in closed form for every row.
-        slope = weight * expit(theta[:, 1:] - log_b)
+        slope = weight * _logistic(theta[:, 1:] - log_b)
         a01, a11 = slope.sum(axis=1), np.einsum("ij,ij->i", slope, slope)
         g0, g1 = r.sum(axis=1), np.einsum("ij,ij->i", slope, r)
         d00, d11 = points * (1.0 + damping), a11 * (1.0 + damping)
@@ -187,6 +185,12 @@ def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarr
     theta[bound, 0] = ((log_s - np.logaddexp(0.0, theta[:, 1:] - log_b)) * weight)[bound].sum(axis=1) / points[bound]
     s_min[fitted], b_crit[fitted] = np.exp(theta[:, 0]), np.exp(theta[:, 1])
     return s_min, b_crit
+
+
+def _logistic(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) without overflow at either end, in numpy: scipy's expit would cost the command that
+    fits its import (a tenth of a second), for one function."""
+    return np.exp(-np.logaddexp(0.0, -x))
 
 
 def regime_boundaries(batch_sizes: np.ndarray, steps: np.ndarray, tolerance: float = 0.2) -> Boundaries:
