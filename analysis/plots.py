@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.layout_engine import PlaceHolderLayoutEngine  # noqa: E402
-from matplotlib.ticker import LogFormatter  # noqa: E402
+from matplotlib.ticker import Locator, LogFormatter  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from analysis import forked, png  # noqa: E402
@@ -58,11 +58,44 @@ class PlainLogFormatter(LogFormatter):
         return _plain_number(x) if super().__call__(x, pos) else ""
 
 
+class InView(Locator):
+    """The ticks of ``locator`` that lie within the axis's view. matplotlib makes, formats and lays out a tick
+    (five artists) for every place its locator returns and draws only those in view; a log axis's locators
+    return a decade and more on either side, about half the ticks of the report's figures and a fifth of the
+    time spent drawing them."""
+
+    SLACK = 1e-9  # relative: a tick at the view's end, computed a rounding away from it, is in view
+
+    def __init__(self, locator: Locator) -> None:
+        self.locator = locator
+
+    def set_axis(self, axis) -> None:
+        super().set_axis(axis)
+        self.locator.set_axis(axis)
+
+    def __call__(self) -> np.ndarray:
+        low, high = sorted(self.axis.get_view_interval())
+        places = np.asarray(self.locator(), dtype=float)
+        return places[(places >= low - abs(low) * self.SLACK) & (places <= high + abs(high) * self.SLACK)]
+
+    def tick_values(self, vmin: float, vmax: float) -> np.ndarray:
+        return self.locator.tick_values(vmin, vmax)
+
+    def nonsingular(self, v0: float, v1: float) -> tuple[float, float]:
+        return self.locator.nonsingular(v0, v1)
+
+    def view_limits(self, vmin: float, vmax: float) -> tuple[float, float]:
+        return self.locator.view_limits(vmin, vmax)
+
+
 def _log_scale(axis: plt.Axes, which: str, base: float = 10) -> None:
     """``which`` ("x" or "y") of ``axis`` on a log scale of ``base``, its ticks labelled by PlainLogFormatter
-    (as matplotlib's log scale sets its own formatters: the minor ticks labelled only on a short axis)."""
+    (as matplotlib's log scale sets its own formatters: the minor ticks labelled only on a short axis), and
+    made only where they are drawn (InView)."""
     (axis.set_xscale if which == "x" else axis.set_yscale)("log", base=base)
     ticks = axis.xaxis if which == "x" else axis.yaxis
+    ticks.set_major_locator(InView(ticks.get_major_locator()))
+    ticks.set_minor_locator(InView(ticks.get_minor_locator()))
     ticks.set_major_formatter(PlainLogFormatter(base))
     ticks.set_minor_formatter(PlainLogFormatter(base, labelOnlyBase=False))
 

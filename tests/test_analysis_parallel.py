@@ -18,6 +18,8 @@ import matplotlib.image
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis import forked, plots
 from analysis.cli import main
@@ -163,6 +165,35 @@ def test_log_axes_are_labelled_in_plain_numbers(tmp_path):
     assert not [label for label in labels if "$" in label], labels  # no mathtext
     assert [plots._plain_number(v) for v in (1024.0, 0.5, 0.03125, 0.2, 2.0 ** 30)] == \
         ["1024", "0.5", "0.03125", "0.2", "1.074e+09"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(base=st.sampled_from([2, 10]), low=st.floats(-12, 12), decades=st.floats(0.05, 9), y_low=st.floats(-5, 5),
+       y_decades=st.floats(0.05, 3), inverted=st.booleans())
+def test_log_axes_make_only_the_ticks_they_draw_and_look_the_same(base, low, decades, y_low, y_decades, inverted):
+    """plots.InView: a log axis makes ticks only within its view, and the figure's pixels are those of the same
+    axes with matplotlib's own locators (every tick and label that was drawn still is), at any view."""
+    import matplotlib.pyplot as plt
+
+    pixels, counts = [], []
+    for in_view in (True, False):
+        figure, axis = plt.subplots(figsize=(4, 3), dpi=60)
+        axis.plot([1, 2], [1, 2])
+        plots._log_scale(axis, "x", base)
+        plots._log_scale(axis, "y", base)
+        if not in_view:  # matplotlib's locators, as its log scale set them
+            for ticks in (axis.xaxis, axis.yaxis):
+                ticks.set_major_locator(ticks.get_major_locator().locator)
+                ticks.set_minor_locator(ticks.get_minor_locator().locator)
+        x = sorted((base ** low, base ** (low + decades)), reverse=inverted)
+        axis.set_xlim(*x)
+        axis.set_ylim(10.0 ** y_low, 10.0 ** (y_low + y_decades))
+        figure.canvas.draw()
+        pixels.append(np.asarray(figure.canvas.buffer_rgba()).copy())
+        counts.append(len(axis.xaxis.get_major_ticks()) + len(axis.yaxis.get_minor_ticks()))
+        plt.close(figure)
+    np.testing.assert_array_equal(pixels[0], pixels[1])
+    assert counts[0] <= counts[1]
 
 
 def _dies(figure: int, paths: list[Path]) -> None:
