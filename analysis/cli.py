@@ -297,7 +297,7 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
            trials_csv, device_counts, bandwidth, latency, output, svg, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures (PNG; --svg: SVG too)."""
     from analysis.regimes import fit_table, sparsity_comparison
-    from analysis.report import steps_grids, write_report
+    from analysis.report import draft_report, steps_grids
 
     path = Path(output)
     if path.suffix.lower() not in (".md", ".html", ".htm"):
@@ -323,12 +323,17 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         pruning_sections, pruning_tables = _pruning_sections(studies, fits, tolerance, directory, formats)
         probe_sections = ([] if csv_path else
                           _probe_sections(experiments, tracking_uri, fits, directory, studies, formats))
+        # The text (its tables: the time table has a row per study and device count) while the figures are drawn.
+        tables = ([(title, table) for title, table, _ in pruning_sections + time_sections]
+                  + [(title, table) for _, title, table, _ in probe_sections])
+        draft = draft_report(path, steps_grids(studies), fits, source, tolerance, tables)
     figures = _paths(pending)
-    time_sections = [(title, table, _written(futures)) for title, table, futures in time_sections]
-    extra = pruning_sections + time_sections + [(title, table, paths) for _, title, table, paths in probe_sections]
-    for _, _, paths in extra:
+    extra_files = ([paths for _, _, paths in pruning_sections]
+                   + [_written(futures) for _, _, futures in time_sections]
+                   + [paths for _, _, _, paths in probe_sections])
+    for paths in extra_files:
         figures.setdefault(("sections", ""), []).extend(paths)
-    write_report(path, steps_grids(studies), fits, figures, source, tolerance, extra=extra)
+    draft.write(figures, extra_files)
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -169,19 +170,50 @@ def _embedded(files: list[Path]) -> list[str]:
             for p in files if p.suffix == ".png"]
 
 
-def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tuple[str, str], list[Path]],
-                 source: str, tolerance: float,
-                 extra: list[tuple[str, pd.DataFrame, list[Path]]] | None = None) -> Path:
-    """One Markdown (.md) or HTML (.html) file. HTML embeds its figures; Markdown links them relative to it.
-    ``extra``: further sections after the curves, each a title, a table and its figures."""
+@dataclass(frozen=True)
+class ReportDraft:
+    """A report's text rendered (its tables, the slow part at the paper's scale: the time table of 1,500
+    studies has 6,000 rows) before its figures exist, so that a command renders it while its figures are
+    drawn (analysis.forked) and then only puts the figures in: ``parts`` are text, each figure slot a key of
+    ``figures`` (a (workload, optimizer)) or the index of an extra section."""
+
+    path: Path
+    parts: tuple[str | tuple[str, str] | int, ...]
+    extra_titles: tuple[str, ...] = ()  # for the extra sections' figures' alt texts
+
+    def write(self, figures: dict[tuple[str, str], list[Path]], extra_files: list[list[Path]] | None = None) -> Path:
+        """The report file, with ``figures`` per (workload, optimizer) and ``extra_files`` per extra section."""
+        html_file = self.path.suffix.lower() in (".html", ".htm")
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            if isinstance(part, int):
+                title, files, width = self.extra_titles[part], (extra_files or [])[part], "80%"
+            else:
+                title, files, width = f"{part[0]}, {part[1]}", figures.get(part, []), "100%"
+            if html_file:
+                out.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:{width}'>"
+                           for uri in _embedded(files))
+            else:
+                out.extend(f"![{title}]({p})" for p in _relative(self.path, files))
+                if isinstance(part, int):
+                    out.append("")
+        self.path.write_text("\n".join(out))
+        return self.path
+
+
+def draft_report(path: Path, grids: dict, fits: pd.DataFrame, source: str, tolerance: float,
+                 extra: list[tuple[str, pd.DataFrame]] | None = None) -> ReportDraft:
+    """The one-file report's text, its figures to be put in (:class:`ReportDraft`): Markdown (.md), which links
+    them relative to it, or HTML (.html), which embeds them; ``extra``: further sections after the curves, each
+    a title and a table (and, when written, its figures)."""
     summary = fit_summary(fits)
-    embed = path.suffix.lower() in (".html", ".htm")
     sections = []
     for (workload, optimizer), grid in grids.items():
-        files = figures.get((workload, optimizer), [])
-        sections.append((f"{workload}, {optimizer}", grid,
-                         summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)],
-                         _embedded(files) if embed else _relative(path, files)))
+        sections.append(((workload, optimizer), f"{workload}, {optimizer}", grid,
+                         summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)]))
     intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
              f"space; boundaries with a {tolerance:.0%} tolerance: perfect_scaling_end is the first measured batch "
              f"size whose steps exceed ideal linear scaling from the smallest batch size by more than the "
@@ -192,35 +224,27 @@ def write_report(path: Path, grids: dict, fits: pd.DataFrame, figures: dict[tupl
              f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
              f"B_crit. Brackets: 95% bootstrap intervals over trials.")
     basis = interval_basis_text(fits)
+    parts: list[str | tuple[str, str] | int] = []
     if path.suffix.lower() in (".html", ".htm"):
-        parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
-                 "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
-                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
-                 "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
+        parts += ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
+                  "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
+                  "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
         if basis:
             parts.append(f"<p><strong>What the intervals rest on.</strong> {html.escape(basis)}</p>")
-        for title, grid, fit, pngs in sections:
-            parts.append(f"<h2>{html.escape(title)}</h2>")
-            parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:100%'>" for uri in pngs)
-            parts.append("<h3>Steps to result</h3>" + grid.to_html())
-            parts.append("<h3>Fits</h3>" + fit.to_html(index=False))
-        for title, table, files in extra or []:
-            parts.append(f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)))
-            parts.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:80%'>"
-                         for uri in _embedded(files))
+        for key, title, grid, fit in sections:
+            parts += [f"<h2>{html.escape(title)}</h2>", key, "<h3>Steps to result</h3>" + grid.to_html(),
+                      "<h3>Fits</h3>" + fit.to_html(index=False)]
+        for index, (title, table) in enumerate(extra or []):
+            parts += [f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)), index]
         parts.append("</body></html>")
-        path.write_text("\n".join(parts))
     else:
-        parts = ["# Steps-to-result report", "", intro, ""]
+        parts += ["# Steps-to-result report", "", intro, ""]
         if basis:
             parts += [f"**What the intervals rest on.** {basis}", ""]
-        for title, grid, fit, pngs in sections:
-            parts += [f"## {title}", ""]
-            parts += [f"![{title}]({p})" for p in pngs]
-            parts += ["", "### Steps to result", "", markdown_table(grid, index=True), "", "### Fits", "",
-                      markdown_table(fit), ""]
-        for title, table, files in extra or []:
-            parts += [f"## {title}", "", markdown_table(table.map(_number)), ""]
-            parts += [f"![{title}]({p})" for p in _relative(path, files)] + [""]
-        path.write_text("\n".join(parts))
-    return path
+        for key, title, grid, fit in sections:
+            parts += [f"## {title}", "", key, "", "### Steps to result", "", markdown_table(grid, index=True), "",
+                      "### Fits", "", markdown_table(fit), ""]
+        for index, (title, table) in enumerate(extra or []):
+            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", index]
+    return ReportDraft(path, tuple(parts), tuple(title for title, _ in extra or []))
