@@ -36,7 +36,8 @@ only) with the range of wall times, and the median over the pairs of runs of the
 over the smaller's. ``doctor`` is the first check of the experiment (what it remembered of an earlier check is
 forgotten before each run: it searches the store by tag for runs without their kind or key); ``doctor again``
 is a later check when no run was made since (it reads the runs made since the previous check, and the copies
-carry times in the past).
+carry times in the past). ``import mlflow`` is not a command of ours but the machine's pace: a fresh Python
+importing MLflow, which every command does first.
 """
 
 from __future__ import annotations
@@ -545,6 +546,9 @@ def snapshot(backend: str, folder: Path, uri: str, size: int) -> str:
 
 # ---- the commands ------------------------------------------------------------------------------------
 COMMANDS: dict[str, list[str]] = {
+    # Not a command of ours: the machine's pace. This machine's speed drifts by half within the hour; every
+    # command below pays this import (and SQLAlchemy's), so its row says how fast the machine ran meanwhile.
+    "import mlflow": [sys.executable, "-c", "import mlflow"],
     "status": [*EDPS, "status", "--experiment", EXPERIMENT],
     "sweep plan": [*EDPS, "sweep", "--grid", "paper", "--optimizers", ",".join(OPTIMIZERS), "--trials", str(TRIALS),
                    "--experiment", EXPERIMENT],
