@@ -64,7 +64,10 @@ class InView(Locator):
     return a decade and more on either side, about half the ticks of the report's figures and a fifth of the
     time spent drawing them."""
 
-    SLACK = 1e-9  # relative: a tick at the view's end, computed a rounding away from it, is in view
+    # Relative, in data units: a tick a little beyond the view's end is kept, as matplotlib keeps it (it draws
+    # ticks within 1e-10 of the view's width in log units, up to 1.5e-7 relative on the widest float axis);
+    # a tick kept beyond what it draws is still left out by matplotlib.
+    SLACK = 1e-6
 
     def __init__(self, locator: Locator) -> None:
         self.locator = locator

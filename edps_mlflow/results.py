@@ -212,8 +212,10 @@ def encode_trial_outcomes(outcomes: Iterable[TrialOutcome]) -> str:
 
 
 # One trial of the format, and a whole text of it (checked whole before its trials are read, so that a text
-# in another format is refused, never half-read).
-_OUTCOME = rf"([0-9]+):([{''.join(_LETTER_STATUSES)}])([0-9]+)(?:@([0-9]+))?"
+# in another format is refused, never half-read). A number has at most 18 digits: what a 64-bit integer
+# holds, far beyond any index or step count; a longer one is not a trial's.
+_NUMBER = "[0-9]{1,18}"
+_OUTCOME = rf"({_NUMBER}):([{''.join(_LETTER_STATUSES)}])({_NUMBER})(?:@({_NUMBER}))?"
 _OUTCOMES_TEXT = re.compile(rf"{TRIAL_OUTCOMES_FORMAT}(?: {_OUTCOME})*")
 _OUTCOME_PARTS = re.compile(_OUTCOME)
 
@@ -249,7 +251,6 @@ class TrialOutcomeColumns:
 
 # The status letters in code order, and each byte's code (only the letters' are read).
 _CODE_LETTERS = tuple(sorted(_LETTER_STATUSES))
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")  # beyond int64
 _SEPARATORS = bytes.maketrans(b":@" + "".join(_CODE_LETTERS).encode("ascii"), b" " * (2 + len(_CODE_LETTERS)))
 
 
@@ -277,10 +278,8 @@ def trial_outcome_columns(texts: Sequence[str | None]) -> TrialOutcomeColumns:
     numbers_per_trial = np.full(len(letters), 2, dtype=np.int64)
     numbers_per_trial[reached] = 3
     first = np.cumsum(numbers_per_trial) - numbers_per_trial
-    # Read as integers (as floats, eight times slower, only when a number is too long for them).
-    exact = _LONG_NUMBER.search(joined) is None
-    numbers = (np.fromstring(joined.translate(_SEPARATORS).decode("ascii"), dtype=np.int64 if exact else float,
-                             sep=" ") if len(letters) else np.zeros(0, dtype=np.int64))
+    numbers = (np.fromstring(joined.translate(_SEPARATORS).decode("ascii"), dtype=np.int64, sep=" ")
+               if len(letters) else np.zeros(0, dtype=np.int64))  # every number fits: at most 18 digits
     if len(numbers) != numbers_per_trial.sum() or len(letters) != counts.sum():
         raise ValueError("trial outcomes: the numbers read do not match the trials")  # the check above rules it out
     steps_to_result = np.full(len(letters), np.nan)

@@ -431,6 +431,18 @@ def test_the_trial_outcomes_tag_reads_back_what_was_written_and_refuses_anything
             assert read == trial_outcome_fields(text) + fields, spoiled
 
 
+def test_trial_outcome_numbers_are_read_exactly_and_too_long_ones_refused():
+    """An index beyond a float's 53 bits is read exactly by both readers; a number of 19 digits or more is
+    no trial's (it would not fit the table's 64-bit integers): its text is refused by both, as a text in
+    another format is, and the other texts of the batch are read as they are."""
+    exact = "v1 9007199254740993:r10@7 1:n5"
+    too_long = "v1 0:r5@1000000000000000000"
+    columns = trial_outcome_columns([exact, too_long, "v1 000000000000000002:s3"])
+    assert list(columns.readable) == [True, False, True] and list(columns.counts) == [2, 0, 1]
+    assert columns.trial_index.tolist() == [9007199254740993, 1, 2]
+    assert trial_outcome_fields(exact)[0][0] == 9007199254740993 and trial_outcome_fields(too_long) is None
+
+
 @settings(max_examples=50, deadline=None)
 @given(studies=st.lists(_OUTCOMES, min_size=1, max_size=5))
 def test_many_studies_trials_are_read_into_one_table_as_each_study_wrote_them(studies):
