@@ -51,7 +51,7 @@ from edps_mlflow import study_index
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import (RunState, TrialOutcomeColumns, TrialStatus, trial_outcome_columns)
+from edps_mlflow.results import RunState, TrialOutcomeColumns, TrialStatus, trial_outcome_columns
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
 T = TypeVar("T")

@@ -198,8 +198,6 @@ class ReportDraft:
                            for uri in _embedded(files))
             else:
                 out.extend(f"![{title}]({p})" for p in _relative(self.path, files))
-                if isinstance(part, int):
-                    out.append("")
         self.path.write_text("\n".join(out))
         return self.path
 
@@ -246,5 +244,5 @@ def draft_report(path: Path, grids: dict, fits: pd.DataFrame, source: str, toler
             parts += [f"## {title}", "", key, "", "### Steps to result", "", markdown_table(grid, index=True), "",
                       "### Fits", "", markdown_table(fit), ""]
         for index, (title, table) in enumerate(extra or []):
-            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", index]
+            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", index, ""]
     return ReportDraft(path, tuple(parts), tuple(title for title, _ in extra or []))
