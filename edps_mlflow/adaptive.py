@@ -1,43 +1,8 @@
 """The decision rule of an adaptive sweep: which batch sizes to measure next, and when to stop.
 
-    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5 --target b_crit:2
-
-Adaptivity chooses only *where* to measure. Every point is an ordinary exact study with its ordinary
-key (the same trials, goal, cap and check interval as any sweep's), so the registry reuses it like any
-other. What a batch size costs decides the order: a study's trial-steps grow about as S(B), which the
-hyperbola S(B) = S_min (1 + B_crit / B) makes largest at the smallest batch sizes (on digits, batch 2 and 4
-are more than half of a grid's trial-steps). So each curve (curves.CurveId: optimizer x sparsity x
-pruning) starts where measurement is cheap, the largest batch sizes of the range (START_POINTS of them),
-and walks down one doubling at a time only as far as its question needs; the fit is
-``analysis.regimes.fit_table`` (hyperbola, bootstrap intervals, model-free regime boundaries).
-
-The question (``--target``, :class:`Goal`):
-
-- ``b_crit:F`` (the default, F = 2): B_crit's estimate lies at least a factor F inside the measured range
-  at both ends (measured points at or below B_crit / F, where steps are about 1 + F times S_min, and at or
-  above F x B_crit), the plateau is shown (two batch sizes within the tolerance of each other at the top),
-  and the hyperbola describes the curve (``analysis.regimes.fit_warnings``). The bootstrap interval is
-  reported with it, not chased: with exact early stopping most studies keep one reaching trial, so the
-  interval "says little" (the analysis' note), and narrowing it would spend the smallest, dearest batch
-  sizes on noise.
-- ``threshold``: the threshold critical batch size (the largest batch size within the tolerance of ideal
-  linear scaling from the smallest measured one) with its bracket: measured down until two successive
-  doublings at the bottom scale perfectly, so that the smallest point lies in perfect scaling; the
-  bracket is then two adjacent powers of two, because the walk measures every power of two it passes.
-- ``boundaries``: both regime boundaries between adjacent measured powers of two: the threshold's walk,
-  and the plateau shown at the top.
-
-A curve whose walk reaches the end of the range, or whose steps still rise with batch size after the
-start and four doublings down (NOISY_AFTER batch sizes), says so and stops spending: more trials per study
-would help it, not more batch sizes. So does a curve whose smallest measured batch size reached nothing
-within the step cap (smaller ones take more steps). Rounds keep the executor's workers busy (``width``, the
-studies the executor runs at once): one batch size per curve with an open question, largest excess first,
-and, when there are more workers than such curves, the next doublings down of the curves that are walking
-down (the walk's next steps are known in advance: measured early, they save a round of wall clock), never
-below where the walk is expected to end (``Uncertainty.walk_to``: for B_crit, the fit's B_crit / target;
-for the threshold, the perfect doublings still needed; otherwise one doubling). The sweep stops when no curve has an open
-question (``target met``), when what is open cannot be narrowed by another batch size (``exhausted``),
-or when ``--max-studies`` or ``--budget`` runs out.
+Each curve (curves.CurveId) starts at the largest, cheapest batch sizes of the range and walks down one
+doubling at a time only as far as its question (``--target``, :class:`Goal`) needs; every point is an
+ordinary study with its ordinary key. docs/adaptive.md states the rule, its goals and its stops.
 
 Pure: plain numbers and pandas in, decisions out. No MLflow, no torch, no training.
 """
@@ -55,24 +20,19 @@ from analysis.regimes import fit_table, is_degenerate
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 
-# Each curve starts with the largest batch sizes of the range: two to show the plateau, one where
-# scaling may begin.
+# Two batch sizes show the plateau, one more where scaling may begin.
 START_POINTS = 3
-# A curve walks down until this many successive doublings at its bottom scale perfectly (threshold and
-# boundaries goals).
+# Successive perfect doublings at a curve's bottom that the threshold and boundaries goals walk down to.
 PERFECT_DOUBLINGS = 2
-# A curve whose steps still rise with batch size after this many measured batch sizes (the start and four
-# doublings down) is called too noisy: it stops spending. Fewer would not do: across a plateau steps scatter
-# by a third either way (digits, 32 trials: 60 at batch 64, 80 at 1024), and a healthy curve walking down
-# through it rises too.
+# Steps still rising with batch size after the start and four doublings down is trial noise: across a
+# plateau steps scatter by a third either way, so fewer batch sizes would call healthy curves noisy.
 NOISY_AFTER = START_POINTS + 4
-# An open question that no fit can size yet (no fit, a doubtful fit, no plateau, a walk not finished)
-# counts as this many doublings of excess: larger than any measured one, so it is attended to first.
+# The excess, in doublings, of a question no fit can size yet: larger than any measured one, so first.
 UNKNOWN_EXCESS = 20.0
 BOOTSTRAP_REPEATS = 200
 BOOTSTRAP_SEED = 0
 TOLERANCE = 0.2  # of the regime boundaries (analysis.regimes)
-# Bumped when the rule changes: part of an adaptive sweep's key, so a rerun never replays another rule.
+# Part of an adaptive sweep's key: bumped when the rule changes, so a rerun never replays another rule.
 RULE = "walk-down-1"
 
 
@@ -120,8 +80,6 @@ class Budget:
     amount: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, BudgetKind):
-            raise EdpsError(f"budget kind must be a BudgetKind, got {self.kind!r}")
         if isinstance(self.amount, bool) or not math.isfinite(self.amount) or self.amount <= 0:
             raise EdpsError(f"a budget must be a positive finite amount, got {self.amount!r}")
 
@@ -161,10 +119,6 @@ class AdaptiveSettings:
         if self.max_studies is not None and (isinstance(self.max_studies, bool) or not isinstance(self.max_studies, int)
                                              or self.max_studies < 1):
             raise EdpsError(f"max studies must be a positive integer, got {self.max_studies!r}")
-        if self.budget is not None and not isinstance(self.budget, Budget):
-            raise EdpsError(f"budget must be a Budget, got {self.budget!r}")
-        if not isinstance(self.goal, Goal):
-            raise EdpsError(f"goal must be a Goal, got {self.goal!r}")
         if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
             raise EdpsError(f"width must be a positive integer, got {self.width!r}")
 
@@ -209,8 +163,7 @@ def start_grid(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
 class Uncertainty:
     """One open question about one curve: how far from the target (doublings), in words, the batch
     size that would narrow it (None: none left to measure) and, for a walk down, the smallest batch size
-    it is expected to need (see ``assess_curve``), below which no free worker measures ahead (None: no
-    walk down, nothing measured ahead)."""
+    it is expected to need, below which no free worker measures ahead (None: nothing measured ahead)."""
 
     kind: UncertaintyKind
     excess: float
@@ -246,9 +199,18 @@ class CurveState:
         return "; ".join(u.description for u in self.open) or "resolved"
 
 
+def uncertain(states: tuple[CurveState, ...] | list[CurveState]) -> list[str]:
+    """What is still uncertain, one line per curve that has anything open."""
+    return [f"{s.curve.label()}: {s.summary()}" for s in states if s.open]
+
+
 def _value(fit: dict, name: str) -> float | None:
     value = fit.get(name)
     return None if value is None or pd.isna(value) else float(value)
+
+
+def number(value: object, digits: int = 3) -> str:
+    return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}g}"
 
 
 def perfect_doublings(points: pd.DataFrame) -> int:
@@ -266,6 +228,40 @@ def perfect_doublings(points: pd.DataFrame) -> int:
     return count
 
 
+@dataclass(frozen=True)
+class _Walk:
+    """A curve's measured batch sizes and where its walk may go: the next unmeasured candidate down and up
+    (the walk measures every power of two it passes, so it never proposes any other)."""
+
+    measured: tuple[int, ...]
+    with_result: tuple[int, ...]
+    down: int | None
+    up: int | None
+
+    @classmethod
+    def of(cls, points: pd.DataFrame, candidates: tuple[int, ...]) -> "_Walk":
+        measured = tuple(sorted(int(b) for b in points["batch_size"]))
+        unmeasured = set(candidates) - set(measured)
+        with_result = sorted(int(b) for b, s in zip(points["batch_size"], points["steps_to_result"]) if pd.notna(s))
+        return cls(measured, tuple(with_result), max((c for c in unmeasured if c < measured[0]), default=None),
+                   min((c for c in unmeasured if c > measured[-1]), default=None))
+
+    def below(self, kind: UncertaintyKind, words: str, excess: float = UNKNOWN_EXCESS,
+              walk_to: int | None = None) -> Uncertainty:
+        """A question the next batch size down narrows; free workers measure ahead down to ``walk_to``, by
+        default one doubling below that step, the most a guess risks."""
+        bottom = self.measured[0]
+        if bottom not in self.with_result:
+            # Smaller batch sizes take more steps: below one that reached nothing within the cap, none would.
+            return Uncertainty(kind, excess, f"{words}; no trial at batch size {bottom} reached the goal within the "
+                               f"step cap and smaller batch sizes take more: raise --max-steps (or --trials), not "
+                               f"the batch sizes", None)
+        if self.down is None:
+            return Uncertainty(kind, excess, f"{words}; the range ends at {bottom}: more trials per study would "
+                               f"help, not more batch sizes", None)
+        return Uncertainty(kind, excess, words, self.down, self.down // 2 if walk_to is None else walk_to)
+
+
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
                  candidates: tuple[int, ...], settings: AdaptiveSettings) -> CurveState:
     """The fit of one curve's measured points and what is still open about it for ``settings.goal``.
@@ -273,97 +269,81 @@ def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | No
     ``points``: one row per measured study of the curve (``workload, optimizer, sparsity, batch_size,
     steps_to_result, study_key``; ``steps_to_result`` empty when no trial reached the goal);
     ``trials``: the studies' trials (``study_key, status, steps_to_result``) for the bootstrap;
-    ``candidates``: the batch sizes the sweep may measure. The walk measures every power of two it passes,
-    so the only batch sizes it ever proposes are the next one down and the next one up.
+    ``candidates``: the batch sizes the sweep may measure.
     """
-    measured_all = sorted(int(b) for b in points["batch_size"])
-    unmeasured = sorted(set(candidates) - set(measured_all))
-    down = max((c for c in unmeasured if c < measured_all[0]), default=None)
-    up = min((c for c in unmeasured if c > measured_all[-1]), default=None)
-    with_result = sorted(int(b) for b, s in zip(points["batch_size"], points["steps_to_result"]) if pd.notna(s))
+    walk = _Walk.of(points, candidates)
     fit: dict = {}
-    if len(with_result) >= 2:
+    if len(walk.with_result) >= 2:
         fit = fit_table(points, trials, tolerance=TOLERANCE, repeats=BOOTSTRAP_REPEATS,
                         seed=BOOTSTRAP_SEED).iloc[0].to_dict()
-    items: list[Uncertainty] = []
-    ends = f"the range ends at {measured_all[0]}: more trials per study would help, not more batch sizes"
-    # Smaller batch sizes take more steps (the paper's curves fall with batch size): below a smallest
-    # measured batch size that no trial brought to the goal within the step cap, none would either.
-    capped = (f"no trial at batch size {measured_all[0]} reached the goal within the step cap and smaller "
-              f"batch sizes take more: raise --max-steps (or --trials), not the batch sizes"
-              if measured_all[0] not in with_result else None)
+    return CurveState(curve, walk.measured, fit, tuple(_questions(walk, fit, points, candidates, settings)))
 
-    def open_below(kind: UncertaintyKind, words: str, excess: float = UNKNOWN_EXCESS,
-                   walk_to: int | None = None) -> None:
-        """``walk_to``: how far down free workers may measure ahead of the walk; by default one doubling
-        below the next step, the most a guess risks."""
-        if capped is not None:
-            items.append(Uncertainty(kind, excess, f"{words}; {capped}", None))
-            return
-        if down is None:
-            items.append(Uncertainty(kind, excess, f"{words}; {ends}", None))
-            return
-        items.append(Uncertainty(kind, excess, words, down, down // 2 if walk_to is None else walk_to))
 
+def _questions(walk: _Walk, fit: dict, points: pd.DataFrame, candidates: tuple[int, ...],
+               settings: AdaptiveSettings) -> list[Uncertainty]:
+    """The fit's own questions (none, doubtful, no plateau), then the goal's."""
     b_crit = _value(fit, "b_crit")
     if b_crit is None:
-        open_below(UncertaintyKind.NO_FIT, f"no fit: {len(with_result)} of {len(measured_all)} measured batch sizes "
-                                           f"have a result")
-        return CurveState(curve, tuple(measured_all), fit, tuple(items))
+        return [walk.below(UncertaintyKind.NO_FIT, f"no fit: {len(walk.with_result)} of {len(walk.measured)} "
+                                                   f"measured batch sizes have a result")]
+    items = []
     if is_degenerate(fit):
-        if "steps rise" in str(fit.get("note")) and len(measured_all) >= NOISY_AFTER:
-            # Below the plateau the walk should see steps grow; steps that still fall as batches grow, over
-            # this many batch sizes, are trial noise that more batch sizes will not average out.
-            items.append(Uncertainty(UncertaintyKind.DOUBTFUL_FIT, UNKNOWN_EXCESS,
-                                     f"too noisy to pin: steps rise with batch size over {len(measured_all)} measured "
-                                     f"batch sizes; more trials per study would help, not more batch sizes", None))
-            return CurveState(curve, tuple(measured_all), fit, tuple(items))
-        open_below(UncertaintyKind.DOUBTFUL_FIT, f"doubtful fit: {fit.get('note')}")
-    start = _value(fit, "maximal_parallelism_start")
-    # Without a plateau the B_crit goal still has the hyperbola's S_min; at the end of the range it is said, not
-    # chased. The boundaries goal asks for it.
-    if start is None and (up is not None or settings.goal is Goal.BOUNDARIES):
+        if "steps rise" in str(fit.get("note")) and len(walk.measured) >= NOISY_AFTER:
+            return [Uncertainty(UncertaintyKind.DOUBTFUL_FIT, UNKNOWN_EXCESS,
+                                f"too noisy to pin: steps rise with batch size over {len(walk.measured)} measured "
+                                f"batch sizes; more trials per study would help, not more batch sizes", None)]
+        items.append(walk.below(UncertaintyKind.DOUBTFUL_FIT, f"doubtful fit: {fit.get('note')}"))
+    # Without a plateau the B_crit goal still has the hyperbola's S_min: at the end of the range it is said,
+    # not chased. The boundaries goal asks for it.
+    if _value(fit, "maximal_parallelism_start") is None and (walk.up is not None or settings.goal is Goal.BOUNDARIES):
         items.append(Uncertainty(UncertaintyKind.PLATEAU, UNKNOWN_EXCESS,
-                                 f"no plateau yet: steps at {with_result[-1]} are not within {TOLERANCE:.0%} of the "
-                                 f"next smaller batch size's" + ("" if up else " (the range ends there)"), up))
+                                 f"no plateau yet: steps at {walk.with_result[-1]} are not within {TOLERANCE:.0%} of "
+                                 f"the next smaller batch size's" + ("" if walk.up else " (the range ends there)"),
+                                 walk.up))
     if settings.goal is Goal.B_CRIT:
-        # B_crit must lie a factor ``target`` inside the measured range at both ends.
-        low_end, high_end = b_crit / settings.target, b_crit * settings.target
-        interval = (f"; 95% interval {_number(fit.get('b_crit_low'))}..{_number(fit.get('b_crit_high'))}"
-                    if _value(fit, "b_crit_low") is not None else "")
-        if measured_all[0] > low_end:
-            # As far down as the estimate says: the first batch size at or below B_crit / target.
-            walk_to = max((c for c in candidates if c <= low_end), default=min(candidates, default=None))
-            open_below(UncertaintyKind.B_CRIT,
-                       f"B_crit {b_crit:.3g}{interval}: the smallest measured batch size {measured_all[0]} is above "
-                       f"B_crit / {settings.target:g} = {low_end:.3g}", math.log2(measured_all[0] / low_end), walk_to)
-        elif measured_all[-1] < high_end:
-            items.append(Uncertainty(UncertaintyKind.B_CRIT, math.log2(high_end / measured_all[-1]),
-                                     f"B_crit {b_crit:.3g}{interval}: the largest measured batch size "
-                                     f"{measured_all[-1]} is below B_crit x {settings.target:g}", up))
-        return CurveState(curve, tuple(measured_all), fit, tuple(items))
+        return items + _b_crit_questions(walk, fit, b_crit, candidates, settings.target)
+    return items + _scaling_questions(walk, fit, points, settings.goal)
+
+
+def _b_crit_questions(walk: _Walk, fit: dict, b_crit: float, candidates: tuple[int, ...],
+                      target: float) -> list[Uncertainty]:
+    """B_crit must lie a factor ``target`` inside the measured range at both ends."""
+    low_end, high_end = b_crit / target, b_crit * target
+    interval = (f"; 95% interval {number(fit.get('b_crit_low'))}..{number(fit.get('b_crit_high'))}"
+                if _value(fit, "b_crit_low") is not None else "")
+    bottom, top = walk.measured[0], walk.measured[-1]
+    if bottom > low_end:
+        # As far down as the estimate says: the first batch size at or below B_crit / target.
+        walk_to = max((c for c in candidates if c <= low_end), default=min(candidates, default=None))
+        return [walk.below(UncertaintyKind.B_CRIT, f"B_crit {b_crit:.3g}{interval}: the smallest measured batch "
+                           f"size {bottom} is above B_crit / {target:g} = {low_end:.3g}",
+                           math.log2(bottom / low_end), walk_to)]
+    if top < high_end:
+        return [Uncertainty(UncertaintyKind.B_CRIT, math.log2(high_end / top), f"B_crit {b_crit:.3g}{interval}: the "
+                            f"largest measured batch size {top} is below B_crit x {target:g}", walk.up)]
+    return []
+
+
+def _scaling_questions(walk: _Walk, fit: dict, points: pd.DataFrame, goal: Goal) -> list[Uncertainty]:
+    """The threshold and boundaries goals: a bottom in perfect scaling, its end, and (boundaries) the start
+    of maximal data parallelism between adjacent measured batch sizes."""
+    items = []
     perfect = perfect_doublings(points)
     if perfect < PERFECT_DOUBLINGS:
         # The walk needs at least this many more doublings: measure that far ahead, no further.
-        open_below(UncertaintyKind.PERFECT_SCALING,
-                   f"{perfect} of {PERFECT_DOUBLINGS} doublings from {measured_all[0]} up scale perfectly",
-                   walk_to=measured_all[0] >> (PERFECT_DOUBLINGS - perfect))
-    end = _value(fit, "perfect_scaling_end")
-    if end is None:
-        items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS,
-                                 f"perfect scaling through the largest batch size with a result ({with_result[-1]})",
-                                 up))
-    if settings.goal is Goal.BOUNDARIES and start is not None:
-        previous = [b for b in with_result if b < start]
+        items.append(walk.below(UncertaintyKind.PERFECT_SCALING, f"{perfect} of {PERFECT_DOUBLINGS} doublings from "
+                                f"{walk.measured[0]} up scale perfectly",
+                                walk_to=walk.measured[0] >> (PERFECT_DOUBLINGS - perfect)))
+    if _value(fit, "perfect_scaling_end") is None:
+        items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS, f"perfect scaling through the "
+                                 f"largest batch size with a result ({walk.with_result[-1]})", walk.up))
+    start = _value(fit, "maximal_parallelism_start")
+    if goal is Goal.BOUNDARIES and start is not None:
+        previous = [b for b in walk.with_result if b < start]
         if previous and start > 2 * previous[-1]:  # a gap left by a study without a result
             items.append(Uncertainty(UncertaintyKind.MAXIMAL_PARALLELISM_START, math.log2(start / previous[-1]) - 1,
-                                     f"maximal data parallelism starts between {previous[-1]} and {int(start)}",
-                                     None))
-    return CurveState(curve, tuple(measured_all), fit, tuple(items))
-
-
-def _number(value: object) -> str:
-    return "-" if value is None or pd.isna(value) else f"{float(value):.3g}"
+                                     f"maximal data parallelism starts between {previous[-1]} and {int(start)}", None))
+    return items
 
 
 @dataclass(frozen=True)
@@ -386,12 +366,7 @@ class Decision:
     states: tuple[CurveState, ...]
 
     def uncertain(self) -> list[str]:
-        """What is still uncertain, one line per curve that has anything open."""
-        return [f"{curve_label(s.curve)}: {s.summary()}" for s in self.states if s.open]
-
-
-def curve_label(curve: CurveId) -> str:
-    return curve.label()
+        return uncertain(self.states)
 
 
 def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: float,
@@ -404,24 +379,33 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     invocation's wall clock). A limit is checked before a round starts; a round once started finishes.
     """
     wanted = [(state, choice) for state in states if (choice := state.next_batch_size()) is not None]
-    if not wanted:
-        reason = StopReason.TARGET_MET if not any(s.open for s in states) else StopReason.EXHAUSTED
-        return Decision((), reason, tuple(states))
-    budget = settings.budget
-    if budget is not None and budget.kind is BudgetKind.TRIAL_STEPS and trial_steps >= budget.amount:
-        return Decision((), StopReason.BUDGET_STEPS, tuple(states))
-    if budget is not None and budget.kind is BudgetKind.SECONDS and seconds >= budget.amount:
-        return Decision((), StopReason.BUDGET_TIME, tuple(states))
     room = settings.width if settings.max_studies is None else min(settings.width, settings.max_studies - studies)
-    if room <= 0:
-        return Decision((), StopReason.MAX_STUDIES, tuple(states))
+    stop = _stop(states, bool(wanted), room, trial_steps, seconds, settings.budget)
+    if stop is not None:
+        return Decision((), stop, tuple(states))
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
     picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description)
              for state, choice in wanted[:room]]
-    # Workers left over: the walks' next steps down, one curve after another, never below where the walk is
-    # expected to end (walk_to; the next doubling costs about twice the last: a guess is paid dearly).
-    walking = [(state, choice) for state, choice in wanted[:room] if choice.batch_size < state.measured[0]]
+    return Decision(tuple(picks + _ahead(wanted[:room], room - len(picks), candidates)), None, tuple(states))
+
+
+def _stop(states: list[CurveState], wanted: bool, room: int, trial_steps: int, seconds: float,
+          budget: Budget | None) -> StopReason | None:
+    if not wanted:
+        return StopReason.TARGET_MET if not any(s.open for s in states) else StopReason.EXHAUSTED
+    if budget is not None and budget.kind is BudgetKind.TRIAL_STEPS and trial_steps >= budget.amount:
+        return StopReason.BUDGET_STEPS
+    if budget is not None and budget.kind is BudgetKind.SECONDS and seconds >= budget.amount:
+        return StopReason.BUDGET_TIME
+    return StopReason.MAX_STUDIES if room <= 0 else None
+
+
+def _ahead(chosen: list[tuple[CurveState, Uncertainty]], room: int, candidates: tuple[int, ...]) -> list[Pick]:
+    """Workers left over: the walks' next steps down, one curve after another, never below where the walk is
+    expected to end (walk_to; the next doubling costs about twice the last: a guess is paid dearly)."""
+    walking = [(state, choice) for state, choice in chosen if choice.batch_size < state.measured[0]]
     ahead = {state.curve: choice.batch_size for state, choice in walking}
+    picks: list[Pick] = []
     while len(picks) < room and walking:
         for state, choice in list(walking):
             lower = ahead[state.curve] // 2
@@ -431,7 +415,7 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
             ahead[state.curve] = lower
             picks.append(Pick(state.curve, lower, choice.kind, choice.excess,
                               f"{choice.description} (ahead of the walk: a free worker)"))
-    return Decision(tuple(picks), None, tuple(states))
+    return picks
 
 
 # The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning).
@@ -439,21 +423,22 @@ DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "worklo
                     "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 
 
+def _row(round_index: int, decision: str, curve: CurveId, batch_size: int | None, reason: str, excess: float | None,
+         before: str, studies: int, trial_steps: int) -> dict:
+    return {"round": round_index, "decision": decision, **curve.within_workload(), "batch_size": batch_size,
+            "reason": reason, "excess_doublings": excess, "uncertainty_before": before, "studies_before": studies,
+            "trial_steps_before": trial_steps}
+
+
 def decision_rows(round_index: int, decision: Decision, studies: int, trial_steps: int) -> list[dict]:
     """The decision table's rows of one round: one per pick, or one 'stop' row per curve."""
     if decision.stop is None:
-        return [{"round": round_index, "decision": "measure", **p.curve.within_workload(), "batch_size": p.batch_size,
-                 "reason": p.reason.value, "excess_doublings": round(p.excess, 3),
-                 "uncertainty_before": p.uncertainty, "studies_before": studies, "trial_steps_before": trial_steps}
-                for p in decision.picks]
-    return [{"round": round_index, "decision": f"stop: {decision.stop.value}", **s.curve.within_workload(),
-             "batch_size": None, "reason": "", "excess_doublings": None,
-             "uncertainty_before": s.summary(), "studies_before": studies, "trial_steps_before": trial_steps}
-            for s in decision.states]
+        return [_row(round_index, "measure", p.curve, p.batch_size, p.reason.value, round(p.excess, 3), p.uncertainty,
+                     studies, trial_steps) for p in decision.picks]
+    return [_row(round_index, f"stop: {decision.stop.value}", s.curve, None, "", None, s.summary(), studies,
+                 trial_steps) for s in decision.states]
 
 
 def start_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:
-    return [{"round": 0, "decision": "measure", **c.within_workload(), "batch_size": b,
-             "reason": "start: the largest batch sizes", "excess_doublings": None,
-             "uncertainty_before": "nothing measured yet", "studies_before": 0, "trial_steps_before": 0}
+    return [_row(0, "measure", c, b, "start: the largest batch sizes", None, "nothing measured yet", 0, 0)
             for c in curves for b in grid]

@@ -1,21 +1,12 @@
 """An adaptive sweep: measure the largest batch sizes of the range, then round by round walk each curve
-down as far as its question needs (adaptive.py has the rule): B_crit, the threshold critical batch size or
-the regime boundaries (``--target``).
+down as far as its question needs (adaptive.py has the rule; docs/adaptive.md the whole story).
 
-    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5
-    edps sweep --adaptive ... --target threshold --max-studies 24 --budget 2e6steps   (or --budget 30m)
+    edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5 --target threshold --budget 30m
 
-Every measured point is an ordinary study of the sweep's protocol with its ordinary key, dispatched by
-the sweep's own executors (any of executors/; a round holds as many studies as the sweep has workers,
-run in parallel), so a grid sweep of the same protocol later reuses them, and they reuse a grid's. The
-adaptive sweep has its own sweep key (the grid's range and protocol, the rule, the target, the round's
-width and the limits) and its own sweep run,
-the parent of the studies it trains. It keeps no state of its own: the rule is deterministic (a
-seeded bootstrap), so a rerun replays the decisions from the studies in the store, training only what
-is missing, and a finished adaptive sweep run again prints its answer and trains nothing.
-
-Each decision (round, curve, batch size, why, the uncertainty before) goes into the sweep run's
-``adaptive_decisions.csv`` and its description, with the reason it stopped and what is still uncertain.
+Every point is an ordinary study dispatched by the sweep's own executor, a round as wide as its workers.
+It keeps no state of its own: the rule is deterministic, so a rerun replays the decisions from the studies
+in the store and trains only what is missing. Each decision goes into the sweep run's
+``adaptive_decisions.csv`` and description.
 """
 
 from __future__ import annotations
@@ -39,13 +30,14 @@ from edps_mlflow.adaptive import (
     Goal,
     StopReason,
     assess_curve,
-    curve_label,
     decide,
     decision_rows,
     is_power_of_two,
+    number,
     powers_of_two,
     start_grid,
     start_rows,
+    uncertain,
 )
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
@@ -152,7 +144,7 @@ class AdaptiveResult:
         return sum(m.trial_steps for m in self.measured)
 
     def uncertain(self) -> list[str]:
-        return [f"{curve_label(s.curve)}: {s.summary()}" for s in self.states if s.open]
+        return uncertain(self.states)
 
 
 # measure(studies) -> the measured studies by key, or None when one of them is not done (a replay).
@@ -197,7 +189,7 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         if decision.stop is not None:
             return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()),
                                   _decision_table(rows), round_index)
-        announce(round_index, [f"{curve_label(p.curve)} measures bs {p.batch_size}: {p.reason.value} "
+        announce(round_index, [f"{p.curve.label()} measures bs {p.batch_size}: {p.reason.value} "
                                f"({p.uncertainty})" for p in decision.picks])
         chosen = [spec.study(p.curve, p.batch_size) for p in decision.picks]
 
@@ -323,15 +315,11 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     return result
 
 
-def _number(value: Any, digits: int = 3) -> str:
-    return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}g}"
-
-
 def _interval(fit: dict, name: str) -> str:
     low, high = fit.get(f"{name}_low"), fit.get(f"{name}_high")
     if low is None or high is None or pd.isna(low) or pd.isna(high):
-        return _number(fit.get(name))
-    return f"{_number(fit.get(name))} ({_number(low)}..{_number(high)})"
+        return number(fit.get(name))
+    return f"{number(fit.get(name))} ({number(low)}..{number(high)})"
 
 
 def _threshold(fit: dict) -> str:
@@ -339,9 +327,9 @@ def _threshold(fit: dict) -> str:
     value, failing = fit.get("b_crit_threshold"), fit.get("perfect_scaling_end")
     if value is None or pd.isna(value):
         return "-"
-    bracket = f"{_number(value, 6)}..{_number(failing, 6)}" if failing is not None and pd.notna(failing) \
-        else f">{_number(value, 6)}"
-    return f"{_number(value, 6)} ({bracket})"
+    bracket = f"{number(value, 6)}..{number(failing, 6)}" if failing is not None and pd.notna(failing) \
+        else f">{number(value, 6)}"
+    return f"{number(value, 6)} ({bracket})"
 
 
 def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
@@ -349,10 +337,10 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
     rows = []
     for state in result.states:
         fit = state.fit
-        rows.append({"curve": curve_label(state.curve), "batch sizes": ",".join(map(str, state.measured)),
+        rows.append({"curve": state.curve.label(), "batch sizes": ",".join(map(str, state.measured)),
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
-                     "perfect_scaling_end": _number(fit.get("perfect_scaling_end"), 6),
-                     "maximal parallelism from": _number(fit.get("maximal_parallelism_start"), 6),
+                     "perfect_scaling_end": number(fit.get("perfect_scaling_end"), 6),
+                     "maximal parallelism from": number(fit.get("maximal_parallelism_start"), 6),
                      "B_crit threshold (passes..fails)": _threshold(fit),
                      "B_crit threshold, fit (95%)": _interval(fit, "b_crit_threshold_fit"),
                      "still uncertain": state.summary()})
