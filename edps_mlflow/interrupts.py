@@ -1,14 +1,6 @@
-"""SIGTERM and Ctrl-C as KeyboardInterrupt, held back while a tracking-store call is in flight.
-
-A study stopped by SIGTERM (a cancelled `mlflow run`, a job scheduler, a sweep stopping its workers)
-or by Ctrl-C records that it was stopped: its runs become KILLED. Raised in the middle of a store call, the
-interrupt can leave a sqlite transaction open in the stopping process, whose lock then blocks that
-very record and every other process on the store ("database is locked"). So the handler raises at
-once outside store calls, and at the end of the call inside one (``store_call``); store calls end
-within their timeouts. Signal handlers run in the main thread only, so the other threads (the
-heartbeat) are never interrupted and never hold one back.
-
-No imports of mlflow or torch.
+"""SIGTERM and Ctrl-C as KeyboardInterrupt, held back while a tracking-store call of the main thread is in
+flight: raised inside one, it could leave a sqlite transaction open whose lock blocks the write that records
+the interruption (docs/reliability.md). No imports of mlflow or torch.
 """
 
 from __future__ import annotations
@@ -59,11 +51,9 @@ def store_call() -> Iterator[None]:
 
 
 def _catch_swallowed_interrupts() -> None:
-    """A handler runs wherever the main thread is, also inside a callback Python cannot raise out of (a
-    weak reference's, the garbage collector's, an import lock's): there the KeyboardInterrupt is printed as
-    "Exception ignored in ..." with a traceback and lost, and the process goes on. Send the signal again
-    instead, a moment later from another thread (sent from the hook, it would be raised inside the hook):
-    it is raised outside the callback, where it stops the process (in a callback again: sent again)."""
+    """An interrupt raised inside a callback Python cannot raise out of (a weak reference's, the garbage
+    collector's) is printed as "Exception ignored" and lost: send the signal again a moment later, from
+    another thread, so that it is raised outside the callback."""
     if getattr(sys.unraisablehook, "_edps_redelivers", False):
         return
     previous = sys.unraisablehook

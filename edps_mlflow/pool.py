@@ -7,20 +7,9 @@
         for task in worker.tasks():
             worker.send(("result", compute(job, task)))
 
-Workers are spawned (a fresh interpreter each: no inherited threads, locks or CUDA state). The
-parent puts every task on one queue, then one ``None`` per worker to say there is no more, and
-dispatches what the workers send back to ``on_event``. A worker that raises, or dies without
-saying it is done, fails the pool with a :class:`WorkerError`; whatever way the parent leaves
-(success, error, Ctrl-C), its workers are stopped: SIGTERM, a grace period, then SIGKILL.
-
-Workers die with their parent, however the parent died (SIGKILL included), within about a
-second, and never act after it is gone: a sweep worker writes to the tracking store, and a
-worker of a dead sweep writing on would corrupt what the next sweep resumes from. On Linux the
-kernel delivers SIGKILL to a worker the moment its parent ends (``PR_SET_PDEATHSIG``); SIGKILL
-rather than SIGTERM because a SIGTERM'd sweep worker would first mark its runs KILLED, i.e.
-write to the store after its parent is gone. The runs a dead sweep leaves RUNNING are marked
-FAILED by the next sweep (resume). A watchdog thread in every worker covers the rest: other
-systems, and a parent that died before the worker could ask the kernel.
+Workers are spawned, get their tasks from one queue and send events back. A worker that raises or dies
+fails the pool with a :class:`WorkerError`; however the parent leaves, its workers are stopped, and
+however the parent dies, they die within a second without writing again (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -106,11 +95,9 @@ class _Failed:
 
 
 class _Deferred:
-    """A value pickled while the worker is being spawned but unpickled only when the worker asks.
-
-    Unpickling the target imports its module (torch: seconds); deferring it lets the worker ask
-    for the parent-death signal first. Pickling inside ``Process.start`` is what lets shared
-    memory and locks travel in ``worker_args``: they may only be pickled while spawning."""
+    """A value pickled while the worker is spawned (shared memory and locks may only be pickled then) but
+    unpickled when the worker asks: after it has asked for the parent-death signal, not while importing
+    the target's module (torch: seconds)."""
 
     def __init__(self, value: Any = None, data: bytes | None = None) -> None:
         self.value, self.data = value, data
@@ -123,11 +110,8 @@ class _Deferred:
         return pickle.loads(self.data)
 
 
-# Python's resource tracker (one process, shared by a parent and every worker it spawns, started with the
-# parent's warning options) releases the locks of a process that ended without releasing them: a worker
-# stopped with SIGKILL, or one that ended itself with os._exit when its parent died. That is its job; but it
-# then prints "leaked semaphore" warnings, lines that would follow the one-line error or interruption the
-# user is reading. This option, in place before the tracker starts, keeps it quiet about exactly that.
+# Python's resource tracker releases the locks of a worker that was killed or ended with os._exit, and prints
+# "leaked semaphore" warnings under the user's one-line error; set before it starts, this keeps it quiet.
 _QUIET_RESOURCE_TRACKER = "ignore:resource_tracker:UserWarning"
 
 
@@ -137,26 +121,21 @@ def _quiet_resource_tracker() -> None:
 
 
 def shared_int(initial: int) -> Any:
-    """A signed 64-bit integer in shared memory with a lock (``.value``, ``.get_lock()``), to hand
-    to workers in ``worker_args``."""
+    """A signed 64-bit integer in shared memory with a lock (``.value``, ``.get_lock()``), for ``worker_args``."""
     _quiet_resource_tracker()
     return _CONTEXT.Value("q", initial)
 
 
 def shared_ints(count: int, initial: int) -> Any:
-    """``count`` signed 64-bit integers in shared memory with a lock (indexable, ``.get_lock()``), to hand
-    to workers in ``worker_args``."""
+    """``count`` signed 64-bit integers in shared memory with a lock (indexable, ``.get_lock()``)."""
     _quiet_resource_tracker()
     return _CONTEXT.Array("q", [initial] * count)
 
 
 def run_pool(spec: PoolSpec, tasks: Iterable[Any], on_event: Callable[[Any], None],
              on_idle: Callable[[], None] | None = None) -> None:
-    """Start the workers, feed them ``tasks``, call ``on_event`` in this process for every event a
-    worker sends (``on_idle`` when none came for a second), and return once every worker is done.
-
-    Raises :class:`WorkerError` if a worker fails or dies; whatever ``on_event`` raises propagates.
-    Either way no worker outlives the call."""
+    """Start the workers, feed them ``tasks`` (:meth:`Pool.run`), and return once every worker is done; no
+    worker outlives the call."""
     with open_pool(spec) as pool:
         pool.run(tasks, on_event, on_idle)
 
@@ -168,6 +147,7 @@ class Pool:
     def __init__(self, processes: list[Any], task_queue: Any, events: Any) -> None:
         self._processes, self._tasks, self._events = processes, task_queue, events
         self._running = set(range(len(processes)))
+        self._pending = 0  # tasks given and not yet done
         self._on_event: Callable[[Any], None] = lambda event: None
 
     def run(self, tasks: Iterable[Any], on_event: Callable[[Any], None],
@@ -177,62 +157,84 @@ class Pool:
         if a worker fails or dies; whatever ``on_event`` raises propagates (the pool is then closed by
         force when its ``with`` ends)."""
         self._on_event = on_event
-        pending = 0
         for task in tasks:
             self._tasks.put(task)
-            pending += 1
-        last_poll = time.monotonic()
-        while pending:
-            if time.monotonic() - last_poll >= _POLL_SECONDS:
-                # A worker killed from outside sends nothing, and the others may keep the queue busy.
-                last_poll = time.monotonic()
-                pending -= _check_alive(self._processes, self._running, self._events, on_event)
-                if not pending:
-                    break
-            try:
-                event = self._events.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if on_idle is not None:
-                    on_idle()
-                continue
-            pending -= _dispatch(event, self._processes, self._running, on_event)
-            if pending and not self._running:
-                raise WorkerError(f"every worker ended with {pending} task(s) left")
+            self._pending += 1
+        self._wait(lambda: not self._pending, on_idle)
 
     def close(self, forgive_idle_deaths: bool = False) -> bool:
         """Tell every worker there is no more work and wait until each has said it is done (the events
         still coming go to the last ``run``'s ``on_event``); True then. Raises :class:`WorkerError` if one
-        fails or dies. With ``forgive_idle_deaths``, one that died idle (every task given to the pool was
-        done: ``run`` returned) makes it return False instead, so that the work the caller finished does not
-        fail for it; the caller stops the others then, which may never get their word (a worker killed while
-        waiting for a task can die holding the queue's lock)."""
+        fails or dies. With ``forgive_idle_deaths``, one that died idle (after every task was done) makes it
+        return False instead, so that the finished work does not fail for it; the caller stops the others
+        then, which may never get their word (a worker killed waiting for a task can hold the queue's lock)."""
         for _ in self._processes:
             self._tasks.put(None)
+        return self._wait(lambda: not self._running, None, forgive_idle_deaths)
+
+    def _wait(self, finished: Callable[[], bool], on_idle: Callable[[], None] | None,
+              forgive_idle_deaths: bool = False) -> bool:
+        """Dispatch events until ``finished()``; False when a worker died idle and that is forgiven."""
         last_poll = time.monotonic()
-        while self._running:
+        while not finished():
             if time.monotonic() - last_poll >= _POLL_SECONDS:
+                # A worker killed from outside sends nothing, and the others may keep the queue busy.
                 last_poll = time.monotonic()
                 if not forgive_idle_deaths:
-                    _check_alive(self._processes, self._running, self._events, self._on_event)
+                    self._check_alive()
                     continue
-                _drain(self._processes, self._running, self._events, self._on_event)  # a _Failed still raises
+                self._drain()  # a _Failed still raises
                 if any(self._processes[w].exitcode is not None for w in self._running):
                     return False
                 continue
             try:
                 event = self._events.get(timeout=_POLL_SECONDS)
             except queue.Empty:
+                if on_idle is not None:
+                    on_idle()
                 continue
-            _dispatch(event, self._processes, self._running, self._on_event)
+            self._dispatch(event)
+            if self._pending and not self._running:
+                raise WorkerError(f"every worker ended with {self._pending} task(s) left")
         return True
+
+    def _dispatch(self, event: Any) -> None:
+        if isinstance(event, _TaskDone):
+            self._pending -= 1
+        elif isinstance(event, _Done):
+            self._running.discard(event.worker)
+        elif isinstance(event, _Failed):
+            process = self._processes[event.worker]
+            raise WorkerError(f"{process.name} (pid {process.pid}) failed:\n{event.traceback}")
+        else:
+            self._on_event(event)
+
+    def _drain(self) -> None:
+        """Handle every event already sent."""
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            self._dispatch(event)
+
+    def _check_alive(self) -> None:
+        """Raise when a worker died. One that exited after saying it is done (or why it failed) flushed that
+        into the pipe first: what is there is read before its exit is called a death."""
+        if all(self._processes[w].exitcode is None for w in self._running):
+            return
+        self._drain()
+        dead = sorted(w for w in self._running if self._processes[w].exitcode is not None)
+        if dead:
+            process = self._processes[dead[0]]
+            raise WorkerError(f"{process.name} (pid {process.pid}) exited with code {process.exitcode}"
+                              f"{_signal_name(process.exitcode)} before finishing its tasks")
 
 
 @contextmanager
 def open_pool(spec: PoolSpec, forgive_idle_deaths: bool = False) -> Iterator[Pool]:
-    """The workers of ``spec``, started, for as long as the ``with`` lasts. On a normal exit they are told
-    there is no more work and the ``with`` waits until each says it is done (:meth:`Pool.close`, which
-    ``forgive_idle_deaths`` is passed to); on an error (or Ctrl-C) they are stopped. Either way no worker
-    outlives the ``with``."""
+    """The workers of ``spec`` for as long as the ``with`` lasts: on a normal exit closed (:meth:`Pool.close`),
+    on an error or Ctrl-C stopped; either way no worker outlives the ``with``."""
     if threading.current_thread() is not threading.main_thread():
         # The kernel's parent-death signal fires when the *thread* that started a worker ends.
         raise RuntimeError("worker processes must be started from the main thread")
@@ -244,9 +246,7 @@ def open_pool(spec: PoolSpec, forgive_idle_deaths: bool = False) -> Iterator[Poo
     processes = [
         _CONTEXT.Process(target=_worker_main, name=f"{spec.name}-{index}",
                          args=(parent, index, task_queue, events, _Deferred((spec.target, args))),
-                         # Not daemon: a daemon process may not start processes of its own, and
-                         # this pool ends its workers itself.
-                         daemon=False)
+                         daemon=False)  # a daemon may not start processes; the pool ends its workers itself
         for index, args in enumerate(spec.worker_args)]
     started: list[Any] = []
     finished = False
@@ -262,46 +262,6 @@ def open_pool(spec: PoolSpec, forgive_idle_deaths: bool = False) -> Iterator[Poo
         # Tasks or events still buffered must not make this process wait at exit for dead readers.
         task_queue.cancel_join_thread()
         events.cancel_join_thread()
-
-
-def _dispatch(event: Any, processes: list[Any], running: set[int], on_event: Callable[[Any], None]) -> int:
-    """Handle one event; 1 when it says a task is done, else 0."""
-    if isinstance(event, _TaskDone):
-        return 1
-    if isinstance(event, _Done):
-        running.discard(event.worker)
-    elif isinstance(event, _Failed):
-        process = processes[event.worker]
-        raise WorkerError(f"{process.name} (pid {process.pid}) failed:\n{event.traceback}")
-    else:
-        on_event(event)
-    return 0
-
-
-def _check_alive(processes: list[Any], running: set[int], events: Any, on_event: Callable[[Any], None]) -> int:
-    """Raise when a worker died; the tasks done that were read on the way."""
-    if all(processes[w].exitcode is None for w in running):
-        return 0
-    # A worker that exited after saying "done" (or why it failed) flushed that into the pipe before
-    # it exited: read what is there before calling its exit a death.
-    done = _drain(processes, running, events, on_event)
-    dead = sorted(w for w in running if processes[w].exitcode is not None)
-    if dead:
-        process = processes[dead[0]]
-        raise WorkerError(f"{process.name} (pid {process.pid}) exited with code {process.exitcode}"
-                          f"{_signal_name(process.exitcode)} before finishing its tasks")
-    return done
-
-
-def _drain(processes: list[Any], running: set[int], events: Any, on_event: Callable[[Any], None]) -> int:
-    """Handle every event already sent; the tasks done among them."""
-    done = 0
-    while True:
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            return done
-        done += _dispatch(event, processes, running, on_event)
 
 
 def _signal_name(exitcode: int) -> str:
@@ -358,6 +318,8 @@ def _worker_main(parent: int, index: int, task_queue: Any, events: Any, payload:
 
 
 def _die_with_parent(parent: int) -> None:
+    """SIGKILL from the kernel when the parent ends (Linux), not SIGTERM: a SIGTERM'd worker would mark its
+    runs KILLED, a write after its parent is gone. A watchdog thread covers other systems."""
     if sys.platform.startswith("linux"):
         # The C library is already loaded into this process; CDLL(None) finds prctl there.
         libc = ctypes.CDLL(None, use_errno=True)

@@ -1,4 +1,5 @@
-"""Progress of a study (one live line on a terminal, plain periodic lines in logs) and of a sweep."""
+"""Progress of a study and of a sweep: one line updated in place on a terminal, a line at most every
+``interval`` seconds in a log."""
 
 from __future__ import annotations
 
@@ -11,15 +12,38 @@ from typing import Callable, Sequence, TextIO
 from edps_mlflow.results import StudyReport
 
 
-class StudyProgress:
-    """Tracks chunks, steps and the best validation error; renders at most every ``interval`` s."""
+class _Line:
+    """A progress line written to ``stream`` at most every ``interval`` seconds (unless forced)."""
+
+    def __init__(self, stream: TextIO, live_interval: float, log_interval: float) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+        self.interval = live_interval if self.live else log_interval
+        self._last = 0.0
+
+    def _due(self, force: bool) -> bool:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self._write("\n")
+
+
+class StudyProgress(_Line):
+    """Tracks chunks, steps and the best validation error."""
 
     def __init__(self, total_trials: int, to_train: int, stream: TextIO | None = None,
                  log_interval: float = 10.0, on_trial: Callable[[str, int | None], None] | None = None,
                  on_steps: Callable[[int, int], None] | None = None, steps_interval: float = 1.0) -> None:
-        self.stream = stream or sys.stdout
-        self.live = self.stream.isatty()
-        self.interval = 0.2 if self.live else log_interval
+        super().__init__(stream or sys.stdout, 0.2, log_interval)
         self.total_trials = total_trials
         self.to_train = to_train
         self.finished = 0
@@ -27,11 +51,9 @@ class StudyProgress:
         self.best_validation_error: float | None = None
         self.best_steps: int | None = None
         self.started = time.monotonic()
-        self._last_render = 0.0
         self.on_trial = on_trial  # told of every finished trial (a sweep worker forwards it to the sweep)
-        # told (trial-steps trained so far, furthest step of a trial) at most every steps_interval s and at
-        # every finished trial: a breadth-first study finishes no trial until one reaches, so a sweep's
-        # progress comes from steps, not from finished trials
+        # Told (trial-steps so far, furthest step) at most every steps_interval s and at every finished trial:
+        # a breadth-first study finishes no trial until one reaches, so a sweep's progress comes from steps.
         self.on_steps = on_steps
         self.steps_interval = steps_interval
         self.finished_steps = 0  # trial-steps of the finished trials
@@ -64,11 +86,6 @@ class StudyProgress:
         self._render(force=True, event=f"trial {index} {status}"
                      + (f" at step {steps_to_result}" if steps_to_result is not None else ""))
 
-    def close(self) -> None:
-        if self.live:
-            self.stream.write("\n")
-            self.stream.flush()
-
     @property
     def trial_steps(self) -> int:
         """Trial-steps trained so far: the finished trials' steps and the running ones' last checks."""
@@ -93,18 +110,12 @@ class StudyProgress:
                 f"steps-to-result so far {result}")
 
     def _render(self, force: bool = False, event: str | None = None) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_render < self.interval:
+        if not self._due(force):
             return
-        self._last_render = now
         if self.live:
-            text = self._line()
-            if event:
-                text = f"{event}; {text}"
-            self.stream.write("\r\x1b[2K" + text[:200])
+            self._write("\r\x1b[2K" + ((f"{event}; " if event else "") + self._line())[:200])
         else:
-            self.stream.write((f"{event}: " if event else "") + self._line() + "\n")
-        self.stream.flush()
+            self._write((f"{event}: " if event else "") + self._line() + "\n")
 
 
 @dataclass(frozen=True)
@@ -133,22 +144,17 @@ def guess_steps_to_result(batch_size: int, max_steps: int, known: dict[int, int]
     return min(max_steps, max(1, round(steps)))
 
 
-class SweepProgress:
+class SweepProgress(_Line):
     """Studies done / running / to do, the running studies' steps, trial-steps trained against an estimate of
-    the trial-steps still to go, and from their rate the time left. A breadth-first study finishes no trial
-    until one reaches the goal, so trial-steps, not finished trials, measure its progress; the executors that
-    report no steps (Ray, MLflow Projects) fall back to finished trials.
-
-    The estimate of a study still to train is trials x its guessed steps-to-result
-    (:func:`guess_steps_to_result` from the studies of its curve already measured, else of any curve); a
-    running study whose trials have passed that guess without a result is guessed sqrt(2) times its furthest
-    step. None before any study has a result. It is rough, and refines as
-    studies finish. On a terminal one line updates in place; in a log a line at most every ``interval``
-    seconds (and one per finished study)."""
+    the trial-steps still to go, and from their rate the time left. Trial-steps, not finished trials, measure a
+    breadth-first study's progress; the executors that report no steps (Ray, MLflow Projects) fall back to
+    finished trials. The estimate of a study still to train is its trials x :func:`guess_steps_to_result`
+    (sqrt(2) times its furthest step once its trials passed that guess): rough, refined as studies finish."""
 
     def __init__(self, total: int, done: int, trials_to_train: int, workers: int, out: TextIO,
                  interval: float = 30.0, studies: Sequence[SweepStudy] = ()) -> None:
-        self.total, self.done, self.trials_to_train, self.workers = total, done, trials_to_train, workers
+        super().__init__(out, 0.5, interval)
+        self.total, self.done, self.trials_to_train = total, done, trials_to_train
         self.running = 0
         self.failed = 0  # studies that ended without a result (the mlflow-project executor goes on after one)
         self.trials_done = 0
@@ -161,11 +167,7 @@ class SweepProgress:
         self.unfinished = {study.label for study in studies if study.trials > 0}
         self.steps: dict[str, tuple[int, int]] = {}  # running study -> (trial-steps, furthest step)
         self.finished_trial_steps = 0  # trial-steps of the studies finished in this sweep
-        self.out = out
-        self.live = out.isatty()
-        self.interval = 0.5 if self.live else interval
         self.started = time.monotonic()
-        self._last = 0.0
 
     def started_study(self) -> None:
         self.running += 1
@@ -258,18 +260,9 @@ class SweepProgress:
         return f"trials {self.trials_done}/{self.trials_to_train} | {rate:.2f} trials/s | {eta_text}"
 
     def render(self, force: bool = False, event: str | None = None) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        if not self._due(force):
             return
-        self._last = now
         if self.live:
-            text = ("\r\x1b[2K" + event + "\n" if event else "\r\x1b[2K") + self.line()[:200]
-            self.out.write(text)
-            self.out.flush()
+            self._write("\r\x1b[2K" + (event + "\n" if event else "") + self.line()[:200])
         else:
-            print((f"{event}\n" if event else "") + self.line(), file=self.out, flush=True)
-
-    def close(self) -> None:
-        if self.live:
-            self.out.write("\n")
-            self.out.flush()
+            self._write((f"{event}\n" if event else "") + self.line() + "\n")
