@@ -1,32 +1,27 @@
-"""Reading files we did not write: reads bounded by what the format allows, errors as one line.
-
-A header or an archive's size field is a claim, not a fact: memory must follow the bytes that are
-actually there, and never grow past what the format can legitimately hold.
-"""
+"""Reading files we did not write: reads bounded by what the format can hold (a header's or an archive's size
+is a claim, not a fact, so memory follows the bytes actually there), errors as one line."""
 
 from __future__ import annotations
 
 import struct
 import tarfile
 import zlib
+from pathlib import Path
 from typing import BinaryIO
+
+from edps_mlflow.errors import EdpsError
 
 READ_CHUNK = 1 << 20
 
-# What damaged input makes the standard readers raise: a bad gzip header is gzip.BadGzipFile (an
-# OSError), a cut gzip stream EOFError, a damaged deflate stream zlib.error; tarfile has its own
-# errors, and malformed header fields surface as struct.error or ValueError.
+# What damaged input makes the standard readers raise: gzip.BadGzipFile (an OSError), EOFError for a cut
+# gzip stream, zlib.error, tarfile's errors, and struct.error or ValueError for malformed header fields.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (
     OSError, EOFError, zlib.error, tarfile.TarError, struct.error, ValueError,
 )
 
 
 def read_at_most(handle: BinaryIO, limit: int) -> bytearray:
-    """Up to ``limit`` bytes (fewer at the end of the stream).
-
-    Read in chunks, so that memory grows with the data actually present rather than being
-    allocated up front for a size that a header merely claims.
-    """
+    """Up to ``limit`` bytes (fewer at the end of the stream), read in chunks."""
     data = bytearray()
     while len(data) < limit:
         chunk = handle.read(min(READ_CHUNK, limit - len(data)))
@@ -34,6 +29,16 @@ def read_at_most(handle: BinaryIO, limit: int) -> bytearray:
             break
         data += chunk
     return data
+
+
+def read_file(path: Path, limit: int) -> bytearray:
+    """At most ``limit`` + 1 bytes of ``path`` (one more than the format holds, to notice a file with more);
+    an unreadable file is one EdpsError line."""
+    try:
+        with path.open("rb") as handle:
+            return read_at_most(handle, limit + 1)
+    except DECODE_ERRORS as error:
+        raise EdpsError(f"cannot read {path}: {describe(error)}") from None
 
 
 def describe(error: BaseException) -> str:
@@ -46,11 +51,8 @@ class LimitExceeded(Exception):
 
 
 class BoundedReader:
-    """A read-only stream that raises :class:`LimitExceeded` once more than ``limit`` bytes were read.
-
-    For readers we cannot bound ourselves (tarfile walking an archive): whatever they do, they
-    never see more than ``limit`` decompressed bytes.
-    """
+    """A read-only stream that raises :class:`LimitExceeded` once more than ``limit`` bytes were read: for
+    readers we cannot bound ourselves (tarfile walking an archive)."""
 
     def __init__(self, raw: BinaryIO, limit: int) -> None:
         self._raw = raw

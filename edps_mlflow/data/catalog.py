@@ -1,9 +1,5 @@
-"""The datasets of the built-in workloads: where their files live, their published checksums, status and
-download.
-
-Layout: each dataset in its own folder under the data directory (``--data-dir``, else
-``$EDPS_DATA_DIR``, else ``~/.cache/edps-mlflow/data``): ``mnist/``, ``fashion-mnist/``,
-``cifar10/``, ``tiny-shakespeare/``. Files placed directly in the data directory are found too.
+"""The datasets of the built-in workloads: where their files live (a folder each under the data directory, or
+the data directory itself: docs/workloads.md), their published checksums, status and download.
 
     edps data list
     edps data download mnist
@@ -15,7 +11,6 @@ import hashlib
 import http.client
 import os
 import socket
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,8 +30,7 @@ from edps_mlflow.uris import redact_uri
 
 # A base URL that replaces the official hosts (an institutional mirror, or a test server).
 MIRROR_ENV = "EDPS_DATA_MIRROR"
-# Per file: far above the largest real one (CIFAR-10's archive, 170 MB), so that a misconfigured
-# mirror or a hostile server cannot fill the disk.
+# Per file: far above the largest real one (CIFAR-10's, 170 MB), so that no server can fill the disk.
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
 # Per file, for the whole transfer (the socket timeout only bounds each single wait).
 DOWNLOAD_DEADLINE_S = 600.0
@@ -104,9 +98,7 @@ SOURCES: dict[str, DatasetSource] = {
         alternatives=((ARCHIVE,), tuple(f"{ARCHIVE_FOLDER}/{n}" for n in TRAIN_BATCHES), TRAIN_BATCHES),
         load=load_cifar10_splits,
     ),
-    # Karpathy's char-rnn file, as nanoGPT's shakespeare_char fetches it. Its sha256 (and size, 1,115,394
-    # bytes) as TensorFlow Datasets publishes them for this URL (tensorflow_datasets/url_checksums/
-    # tiny_shakespeare.txt); no md5 is published for it.
+    # Karpathy's char-rnn file, as nanoGPT fetches it; its sha256 as TensorFlow Datasets publishes it (no md5).
     "tiny-shakespeare": DatasetSource(
         name="tiny-shakespeare", title="Tiny Shakespeare (char-rnn input.txt)",
         files=(RemoteFile(SHAKESPEARE_FILE,
@@ -138,41 +130,45 @@ def get_source(name: str) -> DatasetSource:
         raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)}") from None
 
 
+def _present(source: DatasetSource, directory: Path) -> tuple[str, ...] | None:
+    """The first group of files that makes the dataset usable, when all of its files are in ``directory``."""
+    return next((group for group in source.alternatives if all((directory / f).is_file() for f in group)), None)
+
+
 def dataset_directory(source: DatasetSource, data_dir: str | Path | None) -> Path:
     """``<data dir>/<dataset>``, or the data directory itself when the files lie there."""
     root = resolve_data_dir(data_dir)
-    for candidate in (root / source.name, root):
-        if any(all((candidate / f).is_file() for f in group) for group in source.alternatives):
-            return candidate
-    return root / source.name
+    return next((d for d in (root / source.name, root) if _present(source, d)), root / source.name)
+
+
+def _not_there(source: DatasetSource, directory: Path) -> EdpsError:
+    expected = " or ".join(", ".join(group) for group in source.alternatives[:2])
+    where = "does not exist" if not directory.is_dir() else "lacks the files"
+    return EdpsError(f"{source.title} data directory {directory} {where}; put {expected} there "
+                     f"(`edps data download {source.name}` fetches them), or pass --data-dir / set EDPS_DATA_DIR")
 
 
 def require_present(name: str, data_dir: str | Path | None) -> Path:
     """The dataset's directory, or a one-line error when its files are not there (nothing is read)."""
     source = get_source(name)
     directory = dataset_directory(source, data_dir)
-    if not any(all((directory / f).is_file() for f in group) for group in source.alternatives):
-        expected = " or ".join(", ".join(group) for group in source.alternatives[:2])
-        where = "does not exist" if not directory.is_dir() else "lacks the files"
-        raise EdpsError(f"{source.title} data directory {directory} {where}; put {expected} there "
-                        f"(`edps data download {name}` fetches them), or pass --data-dir / set EDPS_DATA_DIR")
+    if _present(source, directory) is None:
+        raise _not_there(source, directory)
     return directory
 
 
 def dataset_files(name: str, data_dir: str | Path | None) -> list[Path]:
     """The files the dataset is loaded from (the first complete group present)."""
     directory = require_present(name, data_dir)
-    group = next(g for g in get_source(name).alternatives if all((directory / f).is_file() for f in g))
-    return [directory / f for f in group]
+    return [directory / f for f in _present(get_source(name), directory) or ()]
 
 
 def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
+    """The dataset's splits; a directory without its files gets the loader's own, finer error."""
     source = get_source(name)
     directory = dataset_directory(source, data_dir)
     if not directory.is_dir():
-        expected = " or ".join(", ".join(group) for group in source.alternatives[:2])
-        raise EdpsError(f"{source.title} data directory {directory} does not exist; put {expected} there "
-                        f"(`edps data download {name}` fetches them), or pass --data-dir / set EDPS_DATA_DIR")
+        raise _not_there(source, directory)
     return source.load(directory)
 
 
@@ -195,7 +191,7 @@ def dataset_report(name: str, data_dir: str | Path | None) -> DatasetReport:
     """Missing, corrupt (does not load) or present; present says whether checksums were verified."""
     source = get_source(name)
     directory = dataset_directory(source, data_dir)
-    if not any(all((directory / f).is_file() for f in group) for group in source.alternatives):
+    if _present(source, directory) is None:
         return DatasetReport(DatasetStatus.MISSING, directory, "no files")
     try:
         splits = source.load(directory)
@@ -225,12 +221,9 @@ def _urls(remote: RemoteFile) -> tuple[str, ...]:
 def download(source: DatasetSource, data_dir: str | Path | None, timeout: float = 60.0,
              report: Callable[[str], None] = print, deadline: float = DOWNLOAD_DEADLINE_S,
              max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
-    """Fetch the official files into ``<data dir>/<dataset>``, verifying published checksums.
-
-    A file is moved into place only after its checksum matched; nothing half-written is left.
-    ``timeout`` bounds each wait for the server, ``deadline`` (seconds) a whole file's transfer
-    and ``max_bytes`` its size.
-    """
+    """Fetch the official files into ``<data dir>/<dataset>``, each moved into place only after its checksum
+    matched. ``timeout`` bounds each wait for the server, ``deadline`` (seconds) a whole file's transfer and
+    ``max_bytes`` its size."""
     directory = resolve_data_dir(data_dir) / source.name
     created = not directory.exists()
     try:
@@ -239,7 +232,8 @@ def download(source: DatasetSource, data_dir: str | Path | None, timeout: float 
         raise EdpsError(f"cannot create the data directory {directory}: {describe(error)}") from None
     limits = _Limits(timeout=timeout, deadline=deadline, max_bytes=max_bytes)
     try:
-        _download_files(source, directory, limits, report)
+        for remote in source.files:
+            _download_file(remote, directory / remote.name, limits, report)
     except EdpsError:
         if created and not any(directory.iterdir()):
             directory.rmdir()
@@ -258,56 +252,42 @@ class _TransferFailed(Exception):
     """One URL failed; the message says why, in one line."""
 
 
-def _download_files(source: DatasetSource, directory: Path, limits: _Limits, report: Callable[[str], None]) -> None:
-    for remote in source.files:
-        target = directory / remote.name
-        if target.is_file() and remote.matches(target):
-            report(f"{remote.name}: already present, checksum verified")
+def _download_file(remote: RemoteFile, target: Path, limits: _Limits, report: Callable[[str], None]) -> None:
+    if target.is_file() and remote.matches(target):
+        report(f"{remote.name}: already present, checksum verified")
+        return
+    errors = []
+    for url in _urls(remote):
+        report(f"{remote.name}: downloading {redact_uri(url)}")  # a mirror URL may carry credentials
+        try:
+            _fetch_verified(url, remote, target, limits)
+        except _TransferFailed as error:
+            errors.append(redact_uri(f"{url}: {error}"))
             continue
-        errors = []
-        for url in _urls(remote):
-            # A mirror URL may carry credentials: they are never printed.
-            report(f"{remote.name}: downloading {redact_uri(url)}")
-            try:
-                _fetch_verified(url, remote, target, limits)
-            except _TransferFailed as error:
-                errors.append(redact_uri(f"{url}: {error}"))
-                continue
-            report(f"{remote.name}: checksum verified")
-            break
-        else:
-            raise EdpsError(f"could not fetch {remote.name} ({'; '.join(errors)}); download it by hand from "
-                            f"{remote.urls[0]} ({remote.checksum}) and put it in {target.parent}")
+        report(f"{remote.name}: checksum verified")
+        return
+    raise EdpsError(f"could not fetch {remote.name} ({'; '.join(errors)}); download it by hand from "
+                    f"{remote.urls[0]} ({remote.checksum}) and put it in {target.parent}")
 
 
 def _fetch_verified(url: str, remote: RemoteFile, target: Path, limits: _Limits) -> None:
-    """``url`` into ``target`` through a temporary file that only a matching checksum moves into place."""
+    """``url`` into ``target`` through a partial file (created as any file of the user's is) that only a
+    matching checksum moves into place."""
+    partial = target.with_name(f".{remote.name}.{os.getpid()}.part")
     try:
-        handle, partial = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=target.parent)
+        _fetch(url, partial, limits)
+        if not remote.matches(partial):
+            raise _TransferFailed(f"checksum mismatch (expected {remote.checksum}, got {remote.actual(partial)})")
+        partial.replace(target)
     except OSError as error:
-        raise EdpsError(f"cannot write in {target.parent}: {describe(error)}") from None
-    os.close(handle)
-    partial_path = Path(partial)
-    try:
-        _fetch(url, partial_path, limits)
-        if not remote.matches(partial_path):
-            raise _TransferFailed(f"checksum mismatch (expected {remote.checksum}, got {remote.actual(partial_path)})")
-        # mkstemp creates the file readable by its owner only; a dataset should get the
-        # permissions any file the user creates gets.
-        partial_path.chmod(0o666 & ~_umask())
-        partial_path.replace(target)
-    except OSError as error:
-        raise _TransferFailed(_network_reason(error, limits)) from None
+        raise _TransferFailed(_reason(error, limits)) from None
     finally:
-        partial_path.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
 
 
 def _fetch(url: str, destination: Path, limits: _Limits) -> None:
-    """Copy ``url`` to ``destination``, refusing more than ``max_bytes`` or longer than ``deadline``.
-
-    The socket timeout bounds each wait only, so a server that drips a byte at a time would never
-    trip it; the deadline is checked after every read, which returns whatever has arrived.
-    """
+    """Copy ``url`` to ``destination``, refusing more than ``max_bytes`` or longer than ``deadline``: the socket
+    timeout bounds each wait only, so a server that drips a byte at a time would never trip it."""
     started = time.monotonic()
     try:
         with urllib.request.urlopen(url, timeout=limits.timeout) as response, destination.open("wb") as out:
@@ -316,19 +296,19 @@ def _fetch(url: str, destination: Path, limits: _Limits) -> None:
                 raise _TransferFailed(f"the server announces {announced} bytes, more than the "
                                       f"{limits.max_bytes}-byte limit for a dataset file")
             received = _copy_bounded(response, out, started, limits)
-    except (http.client.HTTPException, ValueError) as error:
-        raise _TransferFailed(_protocol_reason(error)) from None
     except urllib.error.HTTPError as error:
         raise _TransferFailed(describe(error)) from None
     except urllib.error.URLError as error:
-        raise _TransferFailed(_network_reason(error.reason, limits)) from None
+        raise _TransferFailed(_reason(error.reason, limits)) from None
+    except (http.client.HTTPException, ValueError) as error:
+        raise _TransferFailed(_reason(error, limits)) from None
     if announced is not None and received < announced:
         raise _TransferFailed(f"connection closed after {received} of {announced} bytes (truncated download)")
 
 
 def _copy_bounded(response: BinaryIO, out: BinaryIO, started: float, limits: _Limits) -> int:
-    # read1 returns after one read of the socket, so the deadline is checked even when data
-    # trickles in; read(n) would wait for all n bytes.
+    # read1: one read of the socket, so that the deadline is checked while data trickles in (a redirect to
+    # another scheme may give a response without it).
     read = getattr(response, "read1", response.read)
     received = 0
     while True:
@@ -344,38 +324,18 @@ def _copy_bounded(response: BinaryIO, out: BinaryIO, started: float, limits: _Li
         out.write(chunk)
 
 
-def _announced_length(response: object) -> int | None:
-    headers = getattr(response, "headers", None)
-    value = headers.get("Content-Length") if headers is not None else None
+def _announced_length(response: BinaryIO) -> int | None:
     try:
-        return int(value) if value is not None else None
-    except ValueError:
+        return int(response.headers["Content-Length"])  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
         return None
 
 
-def _protocol_reason(error: Exception) -> str:
+def _reason(error: BaseException | str, limits: _Limits) -> str:
     if isinstance(error, http.client.IncompleteRead):
         return "the connection closed before the whole file arrived (truncated download)"
-    return describe(error)
-
-
-def _network_reason(error: BaseException | str, limits: _Limits) -> str:
     if isinstance(error, (TimeoutError, socket.timeout)):
         return f"no answer from the server for {limits.timeout:g} s (timed out)"
     if isinstance(error, ConnectionResetError):
         return "the server reset the connection"
     return describe(error) if isinstance(error, BaseException) else " ".join(str(error).split())
-
-
-def _umask() -> int:
-    """The process's umask, read from /proc where possible: Python can otherwise only read it by
-    setting it, which for a moment affects files that other threads create."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    current = os.umask(0o077)  # the restrictive side, should another thread create a file meanwhile
-    os.umask(current)
-    return current

@@ -1,10 +1,5 @@
-"""CIFAR-10 in its binary distribution: no pickle needed.
-
-Each record is 1 label byte followed by 3,072 pixel bytes (1,024 red, 1,024 green, 1,024 blue, row
-major). The training set is ``data_batch_1.bin`` .. ``data_batch_5.bin``, read from
-``cifar-10-binary.tar.gz`` directly or from the extracted files (in ``cifar-10-batches-bin/`` or
-loose in the dataset directory).
-"""
+"""CIFAR-10 in its binary distribution (no pickle): ``data_batch_1..5.bin``, each record a label byte and
+3,072 pixel bytes (red, green, blue planes, row major), read from the ``.tar.gz`` or the extracted files."""
 
 from __future__ import annotations
 
@@ -14,20 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from edps_mlflow.data.bounded import DECODE_ERRORS, BoundedReader, LimitExceeded, describe, read_at_most
-from edps_mlflow.data.splits import DataSplits, split_train_validation_per_channel
+from edps_mlflow.data.bounded import DECODE_ERRORS, BoundedReader, LimitExceeded, describe, read_at_most, read_file
+from edps_mlflow.data.splits import DataSplits, split_train_validation
 from edps_mlflow.errors import EdpsError
 
 ARCHIVE = "cifar-10-binary.tar.gz"
 ARCHIVE_FOLDER = "cifar-10-batches-bin"
 TRAIN_BATCHES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 RECORD_BYTES = 1 + 32 * 32 * 3
-# Each published batch holds exactly 10,000 records; smaller whole batches are accepted (test
-# data), larger ones are refused before they are read.
+# Each published batch holds exactly 10,000 records; smaller whole batches are accepted (test data).
 BATCH_RECORDS = 10_000
 BATCH_MAX_BYTES = BATCH_RECORDS * RECORD_BYTES
-# The published archive decompresses to about 184 MB (six batches, a readme, a label list); walking
-# it may read that much and a margin, never more, whatever its headers claim.
+# The published archive decompresses to about 184 MB: walking it may read that and a margin, never more.
 ARCHIVE_MAX_BYTES = 8 * BATCH_MAX_BYTES
 # The published archive has nine entries; a stream of millions of tiny ones is not CIFAR-10.
 ARCHIVE_MAX_MEMBERS = 1000
@@ -57,7 +50,7 @@ def _read_batches(directory: Path) -> tuple[list[tuple[bytes, str]], Path]:
     for folder in (directory / ARCHIVE_FOLDER, directory):
         paths = [folder / name for name in TRAIN_BATCHES]
         if all(path.is_file() for path in paths):
-            return [(_read_loose(path), str(path)) for path in paths], folder
+            return [(read_file(path, BATCH_MAX_BYTES), str(path)) for path in paths], folder
     archive = directory / ARCHIVE
     if archive.is_file():
         return _read_archive(archive), archive
@@ -65,23 +58,9 @@ def _read_batches(directory: Path) -> tuple[list[tuple[bytes, str]], Path]:
                     f"{ARCHIVE_FOLDER}/data_batch_1..5.bin (the binary version)")
 
 
-def _read_loose(path: Path) -> bytearray:
-    try:
-        if path.stat().st_size > BATCH_MAX_BYTES:
-            raise EdpsError(_oversize(str(path)))
-        with path.open("rb") as handle:
-            # Bounded even after the size check: the file may grow while we read it.
-            return read_at_most(handle, BATCH_MAX_BYTES + 1)
-    except OSError as error:
-        raise EdpsError(f"cannot read CIFAR-10 file {path}: {describe(error)}") from None
-
-
 def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
-    """The batches from the tar.gz, walked once as a stream with every read bounded.
-
-    Random access would index every member first; a stream lets us count members and bytes
-    as they come. Later copies of a member win, as they would on extraction.
-    """
+    """The batches from the tar.gz, walked once as a stream (counting members and bytes as they come) with
+    every read bounded. Later copies of a member win, as they would on extraction."""
     found: dict[str, bytes] = {}
     try:
         with gzip.open(archive, "rb") as unzipped:
@@ -94,8 +73,7 @@ def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
                     name = _batch_name(member.name)
                     if name is not None:
                         found[name] = _read_member(bundle, member, f"{archive}:{name}")
-            # Read to the end of the gzip stream so that its checksum is verified: a cut or
-            # damaged archive is refused even when the damage lies after the batches.
+            # To the end of the gzip stream, so that its checksum refuses damage after the batches too.
             read_at_most(stream, ARCHIVE_MAX_BYTES)
     except LimitExceeded:
         raise EdpsError(f"{archive} is corrupt: it decompresses to more than {ARCHIVE_MAX_BYTES} bytes, "
@@ -109,10 +87,8 @@ def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
 
 
 def _batch_name(member_name: str) -> str | None:
-    for name in TRAIN_BATCHES:
-        if member_name == f"{ARCHIVE_FOLDER}/{name}":
-            return name
-    return None
+    folder, _, name = member_name.partition("/")
+    return name if folder == ARCHIVE_FOLDER and name in TRAIN_BATCHES else None
 
 
 def _read_member(bundle: tarfile.TarFile, member: tarfile.TarInfo, label: str) -> bytes:
@@ -131,4 +107,4 @@ def load_cifar10_splits(directory: Path) -> DataSplits:
     parts = [parse_batch(raw, name) for raw, name in batches]
     images = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
     labels = np.concatenate([p[1] for p in parts]).astype(np.int64)
-    return split_train_validation_per_channel(images, labels, source=f"CIFAR-10 training data in {where}")
+    return split_train_validation(images, labels, source=f"CIFAR-10 training data in {where}", per_channel=True)

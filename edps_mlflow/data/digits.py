@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,10 +14,8 @@ if TYPE_CHECKING:
 
 
 def digits_table() -> np.ndarray:
-    """scikit-learn's ``digits.csv.gz`` (64 pixels, then the label, a row per image), read as ``load_digits``
-    reads it (``np.loadtxt``, float64) but without importing scikit-learn, whose import costs about a CPU-second
-    in every process that trains (a study's, each of its workers', a sweep's). Where a scikit-learn release
-    keeps the file elsewhere, ``load_digits`` itself."""
+    """scikit-learn's ``digits.csv.gz`` (64 pixels, then the label, a row per image) as ``load_digits`` reads
+    it, without importing scikit-learn: its import costs a CPU-second in every process that trains."""
     path = digits_file()
     if path is not None:
         with gzip.open(path, "rt") as handle:
@@ -30,9 +27,8 @@ def digits_table() -> np.ndarray:
 
 
 def digits_file() -> Path | None:
-    """scikit-learn's ``digits.csv.gz``, found without importing scikit-learn; None where a release keeps it
-    elsewhere."""
-    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    """scikit-learn's ``digits.csv.gz``, found without importing it; None where a release keeps it elsewhere."""
+    spec = importlib.util.find_spec("sklearn")
     for location in list(spec.submodule_search_locations or []) if spec is not None else []:
         path = Path(location) / "datasets" / "data" / "digits.csv.gz"
         if path.is_file():

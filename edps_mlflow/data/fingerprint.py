@@ -1,10 +1,6 @@
-"""The fingerprint of the data a study trains and validates on, part of every study and trial key.
-
-Two different copies of a dataset (another MNIST download, an edited file) must not share keys, so
-the keys hash the tensors actually loaded: sha256 over the shape, dtype and bytes of the training
-and validation images and labels (after the split and normalisation, which are part of the data a
-study sees). It is cached per workload and file set by (path, size, mtime), the bundled digits' file
-included, so that a sweep plans without loading the data again, or loading torch.
+"""The fingerprint of the data a study trains and validates on, part of every study and trial key: sha256 of
+the tensors actually loaded (after the split and normalisation), so two copies of a dataset never share keys.
+Cached per workload and file set by (path, size, mtime), so that a sweep plans without loading data or torch.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ def _cache_dir() -> Path:
 
 
 def cached_fingerprint(files: list[Path], load: Callable[[], DataSplits], scope: str = "") -> str:
-    """The fingerprint of what ``load`` returns, remembered for this exact set of files and ``scope`` (the
-    workload: two workloads may split or normalise the same files differently) in this version of the
-    package (whose split may change)."""
+    """The fingerprint of what ``load`` returns, remembered for these files, ``scope`` (the workload: it may
+    split or normalise them its own way) and this version of the package."""
     from edps_mlflow import __version__
 
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(files)]

@@ -1,9 +1,5 @@
-"""MNIST-style IDX files (gzipped or raw), read without any third-party loader.
-
-Format: big-endian magic (two zero bytes, a type code, the number of dimensions), then one
-big-endian uint32 per dimension, then the data. Images are 0x08 (unsigned byte) of rank 3,
-labels 0x08 of rank 1.
-"""
+"""MNIST-style IDX files (gzipped or raw), read without any third-party loader: a big-endian magic (two zero
+bytes, a type code, the rank), a big-endian uint32 per dimension, then the data."""
 
 from __future__ import annotations
 
@@ -51,17 +47,13 @@ def find_file(directory: Path, stem: str) -> Path | None:
 
 # The only element type the paper's files use: one unsigned byte per value.
 IDX_UNSIGNED_BYTE = 0x08
-# Far above any real IDX file (MNIST's images: 47,040,000 bytes): a header claiming more is damaged
-# or hostile, and is refused before anything is allocated for it.
+# Far above any real IDX file (MNIST's images: 47,040,000 bytes): a header claiming more is damaged or hostile.
 MAX_IDX_BYTES = 10**9
 
 
 def read_idx(path: Path, expected_rank: int) -> np.ndarray:
-    """The array in an IDX file, refused with a one-line :class:`EdpsError` if anything is off.
-
-    The header is read first; the data are then read only up to the size it implies (plus one
-    byte, to notice more), so a file that decompresses to far more than it claims costs no memory.
-    """
+    """The array in an IDX file, refused with a one-line :class:`EdpsError` if anything is off. The data are
+    read only up to the size the header implies (and a byte, to notice more): a bomb costs no memory."""
     compressed = path.suffix == ".gz"
     opener = gzip.open if compressed else open
     try:
@@ -97,12 +89,8 @@ def _read_shape(handle: BinaryIO, path: Path, expected_rank: int) -> tuple[int, 
 
 
 def _data_bytes(shape: tuple[int, ...], path: Path) -> int:
-    """Bytes of data the header implies, checked before anything is allocated.
-
-    The sizes are Python ints, so their product cannot wrap around the way a fixed-width one
-    (numpy's) can. A count of zero items is allowed here (the split says how many are needed);
-    an item of zero size is not.
-    """
+    """Bytes of data the header implies, checked before anything is allocated (Python ints: no wrap-around).
+    Zero items pass here (the split says how many are needed); an item of zero size does not."""
     if 0 in shape[1:]:
         raise EdpsError(f"{path}: header gives items of shape {_spelled(shape[1:])}; no size may be 0")
     total = math.prod(shape)  # one byte per value (type 0x08)
@@ -116,42 +104,22 @@ def _spelled(shape: tuple[int, ...]) -> str:
     return "x".join(str(n) for n in shape)
 
 
-def _locate_pair(directory: Path, files: tuple[str, str], dataset: str) -> tuple[Path, Path]:
-    """The images and labels files, each raw or gzipped."""
-    if not directory.is_dir():
-        raise EdpsError(
-            f"{dataset} data directory {directory} does not exist; put {files[0]}[.gz] and {files[1]}[.gz] "
-            f"there, or pass --data-dir / set {DATA_DIR_ENV}"
-        )
-    paths = [find_file(directory, stem) for stem in files]
-    missing = [stem for stem, path in zip(files, paths) if path is None]
-    if missing:
-        raise EdpsError(
-            f"{dataset} files missing in {directory}: expected " + " and ".join(f"{stem}[.gz]" for stem in missing)
-        )
-    return paths[0], paths[1]
-
-
-def _read_pair(paths: tuple[Path, Path], dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(paths[0], 3)
-    labels = read_idx(paths[1], 1)
-    if images.shape[0] != labels.shape[0]:
-        raise EdpsError(
-            f"{dataset}: {paths[0].name} has {images.shape[0]} images but {paths[1].name} has {labels.shape[0]} labels"
-        )
-    if labels.size and labels.max() > 9:
-        raise EdpsError(f"{dataset}: {paths[1].name} has label {int(labels.max())}, expected 0..9")
-    return images, labels
-
-
 def load_idx_splits(directory: Path, dataset: str, mean: float, std: float) -> DataSplits:
     """MNIST-format training files (MNIST, Fashion-MNIST): /255, one global mean/std, 10% validation."""
-    paths = _locate_pair(directory, MNIST_TRAIN_FILES, dataset)
-    images, labels = _read_pair(paths, dataset)
+    paths = [find_file(directory, stem) for stem in MNIST_TRAIN_FILES]
+    missing = [stem for stem, path in zip(MNIST_TRAIN_FILES, paths) if path is None]
+    if missing:
+        raise EdpsError(f"{dataset} files missing in {directory}: expected "
+                        + " and ".join(f"{stem}[.gz]" for stem in missing))
+    images, labels = read_idx(paths[0], 3), read_idx(paths[1], 1)
+    if images.shape[0] != labels.shape[0]:
+        raise EdpsError(f"{dataset}: {paths[0].name} has {images.shape[0]} images but {paths[1].name} has "
+                        f"{labels.shape[0]} labels")
+    if labels.size and labels.max() > 9:
+        raise EdpsError(f"{dataset}: {paths[1].name} has label {int(labels.max())}, expected 0..9")
     if images.shape[1:] != (28, 28):
         raise EdpsError(f"{dataset} images must be 28x28 for Simple-CNN, found {images.shape[1]}x{images.shape[2]} "
                         f"in {paths[0]}")
     scaled = (images.astype(np.float32) / 255.0)[:, None, :, :]
     return split_train_validation(scaled, labels.astype(np.int64), mean=mean, std=std,
                                   source=f"{dataset} file {paths[0]}")
-

@@ -1,15 +1,9 @@
-"""Character-level Tiny Shakespeare (Karpathy's char-rnn ``input.txt``: 1,115,394 characters of 65 kinds),
-as windows of character ids that the engine batches by index.
+"""Character-level Tiny Shakespeare (Karpathy's char-rnn ``input.txt``) as windows of character ids.
 
-The file is plain ASCII text. Its characters map to ids through the fixed ``ALPHABET`` of the real file
-(sorted: newline, space, punctuation, the digit 3, capitals, lower case), so the network's vocabulary is
-known before any data is read, and a text with any other character is refused with one line naming it.
-The split is the customary one (char-rnn, nanoGPT): the first 90% of the characters train, the last 10%
-validate. Each split is cut into consecutive windows of ``CONTEXT`` + 1 characters that overlap by one:
-window i's inputs are characters [i T, (i + 1) T) and its targets the same characters shifted by one, so
-every character of a split but its first is predicted exactly once per epoch. The validation split is the
-first ``VALIDATION_WINDOWS`` windows of the last 10% (32,768 characters of 111,539): every check evaluates
-all of it, and on a CPU a pass over the whole 10% costs as much as a hundred training steps at batch 16.
+Ids come from the fixed ``ALPHABET`` of the real file, so the vocabulary is known before any data is read.
+The first 90% of the characters train, the last 10% validate (char-rnn's and nanoGPT's split), each cut into
+consecutive windows of ``CONTEXT`` + 1 characters overlapping by one (inputs, and targets shifted by one);
+validation uses the first ``VALIDATION_WINDOWS`` windows, all of them at every check (docs/workloads.md).
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edps_mlflow.data.bounded import DECODE_ERRORS, describe, read_at_most
+from edps_mlflow.data.bounded import read_file
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.errors import EdpsError
 
@@ -28,7 +22,7 @@ FILE = "input.txt"
 ALPHABET = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # Characters each example predicts (its context: the network sees at most this many).
 CONTEXT = 32
-# Windows of the last 10% that validate (module docstring).
+# 32,768 characters: on a CPU a pass over the whole 10% costs as much as a hundred training steps at batch 16.
 VALIDATION_WINDOWS = 1024
 TRAIN_FRACTION = 0.9
 # The real file's size; a text far larger is not this corpus (and would not fit a window tensor's budget).
@@ -81,13 +75,9 @@ def split_text(ids: np.ndarray, context: int = CONTEXT, source: str = "the text"
 def load_shakespeare_splits(directory: Path, context: int = CONTEXT) -> DataSplits:
     """``<directory>/input.txt`` as training and validation windows."""
     path = directory / FILE
-    try:
-        with path.open("rb") as handle:
-            data = read_at_most(handle, MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise EdpsError(f"{path} does not exist (`edps data download tiny-shakespeare` fetches it)") from None
-    except DECODE_ERRORS as error:
-        raise EdpsError(f"cannot read {path}: {describe(error)}") from None
+    if not path.exists():
+        raise EdpsError(f"{path} does not exist (`edps data download tiny-shakespeare` fetches it)")
+    data = read_file(path, MAX_BYTES)
     if len(data) > MAX_BYTES:
         raise EdpsError(f"{path} holds more than {MAX_BYTES} bytes: it is not Tiny Shakespeare "
                         f"({PUBLISHED_CHARACTERS} characters)")

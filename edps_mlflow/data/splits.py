@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,25 +11,12 @@ from torch import Tensor
 
 from edps_mlflow.errors import EdpsError
 
-# The paper (docs/protocol.md): 10% of the training set, chosen by a fixed seeded shuffle. The seed is part of the
-# workload definition, not of a study: every study of a workload sees the same split.
+# The paper's split (docs/protocol.md): 10% of the training set by a fixed seeded shuffle. The seed belongs to the
+# workload, not to a study: every study of a workload sees the same split.
 VALIDATION_FRACTION = 0.1
 SPLIT_SEED = 0
-
-
-def _validation_count(count: int) -> int:
-    return int(count * VALIDATION_FRACTION)
-
-
-def _fewest_splittable() -> int:
-    count = 1
-    while _validation_count(count) < 1 or count - _validation_count(count) < 1:
-        count += 1
-    return count
-
-
 # With fewer examples one split is empty, and its error rate a division by zero in the engine.
-MIN_EXAMPLES = _fewest_splittable()
+MIN_EXAMPLES = math.ceil(1 / VALIDATION_FRACTION)
 
 
 @dataclass(frozen=True)
@@ -63,43 +51,22 @@ def split_indices(count: int, source: str = "the dataset") -> tuple[np.ndarray, 
                         f"{VALIDATION_FRACTION:.0%} validation split and the training split each hold one")
     order = np.arange(count)
     np.random.RandomState(SPLIT_SEED).shuffle(order)
-    validation_count = _validation_count(count)
+    validation_count = int(count * VALIDATION_FRACTION)
     return order[validation_count:], order[:validation_count]
 
 
-def split_train_validation(
-    images: np.ndarray, labels: np.ndarray, mean: float | None = None, std: float | None = None,
-    source: str = "the dataset",
-) -> DataSplits:
-    """Split off the validation 10% by a fixed shuffle, then normalise by (mean, std).
-
-    ``images`` are NCHW floats in [0, 1]. Without a given mean/std, the training split's own
-    global statistics are used.
-    """
+def split_train_validation(images: np.ndarray, labels: np.ndarray, mean: float | None = None,
+                           std: float | None = None, source: str = "the dataset", per_channel: bool = False) -> DataSplits:
+    """Split off the validation 10% by a fixed shuffle, then normalise NCHW floats in [0, 1] by (mean, std):
+    given, or the training split's own, global or ``per_channel``."""
     train, validation = split_indices(labels.shape[0], source)
-    train_images = images[train]
-    if mean is None or std is None:
-        mean, std = float(train_images.mean()), float(train_images.std())
-    return _normalised_splits(images, labels, train, validation, np.float32(mean), np.float32(std))
+    if per_channel:
+        mean = images[train].mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+        std = images[train].std(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+    elif mean is None or std is None:
+        mean, std = float(images[train].mean()), float(images[train].std())
 
-
-def split_train_validation_per_channel(images: np.ndarray, labels: np.ndarray,
-                                       source: str = "the dataset") -> DataSplits:
-    """As :func:`split_train_validation`, normalised by the training split's per-channel mean/std."""
-    train, validation = split_indices(labels.shape[0], source)
-    train_images = images[train]
-    mean = train_images.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
-    std = train_images.std(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
-    return _normalised_splits(images, labels, train, validation, mean, std)
-
-
-def _normalised_splits(images: np.ndarray, labels: np.ndarray, train: np.ndarray, validation: np.ndarray,
-                       mean: np.ndarray | np.float32, std: np.ndarray | np.float32) -> DataSplits:
     def normalise(x: np.ndarray) -> Tensor:
-        return torch.from_numpy(((x - mean) / std).astype(np.float32))
-    return DataSplits(
-        train_images=normalise(images[train]),
-        train_labels=torch.from_numpy(labels[train].astype(np.int64)),
-        validation_images=normalise(images[validation]),
-        validation_labels=torch.from_numpy(labels[validation].astype(np.int64)),
-    )
+        return torch.from_numpy(((x - np.float32(mean)) / np.float32(std)).astype(np.float32))
+    return DataSplits(normalise(images[train]), torch.from_numpy(labels[train].astype(np.int64)),
+                      normalise(images[validation]), torch.from_numpy(labels[validation].astype(np.int64)))
