@@ -1,23 +1,10 @@
-"""Measurements during training, one interface: the paper's Lipschitz constant and the gradient
-noise scale of McCandlish et al. (2018).
+"""Measurements during training, one interface: the paper's Lipschitz constant and McCandlish et al.'s gradient
+noise scale (docs/probes.md gives both definitions).
 
-A probe runs every ``probe_interval`` steps on all trials of a chunk at once (vectorised over the
-trial axis like the packed engine), on gradients of the workload's own training loss. ``before_step``
-sees the weights before that step's update, ``after_step`` the weights after it and returns one value
-per trial for each metric. Probes copy what they need and never touch the training state or its
-random stream, so a run with probes follows exactly the trajectory of a run without them.
-
-- ``lipschitz`` (the paper's measurement, docs/protocol.md): full-training-split gradients g(w0)
-  before the update and, after it (weights w1), g(w0 + gamma (w1 - w0)) for gamma = 0.1 .. 0.9;
-  L = max_gamma |g(w0 + gamma d) - g(w0)| / |gamma d|. Gradients are masked, so pruned
-  coordinates stay out. Cost: ten full passes over the training split per call.
-- ``noise_scale``: B_simple = tr(Sigma) / |G|^2 from squared gradient norms at two batch sizes,
-  with the unbiased estimators of McCandlish et al. (Appendix A):
-  |G|^2 ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
-  tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big). A probe batch of
-  ``B_big`` examples is drawn by the probe's own generator and split into ``B_big / B_small``
-  small batches; the numerator and denominator are smoothed by separate exponential moving
-  averages before their ratio is taken. Cost: one pass over ``B_big`` examples per call.
+A probe runs every ``probe_interval`` steps on all trials of a chunk at once (vectorised over the trial axis,
+like the packed engine), on gradients of the workload's training loss: ``before_step`` sees the weights before
+that step's update, ``after_step`` after it and returns one value per trial for each metric. Probes copy what
+they need and draw from their own generator, so a probed run follows exactly the trajectory of a plain one.
 """
 
 from __future__ import annotations
@@ -72,12 +59,8 @@ class Probe(Protocol):
 
 def _batch_gradient(template: nn.Module, params: dict[str, Tensor], images: Tensor, labels: Tensor,
                     loss: Loss) -> dict[str, Tensor]:
-    """Per-trial gradients [K, ...] of the mean loss on one shared batch.
-
-    One vmap-ed forward for all trials and one ordinary backward: trials are independent, so the
-    gradient of the summed losses with respect to trial k's weights is trial k's own gradient.
-    (Faster on CPU than vmap over torch.func.grad.)
-    """
+    """Per-trial gradients [K, ...] of the mean loss on one shared batch: one vmap-ed forward and one backward
+    of the summed losses (trials are independent, so trial k's weights get trial k's own gradient)."""
     leaves = {n: p.detach().clone().requires_grad_(True) for n, p in params.items()}
     logits_of = vmap(lambda weights, x: functional_call(template, weights, (x,)), in_dims=(0, None))
     with torch.enable_grad():
@@ -200,12 +183,9 @@ PROBES: dict[str, Callable[[], Probe]] = {"lipschitz": LipschitzProbe, "noise_sc
 assert set(PROBES) == set(PROBE_NAMES)
 
 
-
 class ProbeHook:
-    """The probes of one chunk of trials, run around every ``interval``-th training step.
-
-    With no probe named, :meth:`around_step` only runs the step: the training loop is untouched.
-    """
+    """The probes of one chunk of trials, run around every ``interval``-th training step (with none, only the
+    step runs)."""
 
     def __init__(self, names: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int,
                  loss: Loss) -> None:
@@ -219,11 +199,8 @@ class ProbeHook:
     def around_step(self, step: int, view: Callable[[], tuple[nn.Module, Callable[[], dict[str, Tensor]],
                                                                dict[str, Tensor] | None]],
                     train_step: Callable[[], Tensor]) -> tuple[Tensor, dict[str, list[float]], float]:
-        """Run ``train_step`` (the update that produces ``step``), with the probes around it when due.
-
-        Returns the step's per-trial losses, the probe values (one list per metric, one value per
-        trial; empty when no probe ran) and the seconds the probes took.
-        """
+        """Run ``train_step`` (the update that produces ``step``), with the probes around it when due: the step's
+        per-trial losses, the probe values (a list per metric, a value per trial) and the probes' seconds."""
         if not self.probes or step % self.interval != 0:
             return train_step(), {}, 0.0
         started = time.perf_counter()

@@ -1,9 +1,6 @@
-"""A small decoder-only transformer over characters (GPT-2's layout, pre-norm; nanoGPT's at toy size).
-
-Token and learned position embeddings, ``depth`` blocks of causal self-attention and a GELU MLP (four times
-the width), each behind a LayerNorm and added to the residual stream, a final LayerNorm and a linear head to
-the vocabulary's logits: [N, T] ids -> [N, T, V]. Attention is written out (a causal mask, softmax) so that
-the same code runs batched, under ``torch.func.vmap`` (the packed engine) and under ``grad``.
+"""A small decoder-only transformer over characters (GPT-2's pre-norm layout at toy size, as nanoGPT's): [N, T]
+ids -> [N, T, V] logits. Attention is written out (a causal mask, softmax) so that the same code runs batched,
+under ``torch.func.vmap`` (the packed engine) and under ``grad``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""ResNet-8 without batch norm (75,050 parameters on 32x32x3), as in the original code.
-
-conv 3x3 3->16 (SAME); three pre-activation residual blocks [ReLU, conv 3x3, ReLU, conv 3x3] of
-widths 16, 32, 64 and strides 1, 2, 2; ReLU; global average pool over 8x8; linear 64->10.
-- The first block keeps the width: its shortcut is the block's raw input.
-- A down-sampling block's shortcut is taken after the block's first ReLU: 2x2 average pooling with
-  stride 2, then zero channels appended to double the width.
-- Convolutions use TensorFlow's SAME padding; for the stride-2 convolutions on even sizes that pads
-  one row/column at the bottom/right only (PyTorch's symmetric padding would shift the grid).
+"""ResNet-8 without batch norm (75,050 parameters on 32x32x3), as in the original code: a 3x3 convolution, three
+pre-activation residual blocks of widths 16, 32, 64 and strides 1, 2, 2, global average pooling, a linear layer.
+A down-sampling block's shortcut is 2x2 average pooling of its activated input with zero channels appended, and
+its convolution pads as TensorFlow's SAME does (one row and column after, none before).
 """
 
 from __future__ import annotations

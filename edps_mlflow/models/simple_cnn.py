@@ -1,7 +1,5 @@
-"""Simple-CNN of Lee et al. (62,346 parameters on 28x28x1) and a small variant for 8x8 digits.
-
-Paper form: conv 5x5 1->32 (no padding), ReLU, max-pool 2x2; conv 5x5 32->64 (no padding), ReLU,
-max-pool 2x2; flatten (4*4*64 = 1024); linear 1024->10. No hidden dense layer, dropout or batch norm.
+"""Simple-CNN of Lee et al. (62,346 parameters on 28x28x1) and a small variant for 8x8 digits: two 5x5
+convolutions (32, 64 channels, no padding) each with ReLU and 2x2 max-pooling, then one linear layer.
 """
 
 from __future__ import annotations

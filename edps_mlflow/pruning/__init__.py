@@ -1,22 +1,14 @@
-"""Pruning at initialisation: the methods, one module each behind this registry (OpenLTH's
-``pruning/registry.py``), and the mask they all produce.
+"""Pruning at initialisation: the registry of methods (one module each, OpenLTH's ``pruning/registry.py``) and
+what they prune. Each method scores a freshly initialised network and cuts the scores into a mask (base.py);
+``shuffle(<method>)`` permutes a method's mask within each tensor. docs/pruning.md defines every method.
 
-A method is a strategy that scores the parameters of a freshly initialised network and cuts the scores
-(``base.py``: one global top-k, one per-tensor top-k), so that its mask keeps exactly the count of its
-definition. :data:`METHODS` holds one line per method with what it prunes, how it cuts and what its
-scores need; ``shuffle(<method>)`` is any method's mask with its kept entries permuted uniformly within
-each tensor (Frankle et al., ICLR 2021, "Pruning neural networks at initialization: why are we missing
-the mark?"). docs/pruning.md states each definition and its reference code.
-
-This module imports no torch (the study spec validates a method's name with it, and tracking logs what a
-method prunes); the strategies (``snip.py``, ``grasp.py``, ...) and :class:`~edps_mlflow.pruning.mask.Mask`
-load torch when they are imported. ``Mask``, ``dense_mask``, ``snip_mask`` and ``snip_scores`` are still
-importable from here (loaded on first use), as they were when this package was one module.
+No torch here: the study spec validates a method's name with this module, and tracking logs what it prunes.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -30,13 +22,8 @@ if TYPE_CHECKING:
 class Prunes(str, Enum):
     """Which parameters a method may prune; the others are always kept."""
 
-    # Every parameter tensor, biases too: SNIP as the paper's original code prunes (biases start at zero,
-    # so their sensitivity is zero and any real sparsity prunes them all).
-    WEIGHTS_AND_BIASES = "weights and biases"
-    # Tensors of two or more dimensions (convolution kernels, linear matrices): biases are kept, as the
-    # reference code of every other method does (Synaptic-Flow's --prune-bias is off by default; GraSP's
-    # authors score conv and linear weights only).
-    WEIGHTS = "weights"
+    WEIGHTS_AND_BIASES = "weights and biases"  # SNIP, as the paper's code prunes
+    WEIGHTS = "weights"  # tensors of two or more dimensions, as every other method's reference code
 
 
 class Scope(str, Enum):
@@ -48,14 +35,9 @@ class Scope(str, Enum):
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """One pruning method as the registry knows it (no torch).
-
-    ``strategy``: ``module:Class`` of its implementation. ``data``: what its scores look at. ``cached``: its
-    scores cost a pass over data or many rounds, so they are computed once per (data, method, initialisation)
-    and kept (``cache.py``); ``sparsity_dependent``: its scores depend on the sparsity (an iterative schedule),
-    so they are kept per sparsity too. ``needs_continuous_inputs``: it feeds the network an input of its own
-    (an all-ones tensor), which token ids are not.
-    """
+    """One pruning method as the registry knows it (no torch). ``strategy``: ``module:Class``; ``data``: what its
+    scores look at; ``cached``: its scores are costly, so kept (``cache.py``), per sparsity when
+    ``sparsity_dependent``; ``needs_continuous_inputs``: it feeds the network an all-ones input."""
 
     name: str
     strategy: str
@@ -70,11 +52,9 @@ class MethodInfo:
     base: str | None = None
 
 
-# The default: the paper's method, and the value every study measured before methods existed (its key
-# default, fields.py: a SNIP study's key does not name the method).
+# The paper's method, and the key default (a SNIP study's key does not name the method).
 DEFAULT_METHOD = "snip"
 
-# One line per method.
 METHODS: dict[str, MethodInfo] = {info.name: info for info in (
     MethodInfo("snip", "edps_mlflow.pruning.snip:Snip", Prunes.WEIGHTS_AND_BIASES, Scope.GLOBAL,
                "the whole training split", "|theta * dL/dtheta| summed over batches of 100 (Lee et al. 2019)",
@@ -123,16 +103,7 @@ def parse_method(text: str) -> str:
 
 def parse_methods(text: str | None) -> tuple[str, ...]:
     """``snip,random,shuffle(snip)`` -> the canonical names in order (commas inside parentheses belong to them)."""
-    parts, depth, current = [], 0, ""
-    for character in text or "":
-        depth += {"(": 1, ")": -1}.get(character, 0)
-        if character == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += character
-    parts.append(current)
-    names = [parse_method(part) for part in parts if part.strip()]
+    names = [parse_method(part) for part in re.split(r",(?![^(]*\))", text or "") if part.strip()]
     if not names:
         raise EdpsError("name at least one pruning method, e.g. snip,random")
     repeated = sorted({name for name in names if names.count(name) > 1})
@@ -160,7 +131,7 @@ def get_method(name: str) -> "Method":
     return strategy(info)
 
 
-# The names this package exported when it was one module; loaded on first use (they import torch).
+# The names this package exported when it was one module, loaded on first use (they import torch).
 _MOVED = {"Mask": "edps_mlflow.pruning.mask", "dense_mask": "edps_mlflow.pruning.mask",
           "snip_mask": "edps_mlflow.pruning.snip", "snip_scores": "edps_mlflow.pruning.snip",
           "SNIP_BATCH_SIZE": "edps_mlflow.pruning.snip"}

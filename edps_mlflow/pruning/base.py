@@ -1,16 +1,9 @@
 """What every pruning method shares: the strategy interface, the prunable tensors, the two cuts (one global
 top-k, one top-k per tensor) and the seeded random streams of the methods that draw.
 
-A method has two parts (OpenLTH's ``pruning/base.py`` strategy, split so that the costly part is done once):
-
-- ``scores(context)``: a tensor per prunable parameter, from the freshly initialised network (and the data,
-  for SNIP and GraSP). It depends on the initialisation, the data and the method only, never on the batch
-  size or the optimizer, so ``cache.py`` keeps it and every study of a grid derives its mask from it;
-- ``mask(scores, shapes, sparsity, init_seed)``: the cut of those scores at one sparsity, cheap.
-
-Counts are exact: a global cut keeps k = round(N (1 - sparsity)) of the N prunable entries, a per-tensor
-cut keeps each tensor's own count; ties at the threshold are settled by position (a stable sort; SNIP's by
-``torch.topk``, as before methods existed), never by keeping every tied entry.
+A method's ``scores`` depend on the initialisation, the data and the method only, never on the batch size
+or the optimizer, so cache.py keeps them and every study of a grid derives its ``mask`` from them. Counts
+are exact: ties at the threshold are settled by position (SNIP's by ``torch.topk``, as they always were).
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ Shapes = dict[str, torch.Size]
 @dataclass(frozen=True)
 class ScoreContext:
     """What a method may look at: the network initialised with the trial's seed (on the data's device), the
-    data, the workload (its loss), the trial's initialisation seed and the sparsity (only an iterative
-    method's scores depend on it)."""
+    data, the workload (its loss), the trial's initialisation seed and the sparsity."""
 
     model: nn.Module
     data: "DataSplits"
@@ -58,22 +50,18 @@ class Method:
         return self.info.name
 
     def prunable(self, shapes: Shapes) -> list[str]:
-        return prunable_names(shapes, self.info.prunes)
+        """The parameters it may prune, in the network's order: all, or those of two or more dimensions."""
+        if self.info.prunes is Prunes.WEIGHTS_AND_BIASES:
+            return list(shapes)
+        return [name for name, shape in shapes.items() if len(shape) >= 2]
 
     def scores(self, context: ScoreContext) -> dict[str, Tensor]:
         """One score tensor per prunable parameter, on the CPU."""
         raise NotImplementedError
 
     def mask(self, scores: dict[str, Tensor], shapes: Shapes, sparsity: float, init_seed: int) -> Mask:
-        """The mask at ``sparsity`` (in (0, 1)) from this method's ``scores``."""
-        raise NotImplementedError
-
-
-def prunable_names(shapes: Shapes, prunes: Prunes) -> list[str]:
-    """The parameters a method may prune, in the network's order: all, or those of two or more dimensions."""
-    if prunes is Prunes.WEIGHTS_AND_BIASES:
-        return list(shapes)
-    return [name for name, shape in shapes.items() if len(shape) >= 2]
+        """The mask at ``sparsity`` (in (0, 1)) from this method's ``scores``: by default their global top-k."""
+        return assemble(shapes, global_cut(scores, sparsity))
 
 
 def parameter_shapes(model: nn.Module) -> Shapes:
@@ -89,12 +77,9 @@ def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False, 
                  ) -> dict[str, Tensor]:
     """Keep the ``keep`` highest scores over every tensor together: a {0, 1} float tensor per name.
 
-    ``normalise`` divides the concatenated scores by their sum first (when positive), as SNIP's original does;
-    it changes no ranking except where two scores become equal floats, and is kept so that SNIP's masks are
-    the same, bit for bit, as before methods existed (SNIP's ties fall as ``torch.topk`` puts them). ``stable``:
-    of scores tied at the threshold, the first in parameter order is kept (a stable sort), a rule a plain
-    computation can state; the methods added after SNIP cut so (SynFlow's scores tie exactly, e.g. weights
-    of one channel on its all-ones input).
+    ``normalise`` divides by the scores' sum first (when positive), as SNIP's original does: it can make two
+    scores equal floats, so SNIP's masks stay bit for bit what they were (its ties fall where ``torch.topk``
+    puts them). ``stable``: of tied scores the first in parameter order is kept, as every later method cuts.
     """
     names = list(scores)
     flat = torch.cat([scores[name].flatten() for name in names])
@@ -115,6 +100,13 @@ def global_top_k(scores: dict[str, Tensor], keep: int, normalise: bool = False, 
     return tensors
 
 
+def global_cut(scores: dict[str, Tensor], sparsity: float, normalise: bool = False, stable: bool = True
+               ) -> dict[str, Tensor]:
+    """The global top-k at ``sparsity``: k = round(N (1 - sparsity)) of the N scored entries."""
+    total = sum(score.numel() for score in scores.values())
+    return global_top_k(scores, kept_count(total, sparsity), normalise=normalise, stable=stable)
+
+
 def layerwise_top_k(scores: dict[str, Tensor], counts: dict[str, int]) -> dict[str, Tensor]:
     """Keep ``counts[name]`` highest scores within each tensor (of tied ones, the first: a stable sort)."""
     tensors = {}
@@ -133,9 +125,8 @@ def assemble(shapes: Shapes, kept: dict[str, Tensor]) -> Mask:
 
 
 def stream_seed(init_seed: int, stream: str) -> int:
-    """A seed for one named random stream of a trial, independent of the stream that initialised its weights
-    (the trial's seed itself): a random mask drawn with the initialisation's own stream would follow the
-    weights' values."""
+    """A seed for one named random stream of a trial, apart from the one that drew its weights (a mask drawn
+    from that one would follow the weights' values)."""
     return int(np.random.SeedSequence([init_seed, zlib.crc32(stream.encode())]).generate_state(1)[0])
 
 

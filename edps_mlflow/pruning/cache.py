@@ -1,25 +1,11 @@
-"""Score once, prune anywhere: pruning scores kept on disk, keyed by what they depend on.
+"""Score once, prune anywhere: pruning scores kept on disk, keyed by the sha256 of all they depend on (the
+workload, the data fingerprint, the scoring method, the init seed, the parameters' names and shapes, the
+results version, and the sparsity for a method whose scores depend on it): never batch size or optimizer.
 
-A trial's initialisation depends only on the study seed and the trial index (its init seed), so its scores
-(SNIP's pass over the training split, GraSP's Hessian-vector product, SynFlow's 100 rounds) are the same at
-every batch size and optimizer of a grid, and SNIP's and GraSP's at every sparsity too: only the top-k cut
-changes. The key of an entry is the sha256 of
-
-    the workload (its network and loss), the data fingerprint, the method that scores, the init seed,
-    the network's parameter names and shapes, the results version, and the sparsity for a method whose
-    scores depend on it (SynFlow: its schedule ends at the sparsity),
-
-so an entry is found again only for exactly the computation that made it. The entry holds the scores as
-float32 arrays (``.npz``, no pickle) and the seconds they took, so that a trial that loads them can say
-what the cache saved it.
-
-Where: ``$EDPS_SCORE_CACHE`` (a directory, or ``off``), else ``$XDG_CACHE_HOME/edps-mlflow/pruning-scores``
-(``~/.cache/...``). Every process of a machine shares it: a study's trial workers, a sweep's study processes,
-the runs of the mlflow-project executor; a Ray cluster or Kubernetes jobs on other machines each keep their
-own (each computes a trial's scores once per machine). Entries are written whole (a temporary file moved
-into place) and a process that finds another computing an entry waits for it (a lock file per entry, where
-the platform has ``fcntl``) rather than computing it twice. An unreadable or mismatched entry is computed
-again; an unwritable directory costs the computation, nothing else.
+Where: ``$EDPS_SCORE_CACHE`` (a directory, or ``off``), else ``$XDG_CACHE_HOME/edps-mlflow/pruning-scores``,
+shared by every process of a machine (docs/pruning.md). Entries (``.npz``, no pickle, with the seconds they
+took) are written whole, and a process that finds another computing one waits for it; an unreadable entry is
+computed again, an unwritable directory costs the computation, nothing else.
 """
 
 from __future__ import annotations
@@ -103,23 +89,17 @@ class ScoreCache:
 
     @contextlib.contextmanager
     def computing(self, key: str) -> Iterator[None]:
-        """Hold the entry's lock while computing it: a second process waits here, then finds the entry."""
-        try:
-            import fcntl
-        except ImportError:  # no POSIX locks here: both compute, the later write wins, the result is the same
-            yield
-            return
+        """Hold the entry's lock while computing it: a second process waits here, then finds the entry. Where
+        there is no lock (no fcntl, an unwritable directory) both compute, and the later write wins."""
         path = self._path(key).with_suffix(".lock")
         try:
+            import fcntl
+
             path.parent.mkdir(parents=True, exist_ok=True)
             handle = open(path, "a")
-        except OSError:
+        except (ImportError, OSError):
             yield
             return
         with handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
+            yield  # the lock ends with the file

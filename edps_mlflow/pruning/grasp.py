@@ -1,25 +1,7 @@
-"""GraSP (Wang, Zhang, Grosse, ICLR 2020, "Picking winning tickets before training by preserving gradient
-flow"), as the authors' code computes it: alecwangcq/GraSP, ``pruner/GraSP.py`` (function ``GraSP`` with its
-defaults T=200, num_iters=1, and samples_per_class=10 from the CIFAR-10 configs).
-
-1. A class-balanced sample of the training split: the first 10 examples of each class in an order drawn
-   from the trial's own random stream (``GraSP_fetch_data`` takes them from a shuffled loader), concatenated
-   class by class, and split into two halves (``[:N//2]``, ``[N//2:]``) as the authors do.
-2. g = the sum over the two halves of the gradient of the batch-mean loss (the workload's) of the logits
-   divided by the temperature T = 200, with respect to the weights.
-3. Hg = the sum over the halves of the gradient of z = sum(g . dL_half/dw) (g held constant): the
-   Hessian-vector product of each half's loss with g.
-4. Score = -theta * Hg (the authors' "-theta_q Hg"), normalised by |sum| + 1e-10; the highest scores are
-   pruned, i.e. the k = round(N (1 - sparsity)) lowest are kept. Pruning the highest -theta Hg keeps the
-   weights whose removal would reduce the gradient flow most (the authors' sign; Synaptic-Flow's port keeps
-   the highest theta Hg, the same mask). Frankle et al. (ICLR 2021) found pruning by |score| works better;
-   that variant is not this method.
-
-Differences from the authors' code, all deliberate: scores are of the weights only (conv and linear, as
-theirs), but of the network as initialised: their ``reinit=True`` re-draws the linear layers with Xavier
-normal from torch's global random state before scoring (and then masks the original weights), which would
-make a mask depend on that state; the kept count is exactly k (theirs keeps every score tied with the
-threshold, and removes int(N sparsity)). Biases are kept.
+"""GraSP (Wang, Zhang, Grosse, ICLR 2020) as the authors' ``pruner/GraSP.py`` computes it (T=200, 10 samples per
+class): score -theta * Hg on a class-balanced sample drawn from the trial's own stream, the highest pruned.
+docs/pruning.md gives the steps and the deliberate differences (the network as initialised, exactly k kept).
+Biases are kept.
 """
 
 from __future__ import annotations
@@ -28,7 +10,7 @@ import torch
 from torch import Tensor
 
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, assemble, global_top_k, kept_count, stream_seed
+from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, assemble, global_cut, parameter_shapes, stream_seed
 from edps_mlflow.pruning.mask import Mask
 from edps_mlflow.workloads import Loss
 
@@ -60,38 +42,36 @@ def class_balanced_sample(images: Tensor, labels: Tensor, per_class: int, init_s
 
 def grasp_scores(model: torch.nn.Module, names: list[str], images: Tensor, labels: Tensor, loss: Loss,
                  temperature: float = TEMPERATURE) -> dict[str, Tensor]:
-    """-theta * Hg for the parameters ``names`` on the sample (``images``, ``labels``), steps 2-4 above (before
-    the normalisation)."""
+    """-theta * Hg for the parameters ``names`` on the sample, before the normalisation: g the sum over the
+    sample's two halves of the gradient of the loss of logits / ``temperature``, Hg the sum over the halves of
+    the gradient of g . dL_half/dw (g held constant)."""
     parameters = dict(model.named_parameters())
     weights = [parameters[name] for name in names]
     count = images.shape[0]
     halves = [(images[:count // 2], labels[:count // 2]), (images[count // 2:], labels[count // 2:])]
-    gradient: list[Tensor] | None = None
-    for inputs, targets in halves:
-        grads = torch.autograd.grad(loss(model(inputs) / temperature, targets), weights)
-        gradient = list(grads) if gradient is None else [a + b for a, b in zip(gradient, grads)]
-    assert gradient is not None
-    product: list[Tensor] | None = None
-    for inputs, targets in halves:
-        grads = torch.autograd.grad(loss(model(inputs) / temperature, targets), weights, create_graph=True)
-        z = sum((g.detach() * f).sum() for g, f in zip(gradient, grads))
-        hessian_gradient = torch.autograd.grad(z, weights)
-        product = list(hessian_gradient) if product is None else [a + b for a, b in zip(product, hessian_gradient)]
-    assert product is not None
+
+    def gradient_of(inputs: Tensor, targets: Tensor, create_graph: bool = False) -> tuple[Tensor, ...]:
+        return torch.autograd.grad(loss(model(inputs) / temperature, targets), weights, create_graph=create_graph)
+
+    gradient = [a + b for a, b in zip(*(gradient_of(*half) for half in halves))]
+
+    def hessian_gradient(inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
+        z = sum((g.detach() * f).sum() for g, f in zip(gradient, gradient_of(inputs, targets, create_graph=True)))
+        return torch.autograd.grad(z, weights)
+
+    product = [a + b for a, b in zip(*(hessian_gradient(*half) for half in halves))]
     return {name: (-w.detach() * hg).cpu() for name, w, hg in zip(names, weights, product)}
 
 
 def grasp_cut(scores: dict[str, Tensor], sparsity: float) -> dict[str, Tensor]:
-    """Step 4's cut: normalise by |sum| + eps, keep the k lowest."""
+    """Normalise by |sum| + eps, keep the k lowest (the highest scores are pruned, the authors' sign)."""
     norm = torch.cat([score.flatten() for score in scores.values()]).sum().abs() + EPSILON
-    total = sum(score.numel() for score in scores.values())
-    return global_top_k({name: -(score / norm) for name, score in scores.items()}, kept_count(total, sparsity),
-                        stable=True)
+    return global_cut({name: -(score / norm) for name, score in scores.items()}, sparsity)
 
 
 class GraSP(Method):
     def scores(self, context: ScoreContext) -> dict[str, Tensor]:
-        names = self.prunable({name: p.shape for name, p in context.model.named_parameters()})
+        names = self.prunable(parameter_shapes(context.model))
         data = context.data
         images, labels = class_balanced_sample(data.train_images, data.train_labels, SAMPLES_PER_CLASS,
                                                context.init_seed)

@@ -1,16 +1,16 @@
 """Prune a freshly initialised network with a registered method: its scores computed here or found in the
-score cache (``cache.py``), then its cut at the trial's sparsity.
-
-At sparsity 0 nothing is pruned and nothing is scored: the mask is dense whatever the method (the study spec
-names such a study's method ``snip``, so one dense study serves every method).
+score cache (cache.py), then its cut at the trial's sparsity. At sparsity 0 nothing is scored: the mask is
+dense whatever the method (such a study's method is ``snip``, so one dense study serves every method).
 """
 
 from __future__ import annotations
 
 import time
 
+from torch import Tensor
+
 from edps_mlflow.pruning import METHODS, get_method
-from edps_mlflow.pruning.base import ScoreContext, parameter_shapes
+from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, parameter_shapes
 from edps_mlflow.pruning.cache import ScoreCache, score_key
 from edps_mlflow.pruning.mask import Mask, dense_mask
 from edps_mlflow.results import PruningRecord, ScoreSource
@@ -21,18 +21,28 @@ def prune_at_initialisation(method_name: str, context: ScoreContext, data_finger
     """The trial's mask and how it was made. The cache is used for a method whose scores are costly
     (``MethodInfo.cached``) when the data's fingerprint is known; the mask is the same either way."""
     method = get_method(method_name)
-    prunes = method.info.prunes.value
+    name, prunes = method.info.name, method.info.prunes.value
     if context.sparsity == 0.0:
-        return dense_mask(context.model), PruningRecord(method.info.name, prunes, ScoreSource.NONE)
+        return dense_mask(context.model), PruningRecord(name, prunes, ScoreSource.NONE)
     shapes = parameter_shapes(context.model)
     scorer = METHODS[method.scorer]
     started = time.perf_counter()
+    computing_seconds = None
     if cache is None or data_fingerprint is None or not scorer.cached:
         scores = method.scores(context)
-        record = PruningRecord(method.info.name, prunes, ScoreSource.COMPUTED, time.perf_counter() - started)
-        return method.mask(scores, shapes, context.sparsity, context.init_seed), record
-    key = score_key(context.workload.name, data_fingerprint, scorer.name, context.init_seed, shapes,
-                    context.sparsity if scorer.sparsity_dependent else None)
+    else:
+        key = score_key(context.workload.name, data_fingerprint, scorer.name, context.init_seed, shapes,
+                        context.sparsity if scorer.sparsity_dependent else None)
+        scores, computing_seconds = _cached_scores(method, context, shapes, cache, key, started)
+    seconds = time.perf_counter() - started
+    record = (PruningRecord(name, prunes, ScoreSource.COMPUTED, seconds) if computing_seconds is None
+              else PruningRecord(name, prunes, ScoreSource.CACHED, seconds, computing_seconds - seconds))
+    return method.mask(scores, shapes, context.sparsity, context.init_seed), record
+
+
+def _cached_scores(method: Method, context: ScoreContext, shapes: Shapes, cache: ScoreCache, key: str,
+                   started: float) -> tuple[dict[str, Tensor], float | None]:
+    """The scores from the cache with the seconds their computation took, or computed here and kept (None)."""
     prunable = {name: shapes[name] for name in method.prunable(shapes)}
     found = cache.load(key, prunable)
     if found is None:
@@ -40,11 +50,6 @@ def prune_at_initialisation(method_name: str, context: ScoreContext, data_finger
             found = cache.load(key, prunable)  # another process may have computed it while this one waited
             if found is None:
                 scores = method.scores(context)
-                seconds = time.perf_counter() - started
-                cache.store(key, scores, seconds)
-                record = PruningRecord(method.info.name, prunes, ScoreSource.COMPUTED, seconds)
-                return method.mask(scores, shapes, context.sparsity, context.init_seed), record
-    scores, computing_seconds = found
-    seconds = time.perf_counter() - started
-    record = PruningRecord(method.info.name, prunes, ScoreSource.CACHED, seconds, computing_seconds - seconds)
-    return method.mask(scores, shapes, context.sparsity, context.init_seed), record
+                cache.store(key, scores, time.perf_counter() - started)
+                return scores, None
+    return found

@@ -1,11 +1,7 @@
-"""Random pruning with Erdos-Renyi-Kernel densities (Evci et al. 2020, "Rigging the lottery"): a tensor of
-shape (n_out, n_in, k_h, k_w) keeps a fraction proportional to (n_out + n_in + k_h + k_w) / (n_out n_in k_h k_w)
-(a linear layer's (n_out + n_in) / (n_out n_in)), scaled so that the prunable tensors keep (1 - sparsity)
-of their entries together; a tensor whose density would exceed 1 is kept whole and the scale found again for
-the others, as google-research/rigl's ``sparse_utils.get_sparsities_erdos_renyi`` (include_kernel=True,
-erk_power_scale=1) does. Each tensor then keeps round(n density) entries, uniformly at random from the
-same stream as ``random`` (so the total can differ from round(N (1 - sparsity)) by the rounding of each
-tensor). Biases are kept.
+"""Random pruning with Erdos-Renyi-Kernel densities (Evci et al. 2020): a tensor keeps a fraction proportional to
+the sum of its dimensions over their product, scaled so that the prunable tensors keep (1 - sparsity) together,
+a tensor whose density would exceed 1 kept whole (google-research/rigl's ``get_sparsities_erdos_renyi``). Each
+tensor keeps round(n density) entries, drawn as ``random`` draws them. Biases are kept.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""``shuffle(<method>)``: the method's mask with its kept entries permuted uniformly within each tensor, so
-that every tensor keeps the count the method gave it and nothing else of its choice (Frankle, Dziugaite,
-Roy, Carbin, ICLR 2021, "Pruning neural networks at initialization: why are we missing the mark?"; OpenLTH's
-``lottery/branch/randomly_prune.py``, strategy 'layerwise', which permutes each tensor of a mask).
-
-A uniform permutation of a tensor's mask is a uniformly random subset of its kept count: the top-k of
-uniform values drawn from the trial's own shuffle stream. It uses the method's scores (kept once for all
-studies, ``cache.py``) and draws nothing else, so the shuffled mask of a trial is the same at every batch
-size and optimizer. A tensor the method does not prune (a bias of a weights-only method) stays whole; one
-it prunes entirely (SNIP's biases) stays empty.
+"""``shuffle(<method>)``: the method's mask with its kept entries permuted uniformly within each tensor (Frankle
+et al., ICLR 2021; OpenLTH's 'layerwise' random pruning): the top-k of uniform draws from the trial's own
+shuffle stream, k the method's count in that tensor. It uses the method's (cached) scores, so a trial's
+shuffled mask is the same at every batch size and optimizer.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""SNIP at initialisation (Lee et al. 2019) as in the paper, unchanged since it was the only method.
-
-1. A multiplicative mask c = 1 on every weight *and bias* tensor.
-2. One pass over the training split in batches of 100, summing the signed dL/dc of the batch-mean
-   loss (the workload's training loss). Since the loss sees w * c, dL/dc at c = 1 is w * dL/dw, so
-   the sum is w * (sum of grads).
-3. Sensitivity |sum|, normalised to sum 1 (which does not change the ranking).
-4. Keep the global top-k, k = round(N (1 - sparsity)).
-
-Biases start at zero, so their sensitivity is zero and any real sparsity prunes every bias, as the
-original does; the mask summary shows it. Steps 1-3 are the scores (``cache.py`` keeps them: they do not
-depend on the sparsity), step 4 the cut.
+"""SNIP at initialisation (Lee et al. 2019) as in the paper: the sensitivity |theta * dL/dtheta| of every weight
+*and bias*, dL summed over the training split in batches of 100, normalised to sum 1, cut by one global top-k.
+Biases start at zero, so any real sparsity prunes them all, as the original does.
 """
 
 from __future__ import annotations
@@ -17,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, assemble, global_top_k, kept_count
+from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, assemble, global_cut
 from edps_mlflow.pruning.mask import Mask, dense_mask
 from edps_mlflow.workloads import Loss
 
@@ -40,9 +31,8 @@ def snip_scores(model: nn.Module, images: Tensor, labels: Tensor, loss: Loss,
 
 
 def snip_cut(scores: dict[str, Tensor], sparsity: float) -> dict[str, Tensor]:
-    """Step 4: the global top-k of the normalised sensitivities."""
-    total = sum(score.numel() for score in scores.values())
-    return global_top_k(scores, kept_count(total, sparsity), normalise=True)
+    """The global top-k of the normalised sensitivities, ties where ``torch.topk`` puts them."""
+    return global_cut(scores, sparsity, normalise=True, stable=False)
 
 
 def snip_mask(model: nn.Module, images: Tensor, labels: Tensor, sparsity: float, loss: Loss) -> Mask:
