@@ -1,17 +1,9 @@
 """The identity of a steps-to-result curve: the study fields a curve is measured at, all but the batch size.
 
-A curve is the studies of one (workload, optimizer, sparsity, pruning method) measured along the batch size. ``CurveId``
-names it, and every part that groups studies into curves asks it: ``edps status`` (a table per curve
-family), the neighbour hint (a study's trials ordered by the best point of its own curve), the adaptive
-sweep (its rule runs per curve) and the analysis (``analysis.regimes.CURVE_KEYS`` are :data:`CURVE_AXES`).
-A new axis of the science (a pruning method, a workload variant) is one more field here, with the tag it
-is stored under: no part can then merge two curves that differ in it, because none spells the axes out.
-
-What a new axis still needs elsewhere: its StudySpec field (fields.py) and its tag written on study and
-trial runs (tracking). Runs written before the axis existed lack its tag: :meth:`CurveId.from_tags` reads
-a missing tag as the field's default here, so they stay on the curve they were measured on.
-
-Pure: no torch, no MLflow.
+Every part that groups studies into curves asks ``CurveId`` (status, the neighbour hint, the adaptive sweep, the
+analysis), so a new axis of the science is one more field here with the tag it is stored under (and its
+StudySpec field and tag written by tracking): no part can then merge two curves that differ in it. A run written
+before an axis existed lacks its tag and is read at the field's default. Pure: no torch, no MLflow.
 """
 
 from __future__ import annotations
@@ -69,10 +61,9 @@ class CurveId:
         return {CURVE_TAGS[name]: _tag_text(value) for name, value in self.as_dict().items()}
 
     def search_tags(self) -> dict[str, str]:
-        """The tags a search for this curve's runs may filter on: those every run has (a run made before an
-        axis existed lacks its tag; compare :meth:`from_tags` of what the search finds)."""
-        return {tag: text for tag, text in self.tags().items()
-                if next(name for name, t in CURVE_TAGS.items() if t == tag) not in TAG_DEFAULTS}
+        """The tags a search for this curve's runs may filter on: those every run has (compare :meth:`from_tags`
+        of what the search finds)."""
+        return {tag: text for tag, text in self.tags().items() if tag not in (CURVE_TAGS[n] for n in TAG_DEFAULTS)}
 
     def label(self) -> str:
         """``nesterov sparsity=0.9 pruning=random``: the curve among those of its workload (progress lines,

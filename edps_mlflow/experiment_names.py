@@ -1,8 +1,6 @@
-"""The one rule for an experiment name that a user gives: ``--experiment`` of ``edps`` (study, sweep,
-status, doctor) and of ``edps-analyze`` (where it may be a glob pattern), and ``MLFLOW_EXPERIMENT_NAME``
-where ``edps`` creates the experiment it names. The command lines check it while they parse their options,
-so a name the store would refuse ends the command in one line before any store is created or opened.
-No torch, no MLflow (importing either takes seconds).
+"""The one rule for an experiment name a user gives (``--experiment`` of ``edps`` and ``edps-analyze``, where it
+may be a glob, and ``MLFLOW_EXPERIMENT_NAME``), checked while the options are parsed, so that a name the store
+would refuse ends the command in one line before any store is opened. No torch, no MLflow.
 
     >>> experiment_name_problem("edps/digits-simple-cnn") is None
     True
@@ -12,15 +10,11 @@ from __future__ import annotations
 
 import unicodedata
 
-# MLflow 3.17 refuses a name longer than 500 characters when it creates an experiment
-# (mlflow/utils/validation.py: MAX_EXPERIMENT_NAME_LENGTH), but the experiments table it migrates
-# every database store to holds 256 (name VARCHAR(256) in store/tracking/dbmodels/models.py): sqlite
-# ignores the width, PostgreSQL and MySQL refuse a longer name. 256 holds for every store.
+# MLflow accepts 500 characters, but its database stores' experiments table holds 256 (VARCHAR(256): PostgreSQL
+# and MySQL refuse a longer name), so 256 holds for every store.
 MAX_EXPERIMENT_NAME_LENGTH = 256
 
-# Unicode categories of characters that end or break a line, or are invisible controls: a name holding one
-# prints as two lines (or garbage) in every listing, error and UI. Cc: C0 and C1 controls (newline, tab,
-# carriage return, NUL, escape, DEL); Zl, Zp: the line and paragraph separators U+2028, U+2029.
+# Controls (Cc) and line and paragraph separators (Zl, Zp): a name holding one prints as two lines or garbage.
 _REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
 
 

@@ -1,14 +1,8 @@
 """MLflow search filters, built by one function that quotes every key and value.
 
-MLflow's search parser (sqlparse underneath) takes a string value between single or double quotes
-and strips the two ends; it unescapes nothing, so ``\\'`` or ``''`` inside a value would reach the
-comparison as typed, and a quote of the kind that encloses the value ends it early. A value is
-therefore enclosed in single quotes, or in double quotes when it holds a single quote; a value that
-holds both kinds cannot be written at all and is refused. Backslashes, brackets, ``%``, ``_`` and
-``*`` are ordinary characters to an ``=`` comparison. Keys are enclosed in backticks, so a key may
-not hold one.
-
-This module imports nothing from MLflow, so the training side and the analysis share it.
+MLflow's search parser strips a value's enclosing quotes and unescapes nothing, so a value goes in single
+quotes, or double quotes when it holds a single quote; one holding both cannot be written and is refused.
+Keys go in backticks. No MLflow import, so the training side and the analysis share it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""The goal test as the original code computes it: how many validation errors a goal allows.
-
-The original evaluates the whole validation split, takes the mean of the per-example 0/1
-correctness in float32 (numpy's mean of a float32 array), converts that accuracy to a Python
-float and reaches the goal when ``1 - accuracy <= goal_error`` in float64. Rounding the accuracy
-to float32 moves the boundary: at goal 0.12 on 6,000 images, 720 errors give an accuracy of
-float32(0.88) = 0.87999999523..., an error just above 0.12, so only 719 are allowed; exact
-arithmetic would allow 720.
+"""The goal test as the original code computes it: ``1 - accuracy <= goal_error`` with the accuracy a float32
+mean, which moves the boundary (goal 0.12 on 6,000 images allows 719 errors, not 720: docs/protocol.md).
 
     >>> allowed_errors(0.12, 6000), allowed_errors(0.30, 5000), allowed_errors(0.03, 179)
     (719, 1499, 5)
@@ -17,18 +11,13 @@ import math
 
 import numpy as np
 
-# Below 2**24 images every count of correct examples is exact in float32, so the original's
-# float32 sum is exact and its mean is the correctly rounded float32 of correct / size.
+# Below 2**24 images every count is exact in float32: the original's mean is the rounded float32 of correct / size.
 MAX_VALIDATION_SIZE = 2**24 - 1
 
 
 def original_validation_error(errors: int, validation_size: int) -> float:
-    """The validation error the original reports for ``errors`` misclassified examples.
-
-    The float32 quotient of two integers below 2**24, rounded once through float64, equals the
-    directly rounded float32 quotient (float64 has more than 2 * 24 + 2 bits), so this is the
-    original's ``np.mean`` of float32 zeros and ones without building the array.
-    """
+    """The validation error the original reports for ``errors`` misclassified examples: its float32 ``np.mean``
+    of zeros and ones, without the array (float64 holds more than 2 * 24 + 2 bits, so one rounding is exact)."""
     _check_size(validation_size)
     if not 0 <= errors <= validation_size:
         raise ValueError(f"errors must be in [0, {validation_size}], got {errors}")
@@ -42,16 +31,12 @@ def meets_goal(errors: int, validation_size: int, goal_error: float) -> bool:
 
 
 def allowed_errors(goal_error: float, validation_size: int) -> int:
-    """The most misclassified validation examples that still meet the goal as the original tests it.
-
-    -1 when not even a perfect score meets the goal (a negative goal).
-    """
+    """The most misclassified validation examples that still meet the goal as the original tests it; -1 when not
+    even a perfect score does (a negative goal)."""
     _check_size(validation_size)
     if math.isnan(goal_error):
         raise ValueError("goal error must be a number, got nan")
-    # The error grows with the number of mistakes, so the answer is a threshold. Exact arithmetic
-    # puts it at floor(goal * size); float32 rounding moves the accuracy by less than one example
-    # (2**-24 < 1 / size), so a walk of a step or two from there finds it.
+    # A threshold near floor(goal * size): float32 rounding moves it by less than one example, so a walk finds it.
     if math.isfinite(goal_error):
         errors = min(validation_size, max(-1, math.floor(goal_error * validation_size)))
     else:

@@ -1,37 +1,6 @@
-"""Every name the project writes to or reads from MLflow: tags, params, metrics, artifacts.
-
-This module imports nothing, so the training side, the status command and the analysis can all
-share it without pulling in torch or MLflow. No MLflow name is spelled as a string literal anywhere
-else in the project.
-
-Layout in the tracking store:
-
-- Sweep run (``edps sweep``): tags ``edps.kind=sweep``, ``edps.sweep_key``; params ``sweep.*``; the
-  parent of its study runs. An adaptive sweep's run (``edps sweep --adaptive``) adds the tag
-  ``edps.adaptive.stop``, metrics ``adaptive/*`` and the artifact ``adaptive_decisions.csv``.
-- Study run: tags ``edps.kind=study``, ``edps.study_key``, ``edps.study_family``, ``edps.workload``,
-  ``edps.optimizer``, ``edps.sparsity``, ``edps.pruning``, ``edps.batch_size``, ``edps.run.*`` (execution
-  settings, which do not change the result); params ``spec.*`` (the resolved study), ``pruning.method``
-  and ``pruning.prunes`` (the method and what it may prune) and ``best.*`` (the best trial's
-  metaparameters); metrics ``steps_to_result`` (absent when no trial reached), ``trials/<status>``,
-  ``trials/total`` ...; artifacts ``study.json`` and ``trials.csv``. What readers need about its trials without
-  reading them: ``trials/runs_finished`` (the trial runs it has finished, counted as it goes), the tag
-  ``edps.trial_families`` (the study families its trial runs are in) and, once it finished, the tag
-  ``edps.trial_outcomes`` (each trial's status and steps, the bootstrap's input, in one line).
-- Trial run, nested under its study: tags ``edps.kind=trial``, ``edps.trial_key``, ``edps.status`` (and the
-  study's axes); params ``pruning.method``, ``pruning.prunes``, ``pruning.scores`` (computed or cached);
-  metrics ``validation/error``, ``train/loss``, ``learning_rate`` per check, ``train/seconds_per_step`` and
-  ``train/pack_size`` at the end (param ``device``); artifacts under ``mask/``.
-- Study and sweep runs renew ``edps.heartbeat`` while they run (their lease); a run that gave way to
-  an earlier live run of its key is FAILED with ``edps.yielded_to``.
-- A study run submitted through MLflow Projects (``--executor mlflow-project``) is the run MLflow made,
-  with MLflow's project tags and the entry point's params, ``edps.submitted_by`` (the sweep run) and the
-  artifact ``mlflow-run.log`` (its output, on the local backend).
-- Analysis run (``edps-analyze ... --log-to-mlflow``): tag ``edps.kind=analysis``.
-- Study index run (``edps.kind=study_index``, named ``edps study index``, FINISHED; one per experiment, made
-  with it): one tag ``edps.index.<run id>`` per study run, that run's state, edps tags, parent, params and
-  metrics as JSON, written when it starts and after it ends (study_index.py), so that commands that read
-  every study read one run; ``edps.index_complete`` once every study run of the experiment is in it.
+"""Every name the project writes to or reads from MLflow: tags, params, metrics, artifacts. No MLflow name is
+spelled as a string literal anywhere else. This module imports nothing, so the training side, the status
+command and the analysis all share it; docs/tracking.md shows where each name lands in the store.
 """
 
 # ---- MLflow's own tags ---------------------------------------------------------------------
@@ -55,8 +24,7 @@ TAG_WORKLOAD = "edps.workload"
 TAG_OPTIMIZER = "edps.optimizer"
 TAG_SPARSITY = "edps.sparsity"
 TAG_BATCH_SIZE = "edps.batch_size"
-# The pruning method at initialisation (pruning/: "snip", "random", "shuffle(snip)", ...). Runs made before
-# methods existed lack it: they were SNIP's (curves.TAG_DEFAULTS).
+# The pruning method ("snip", "shuffle(snip)", ...); runs made before methods existed lack it (curves.TAG_DEFAULTS).
 TAG_PRUNING = "edps.pruning"
 TAG_VERSION = "edps.version"
 TAG_CODE_VERSION = "edps.code_version"  # the version with the git commit, and .dirty for uncommitted changes
@@ -64,40 +32,31 @@ TAG_GIT_DIRTY = "edps.git_dirty"
 TAG_STOPPING = "edps.early_stopping"
 TAG_REUSED = "edps.trials_reused"
 TAG_ERROR = "edps.error"
-# Leases: a running study or sweep renews its heartbeat (unix seconds) on its run; a RUNNING run
-# whose heartbeat is older than the lease is dead. The owner token tells two takers of one run apart.
+# Leases: a RUNNING run whose heartbeat (unix seconds) is older than the lease is dead; the owner token tells
+# two takers of one run apart.
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
-# A study run that MLflow Projects made for a sweep (``--executor mlflow-project``): the sweep run that
-# submitted it. The sweep tags it as its study right after submitting, before the entry point starts.
+# On a study run that MLflow Projects made for a sweep: the sweep run that submitted it.
 TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
-# The key of a study's measurement without its probes (probes never change a result): studies that
-# differ only in probes share it, and the analysis counts them once.
+# A study's key without its probes (which never change a result): the analysis counts such studies once.
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
 TAG_BEST_PROBE_RUN = "edps.best_probe_run"  # the trial run with the probes along the best trial's whole run
-# What readers need of a study's trials, kept on the study run (registry and analysis read study runs, not
-# trial runs): the study families of the trial runs it creates (its training study's, and for a study
-# that probes its best trial, the all-trials study's too), comma-separated; and its trials' outcomes
-# (results.encode_trial_outcomes), written with its result.
+# What readers need of a study's trials, kept on the study run: the study families of its trial runs
+# (comma-separated) and its trials' outcomes (results.encode_trial_outcomes), written with its result.
 TAG_TRIAL_FAMILIES = "edps.trial_families"
 TAG_TRIAL_OUTCOMES = "edps.trial_outcomes"
-# The study index (study_index.py): an entry per study run on the index run, under this prefix and the study
-# run's id; "true" in TAG_INDEX_COMPLETE when every study run of the experiment has one.
+# The study index: an entry per study run under this prefix and its run id; complete when every one has one.
 TAG_INDEX_PREFIX = "edps.index."
 TAG_INDEX_COMPLETE = "edps.index_complete"
-# Experiment tags of `edps doctor`: every run of the experiment that started or ended before this time (ms)
-# was checked, and the runs of the problems it found then, which it looks at again.
+# Experiment tags of `edps doctor`: the time (ms) up to which every run was checked, the runs to look at again.
 EXPERIMENT_TAG_CHECKED_UNTIL = "edps.doctor.checked_until"
 EXPERIMENT_TAG_RECHECK = "edps.doctor.recheck"
-# "true" once a check has searched the whole experiment for runs without their kind or keys: the checks after
-# it read every run made since, so they check every run; "false" after a first check that left the searches out.
+# "true" once a check has searched the whole experiment for runs without their kind or keys.
 EXPERIMENT_TAG_SEARCHED_KEYLESS = "edps.doctor.searched_keyless"
-# Set in the request that creates an experiment made by edps-mlflow ("edps-mlflow <version>"): every run of
-# ours in it was created with its kind, keys and parent in one request, so doctor's first check need not
-# search its trial runs for runs without them (doctor.py).
+# "edps-mlflow <version>" on an experiment we created: every run of ours in it has its kind and keys (doctor.py).
 EXPERIMENT_TAG_CREATED_BY = "edps.created_by"
 TAG_ADAPTIVE_STOP = "edps.adaptive.stop"  # why an adaptive sweep stopped (adaptive.StopReason)
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
@@ -112,9 +71,8 @@ KIND_ANALYSIS = "analysis"
 KIND_STUDY_INDEX = "study_index"
 # The name of the study index run.
 INDEX_RUN_NAME = "edps study index"
-# The start time (ms since the epoch) that a study index run is made with, and found by. MLflow searches a
-# run's name as a tag (a scan of every run's tags: half a second at 150,000 runs) but its start time as a
-# column of the run: the index run is the one run that started at the epoch. In the UI it is listed last.
+# The start time (ms) a study index run is made with and found by: MLflow searches a run's start time as a column,
+# its name as a tag (a scan of every run's tags).
 INDEX_START_TIME = 1
 
 # Values of TAG_STOPPING.
@@ -132,17 +90,12 @@ PARAM_BATCH_SIZE = "batch_size"
 PARAM_SPARSITY = "sparsity"
 PARAM_OPTIMIZER = "optimizer"
 PARAM_WORKLOAD = "workload"
-# Of study and trial runs: the pruning method and what it may prune ("weights and biases", or "weights"). Not
-# "pruning": under `mlflow run` that is the MLproject's parameter, which MLflow logs on the study run as typed.
+# Not "pruning": under `mlflow run` that is the MLproject's parameter, which MLflow logs on the study run as typed.
 PARAM_PRUNING = "pruning.method"
 PARAM_PRUNING_PRUNES = "pruning.prunes"
-# Of a trial run: where its pruning scores came from (results.ScoreSource: computed, cached, none).
 PARAM_PRUNING_SCORES = "pruning.scores"
-# The device a trial's training time was measured on ("cuda:0 (NVIDIA H200)", "cpu (<model>, 1 thread)"); on a
-# study run, the device of its best trial's measurement.
-PARAM_DEVICE = "device"  # of a trial run: where its time per step was measured
-# Of a study run: its best trial's device. Not "device": under `mlflow run` that is the MLproject's
-# parameter, which MLflow logs on the same run (a param cannot change).
+PARAM_DEVICE = "device"  # of a trial run: where its time per step was measured ("cpu (<model>, 1 thread)")
+# A study run's best trial's device; not "device", the MLproject's parameter (a param cannot change).
 PARAM_TIMING_DEVICE = "timing.device"
 
 # ---- metrics --------------------------------------------------------------------------------
@@ -155,17 +108,14 @@ METRIC_TRAIN_LOSS = "train/loss"
 METRIC_LEARNING_RATE = "learning_rate"
 METRIC_TRIAL_SECONDS = "trial/seconds"
 METRIC_PROBE_SECONDS = "probe/seconds"
-# Seconds spent on pruning scores (computing them, or waiting for and loading them from the score cache), and
-# what the cache saved (the kept entries' computing seconds less those): a trial's, summed on its study run.
+# Seconds spent on pruning scores, and what the score cache saved: a trial's, summed on its study run.
 METRIC_PRUNING_SECONDS = "pruning/seconds"
 METRIC_PRUNING_SECONDS_SAVED = "pruning/seconds_saved"
-# Measured training seconds per step (no checks, evaluation or probes): a trial's own, and on a study run its
-# best trial's. A packed trial's steps were shared with others: the metric is its share of each lockstep step
-# (the step's seconds divided by the trials in it), and METRIC_PACK_SIZE says how many shared them on average.
+# Training seconds per step (no checks, evaluation or probes), a packed trial's its share of each lockstep step;
+# METRIC_PACK_SIZE: how many trials shared a step on average.
 METRIC_SECONDS_PER_STEP = "train/seconds_per_step"
 METRIC_PACK_SIZE = "train/pack_size"
-# The network's size on a study run (every parameter, pruned or not: data parallelism all-reduces dense
-# gradients), for the time-to-result projection over several devices.
+# The network's size, pruned or not (data parallelism all-reduces dense gradients), for time-to-result.
 METRIC_MODEL_PARAMETERS = "model/parameters"
 METRIC_MODEL_PARAMETER_BYTES = "model/parameter_bytes"
 # Numbers users filter on are metrics too: MLflow compares params and tags only as strings.
@@ -176,9 +126,7 @@ METRIC_TRIALS_PREFIX = "trials/"  # + a trial status, or one of the counts below
 METRIC_TRIALS_TOTAL = METRIC_TRIALS_PREFIX + "total"
 METRIC_TRIALS_REUSED = METRIC_TRIALS_PREFIX + "reused"
 METRIC_TRIALS_TRAINED = METRIC_TRIALS_PREFIX + "trained"
-# The trial runs a study run has set FINISHED so far, written after each one (0 when it starts). A SIGKILL
-# between a trial's end and this write leaves it one short: readers trust it only on a FINISHED study run,
-# which wrote it after its last trial.
+# The trial runs a study run has finished so far, written after each: trusted only on a FINISHED study run.
 METRIC_TRIAL_RUNS_FINISHED = METRIC_TRIALS_PREFIX + "runs_finished"
 METRIC_STUDY_SECONDS = "study/seconds"
 METRIC_STUDY_TRIAL_STEPS = "study/trial_steps"
@@ -218,9 +166,6 @@ def trials_metric(status: str) -> str:
 
 
 def default_experiment(workload: str) -> str:
-    """The experiment of a workload's studies and sweeps unless the user names one.
-
-    Studies and sweeps share it, so that each reuses the other's trials. (Before this layout a lone
-    study defaulted to ``edps/<workload>/<optimizer>``; docs/architecture.md says how to migrate.)
-    """
+    """The experiment of a workload's studies and sweeps unless the user names one: shared, so that each reuses
+    the other's trials."""
     return f"edps/{workload}"

@@ -1,5 +1,5 @@
-"""Where a measurement came from: the user, the command, and the code (git commit and whether the
-working tree had uncommitted changes). Imports neither torch nor MLflow."""
+"""Where a measurement came from: the user, the command, and the code (git commit and whether the working tree
+had uncommitted changes). Imports neither torch nor MLflow."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""URIs as the user sees them: credentials replaced by ``***``; local sqlite stores that do not exist.
-
-No imports beyond the standard library, so that data downloads, the tracking code and the analysis
-all print URIs through the same function.
+"""URIs as the user sees them: credentials replaced by ``***``; local sqlite stores that do not exist. Standard
+library only, so that downloads, tracking and the analysis all print URIs through the same function.
 """
 
 from __future__ import annotations
@@ -12,11 +10,8 @@ from pathlib import Path
 
 from edps_mlflow.errors import EdpsError
 
-# ``scheme://userinfo@host`` in free text: the user information is the part of the authority (which
-# ends at the first ``/``, ``?`` or ``#``) before its last ``@``, so an unencoded ``@`` in a password is
-# covered. Text cannot say where a password with a quote, a space or a ``#`` ends, so the URIs we know
-# (the configured ones below, and any passed in) are parsed first and their user information removed
-# whatever its characters.
+# ``scheme://userinfo@host`` in free text, up to the authority's last ``@``. Text cannot say where a password with
+# a quote, a space or a ``#`` ends, so the URIs we know are parsed first and their user information removed.
 _USERINFO = re.compile(r"(?<=://)[^\s/?#'\"<>]*@")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _ANOTHER_URI = re.compile(r"\s[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -28,19 +23,14 @@ _CONFIGURED = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "EDPS_DATA_MIRROR",
 
 
 def userinfo(uri: str) -> str | None:
-    """The user information of ``uri`` (``user:password``), whatever characters the password holds.
-
-    It ends at the last ``@`` that a host and the end of the authority follow: ``u:p@ss@db/x`` gives
-    ``u:p@ss``, ``u:it's a#b@host`` gives ``u:it's a#b``. None when the URI carries none. A user name
-    holds none of ``/?#`` or spaces; a password anything.
+    """The user information of ``uri`` (``user:password``), whatever characters the password holds: up to the
+    last ``@`` that a host and the end of the authority follow (``u:p@ss@db/x`` gives ``u:p@ss``); None if none.
     """
     scheme = _SCHEME.match(uri.strip())
     if scheme is None:
         return None
     rest = uri.strip()[scheme.end():]
-    # The last such '@' (a password may hold '@', '/' and a host-like text before it; cutting too much
-    # only hides more), whose user name (before the first ':') holds no '/', '?', '#' or space, so an
-    # '@' in a path or a query (``sqlite:////tmp/a@b``, ``http://host/p?x=a@b``) is not taken for it.
+    # The last such '@' whose user name holds no '/', '?', '#' or space: not one in a path or query (sqlite:////a@b).
     for at in reversed([i for i, c in enumerate(rest) if c == "@" and i > 0]):
         if _HOST_THEN_END.match(rest, at + 1) and not re.search(r"[/?#\s]", rest[:at].split(":", 1)[0]):
             return rest[:at]
@@ -55,15 +45,10 @@ def _spellings(info: str) -> set[str]:
 
 
 def redact_uri(text: str, *uris: str) -> str:
-    """Every ``scheme://user:password@host`` in ``text`` -> ``scheme://***:***@host``.
-
-    Works on any text (an error message that quotes a URL too), so that a secret is never printed. The
-    user information of ``uris`` and of the configured URIs (MLFLOW_TRACKING_URI, EDPS_DATA_MIRROR, ...)
-    is removed wherever it appears, whatever its characters; other URIs in the text by their syntax.
-    """
+    """Every ``scheme://user:password@host`` in ``text`` (an error message too) -> ``scheme://***:***@host``: the
+    user information of ``uris`` and of the configured URIs wherever it appears, other URIs' by their syntax."""
     text = str(text)
-    # A text that is itself a URI (it starts with a scheme, and no other URI starts after a space in it) is
-    # one of the known ones.
+    # A text that is itself one URI is one of the known ones.
     itself = [text] if _SCHEME.match(text.strip()) and not _ANOTHER_URI.search(text.strip()) else []
     known = [*itself, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
     secrets = {spelling for uri in known if (info := userinfo(str(uri))) for spelling in _spellings(info)}
@@ -78,16 +63,13 @@ def redact_uri(text: str, *uris: str) -> str:
     return _USERINFO.sub(replace, text)
 
 
-# MLflow prints "View run ... at: <host>/#/..." when a run ends, with the host taken from the tracking
-# URI as typed, user and password included. This MLflow setting turns those lines off.
+# MLflow prints "View run ... at: <host>/#/..." with the tracking URI as typed, password included; this turns it off.
 _SUPPRESS_RUN_LINKS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 def quiet_links_with_credentials(uri: str) -> None:
-    """When ``uri`` carries credentials, stop MLflow from printing run links (they would show them).
-
-    Set in the environment, so the worker processes that talk to the same store inherit it.
-    """
+    """When ``uri`` carries credentials, stop MLflow from printing run links, in the environment (so that
+    worker processes inherit it)."""
     if redact_uri(uri) != uri:
         os.environ.setdefault(_SUPPRESS_RUN_LINKS, "true")
 
