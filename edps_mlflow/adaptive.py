@@ -119,8 +119,6 @@ class AdaptiveSettings:
         if self.max_studies is not None and (isinstance(self.max_studies, bool) or not isinstance(self.max_studies, int)
                                              or self.max_studies < 1):
             raise EdpsError(f"max studies must be a positive integer, got {self.max_studies!r}")
-        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
-            raise EdpsError(f"width must be a positive integer, got {self.width!r}")
 
     @classmethod
     def parse_target(cls, text: str) -> tuple[Goal, float]:
@@ -264,13 +262,9 @@ class _Walk:
 
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
                  candidates: tuple[int, ...], settings: AdaptiveSettings) -> CurveState:
-    """The fit of one curve's measured points and what is still open about it for ``settings.goal``.
-
-    ``points``: one row per measured study of the curve (``workload, optimizer, sparsity, batch_size,
-    steps_to_result, study_key``; ``steps_to_result`` empty when no trial reached the goal);
-    ``trials``: the studies' trials (``study_key, status, steps_to_result``) for the bootstrap;
-    ``candidates``: the batch sizes the sweep may measure.
-    """
+    """The fit of one curve's measured points (a row per study: its axes, ``batch_size, steps_to_result,
+    study_key``) and what is still open about it for ``settings.goal``; ``trials`` feed the bootstrap,
+    ``candidates`` are the batch sizes the sweep may measure."""
     walk = _Walk.of(points, candidates)
     fit: dict = {}
     if len(walk.with_result) >= 2:
@@ -371,13 +365,9 @@ class Decision:
 
 def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: float,
            settings: AdaptiveSettings, candidates: tuple[int, ...] = ()) -> Decision:
-    """Stop, or measure: one batch size per curve with an open question, largest excess first, then, while
-    a round has fewer than ``settings.width`` studies, the next doublings down (among ``candidates``) of
-    the curves walking down, round robin.
-
-    ``studies``, ``trial_steps`` and ``seconds``: what the sweep has spent so far (seconds: this
-    invocation's wall clock). A limit is checked before a round starts; a round once started finishes.
-    """
+    """Stop, or measure: one batch size per curve with an open question, largest excess first, then, while a
+    round has fewer than ``settings.width`` studies, the walks' next doublings down. ``studies``, ``trial_steps``
+    and ``seconds`` (this invocation's): what the sweep has spent, checked against the limits before a round."""
     wanted = [(state, choice) for state in states if (choice := state.next_batch_size()) is not None]
     room = settings.width if settings.max_studies is None else min(settings.width, settings.max_studies - studies)
     stop = _stop(states, bool(wanted), room, trial_steps, seconds, settings.budget)

@@ -20,25 +20,7 @@ from typing import Any, Callable, TextIO
 import pandas as pd
 
 from edps_mlflow import names as n
-from edps_mlflow import registry
-from edps_mlflow.adaptive import (
-    DECISION_COLUMNS,
-    PERFECT_DOUBLINGS,
-    AdaptiveSettings,
-    BudgetKind,
-    CurveState,
-    Goal,
-    StopReason,
-    assess_curve,
-    decide,
-    decision_rows,
-    is_power_of_two,
-    number,
-    powers_of_two,
-    start_grid,
-    start_rows,
-    uncertain,
-)
+from edps_mlflow import adaptive, registry
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
@@ -69,10 +51,10 @@ class AdaptiveSweepSpec:
     size that fits the training split); ``settings`` what it pins and when it stops."""
 
     grid: SweepSpec
-    settings: AdaptiveSettings
+    settings: adaptive.AdaptiveSettings
 
     def __post_init__(self) -> None:
-        odd = [b for b in self.grid.batch_sizes if not is_power_of_two(b)]
+        odd = [b for b in self.grid.batch_sizes if not adaptive.is_power_of_two(b)]
         if odd:
             raise EdpsError(f"an adaptive sweep measures powers of two: batch size {odd[0]} is not one "
                             f"(give the range, e.g. --batch-sizes 2..1024)")
@@ -88,17 +70,17 @@ class AdaptiveSweepSpec:
     @property
     def range(self) -> tuple[int, ...]:
         """Every power of two between the smallest and the largest batch size given."""
-        return powers_of_two(min(self.grid.batch_sizes), max(self.grid.batch_sizes))
+        return adaptive.powers_of_two(min(self.grid.batch_sizes), max(self.grid.batch_sizes))
 
     @property
     def start(self) -> tuple[int, ...]:
-        return start_grid(self.range)
+        return adaptive.start_grid(self.range)
 
     @property
     def candidates(self) -> tuple[int, ...]:
         """The batch sizes a round may choose: the range, extended up to the training split."""
         largest = max(get_workload(self.workload).largest_batch_size(), max(self.grid.batch_sizes))
-        return powers_of_two(min(self.grid.batch_sizes), largest)
+        return adaptive.powers_of_two(min(self.grid.batch_sizes), largest)
 
     @property
     def curves(self) -> list[CurveId]:
@@ -133,8 +115,8 @@ class MeasuredStudy:
 
 @dataclass(frozen=True)
 class AdaptiveResult:
-    stop: StopReason
-    states: tuple[CurveState, ...]
+    stop: adaptive.StopReason
+    states: tuple[adaptive.CurveState, ...]
     measured: tuple[MeasuredStudy, ...]
     decisions: pd.DataFrame
     rounds: int
@@ -144,7 +126,7 @@ class AdaptiveResult:
         return sum(m.trial_steps for m in self.measured)
 
     def uncertain(self) -> list[str]:
-        return uncertain(self.states)
+        return adaptive.uncertain(self.states)
 
 
 # measure(studies) -> the measured studies by key, or None when one of them is not done (a replay).
@@ -170,7 +152,7 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
           announce: Callable[[int, list[str]], None] = lambda round_index, lines: None) -> AdaptiveResult | None:
     """The rounds: the start, then the decisions of adaptive.decide until it stops. None when ``measure``
     found a study not done (a read-only replay)."""
-    rows = start_rows(spec.curves, spec.start)
+    rows = adaptive.start_rows(spec.curves, spec.start)
     chosen = [spec.study(curve, b) for curve in spec.curves for b in spec.start]
     announce(0, [f"start at batch sizes {', '.join(map(str, spec.start))} for {len(spec.curves)} curve(s)"])
     measured: dict[str, MeasuredStudy] = {}
@@ -180,12 +162,12 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         if found is None:
             return None
         measured.update(found)
-        states = [assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings)
+        states = [adaptive.assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings)
                   for curve in spec.curves]
         studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
         round_index += 1
-        decision = decide(states, studies, steps, clock(), spec.settings, spec.candidates)
-        rows.extend(decision_rows(round_index, decision, studies, steps))
+        decision = adaptive.decide(states, studies, steps, clock(), spec.settings, spec.candidates)
+        rows.extend(adaptive.decision_rows(round_index, decision, studies, steps))
         if decision.stop is not None:
             return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()),
                                   _decision_table(rows), round_index)
@@ -196,7 +178,7 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
 
 def _decision_table(rows: list[dict]) -> pd.DataFrame:
     # Integer columns stay integers in the CSV although stop rows have no batch size.
-    return pd.DataFrame(rows, columns=list(DECISION_COLUMNS)).astype({"batch_size": "Int64"})
+    return pd.DataFrame(rows, columns=list(adaptive.DECISION_COLUMNS)).astype({"batch_size": "Int64"})
 
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
@@ -273,8 +255,8 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {})
     print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}): {len(spec.curves)} curve(s), target "
-          f"{goal_text(spec.settings)}, {spec.settings.width} studies a round, run {sweep.tracker.run_id} in experiment {sweep.experiment_name!r} at "
-          f"{redact_uri(sweep.tracking_uri)}", file=out)
+          f"{goal_text(spec.settings)}, {spec.settings.width} studies a round, run {sweep.tracker.run_id} in "
+          f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}", file=out)
     if stale:
         print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
     cache: dict[str, MeasuredStudy] = {}
@@ -318,8 +300,8 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
 def _interval(fit: dict, name: str) -> str:
     low, high = fit.get(f"{name}_low"), fit.get(f"{name}_high")
     if low is None or high is None or pd.isna(low) or pd.isna(high):
-        return number(fit.get(name))
-    return f"{number(fit.get(name))} ({number(low)}..{number(high)})"
+        return adaptive.number(fit.get(name))
+    return f"{adaptive.number(fit.get(name))} ({adaptive.number(low)}..{adaptive.number(high)})"
 
 
 def _threshold(fit: dict) -> str:
@@ -327,6 +309,7 @@ def _threshold(fit: dict) -> str:
     value, failing = fit.get("b_crit_threshold"), fit.get("perfect_scaling_end")
     if value is None or pd.isna(value):
         return "-"
+    number = adaptive.number
     bracket = f"{number(value, 6)}..{number(failing, 6)}" if failing is not None and pd.notna(failing) \
         else f">{number(value, 6)}"
     return f"{number(value, 6)} ({bracket})"
@@ -339,8 +322,8 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
         fit = state.fit
         rows.append({"curve": state.curve.label(), "batch sizes": ",".join(map(str, state.measured)),
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
-                     "perfect_scaling_end": number(fit.get("perfect_scaling_end"), 6),
-                     "maximal parallelism from": number(fit.get("maximal_parallelism_start"), 6),
+                     "perfect_scaling_end": adaptive.number(fit.get("perfect_scaling_end"), 6),
+                     "maximal parallelism from": adaptive.number(fit.get("maximal_parallelism_start"), 6),
                      "B_crit threshold (passes..fails)": _threshold(fit),
                      "B_crit threshold, fit (95%)": _interval(fit, "b_crit_threshold_fit"),
                      "still uncertain": state.summary()})
@@ -357,14 +340,14 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def goal_text(settings: AdaptiveSettings) -> str:
+def goal_text(settings: adaptive.AdaptiveSettings) -> str:
     """The question of an adaptive sweep, in words."""
-    if settings.goal is Goal.B_CRIT:
+    if settings.goal is adaptive.Goal.B_CRIT:
         return (f"B_crit at least x{settings.target:g} inside the measured batch sizes at both ends, the hyperbola "
                 f"describing the curve")
-    if settings.goal is Goal.THRESHOLD:
+    if settings.goal is adaptive.Goal.THRESHOLD:
         return (f"the threshold critical batch size, bracketed by adjacent powers of two, from a smallest batch size "
-                f"in perfect scaling ({PERFECT_DOUBLINGS} doublings)")
+                f"in perfect scaling ({adaptive.PERFECT_DOUBLINGS} doublings)")
     return "both regime boundaries between adjacent measured powers of two"
 
 
@@ -374,15 +357,14 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
     budget = spec.settings.budget
     limits = ", ".join(part for part in (
         f"at most {spec.settings.max_studies} studies" if spec.settings.max_studies else "",
-        (f"a budget of {budget.amount:g} trial-steps" if budget.kind is BudgetKind.TRIAL_STEPS
+        (f"a budget of {budget.amount:g} trial-steps" if budget.kind is adaptive.BudgetKind.TRIAL_STEPS
          else f"a budget of {budget.amount:g} s of wall clock") if budget else "") if part)
     parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, goal "
              f"{p.goal_error:g}, a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
              f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "
              f"trial-steps. Target: {goal_text(spec.settings)}" + (f"; limits: {limits}" if limits else "")
              + ".",
-             f"**Stopped: {result.stop.value}.** Still uncertain: " + ("; ".join(result.uncertain()) or "nothing")
-             + ".",
+             f"**Stopped: {result.stop.value}.** Still uncertain: {'; '.join(result.uncertain()) or 'nothing'}.",
              _markdown(result_rows(result)),
              f"Decisions (also `{n.ARTIFACT_ADAPTIVE_DECISIONS}`):",
              _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "pruning", "batch_size",

@@ -71,19 +71,8 @@ class CurveId:
         parts = self.within_workload()
         if self.sparsity == 0.0:
             parts.pop("pruning")
-        return _label(parts)
-
-
-def _label(parts: dict[str, Any]) -> str:
-    words = []
-    for name, value in parts.items():
-        if name == "optimizer":
-            words.append(str(value))
-        elif isinstance(value, float):
-            words.append(f"{name}={value:g}")
-        else:
-            words.append(f"{name}={value}")
-    return " ".join(words)
+        return " ".join(str(value) if name == "optimizer" else f"{name}={value:g}" if isinstance(value, float)
+                        else f"{name}={value}" for name, value in parts.items())
 
 
 CURVE_AXES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CurveId))

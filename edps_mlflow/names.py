@@ -32,8 +32,7 @@ TAG_GIT_DIRTY = "edps.git_dirty"
 TAG_STOPPING = "edps.early_stopping"
 TAG_REUSED = "edps.trials_reused"
 TAG_ERROR = "edps.error"
-# Leases: a RUNNING run whose heartbeat (unix seconds) is older than the lease is dead; the owner token tells
-# two takers of one run apart.
+# Leases: a RUNNING run whose heartbeat (unix s) is older than the lease is dead; the owner tells two takers apart.
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
@@ -44,8 +43,7 @@ TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers,
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
 TAG_BEST_PROBE_RUN = "edps.best_probe_run"  # the trial run with the probes along the best trial's whole run
-# What readers need of a study's trials, kept on the study run: the study families of its trial runs
-# (comma-separated) and its trials' outcomes (results.encode_trial_outcomes), written with its result.
+# On the study run, what readers need of its trials: their runs' study families, their outcomes (results.py).
 TAG_TRIAL_FAMILIES = "edps.trial_families"
 TAG_TRIAL_OUTCOMES = "edps.trial_outcomes"
 # The study index: an entry per study run under this prefix and its run id; complete when every one has one.
@@ -71,8 +69,7 @@ KIND_ANALYSIS = "analysis"
 KIND_STUDY_INDEX = "study_index"
 # The name of the study index run.
 INDEX_RUN_NAME = "edps study index"
-# The start time (ms) a study index run is made with and found by: MLflow searches a run's start time as a column,
-# its name as a tag (a scan of every run's tags).
+# A study index run starts at this time (ms) and is found by it: a column, where its name is a scan of all tags.
 INDEX_START_TIME = 1
 
 # Values of TAG_STOPPING.
@@ -111,8 +108,7 @@ METRIC_PROBE_SECONDS = "probe/seconds"
 # Seconds spent on pruning scores, and what the score cache saved: a trial's, summed on its study run.
 METRIC_PRUNING_SECONDS = "pruning/seconds"
 METRIC_PRUNING_SECONDS_SAVED = "pruning/seconds_saved"
-# Training seconds per step (no checks, evaluation or probes), a packed trial's its share of each lockstep step;
-# METRIC_PACK_SIZE: how many trials shared a step on average.
+# Training seconds per step (a packed trial's share of each lockstep step), and how many trials shared a step.
 METRIC_SECONDS_PER_STEP = "train/seconds_per_step"
 METRIC_PACK_SIZE = "train/pack_size"
 # The network's size, pruned or not (data parallelism all-reduces dense gradients), for time-to-result.

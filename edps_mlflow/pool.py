@@ -79,19 +79,14 @@ class WorkerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class _Done:
-    worker: int
-
-
-@dataclass(frozen=True)
 class _TaskDone:
     worker: int
 
 
 @dataclass(frozen=True)
-class _Failed:
+class _Done:
     worker: int
-    traceback: str
+    failure: str | None = None  # the traceback of a worker whose target raised
 
 
 class _Deferred:
@@ -152,10 +147,8 @@ class Pool:
 
     def run(self, tasks: Iterable[Any], on_event: Callable[[Any], None],
             on_idle: Callable[[], None] | None = None) -> None:
-        """Feed ``tasks`` to the workers, call ``on_event`` for every event they send (``on_idle`` when none
-        came for a second), and return once every one of these tasks is done. Raises :class:`WorkerError`
-        if a worker fails or dies; whatever ``on_event`` raises propagates (the pool is then closed by
-        force when its ``with`` ends)."""
+        """Feed ``tasks`` to the workers and hand their events to ``on_event`` (``on_idle`` when none came for a
+        second) until every one of these tasks is done; :class:`WorkerError` when a worker fails or dies."""
         self._on_event = on_event
         for task in tasks:
             self._tasks.put(task)
@@ -163,11 +156,9 @@ class Pool:
         self._wait(lambda: not self._pending, on_idle)
 
     def close(self, forgive_idle_deaths: bool = False) -> bool:
-        """Tell every worker there is no more work and wait until each has said it is done (the events
-        still coming go to the last ``run``'s ``on_event``); True then. Raises :class:`WorkerError` if one
-        fails or dies. With ``forgive_idle_deaths``, one that died idle (after every task was done) makes it
-        return False instead, so that the finished work does not fail for it; the caller stops the others
-        then, which may never get their word (a worker killed waiting for a task can hold the queue's lock)."""
+        """Tell every worker there is no more work and wait until each says it is done (True). With
+        ``forgive_idle_deaths``, a worker that died after every task was done returns False instead of raising,
+        so that the finished work does not fail for it (the caller then stops the others)."""
         for _ in self._processes:
             self._tasks.put(None)
         return self._wait(lambda: not self._running, None, forgive_idle_deaths)
@@ -183,7 +174,7 @@ class Pool:
                 if not forgive_idle_deaths:
                     self._check_alive()
                     continue
-                self._drain()  # a _Failed still raises
+                self._drain()  # a failure still raises
                 if any(self._processes[w].exitcode is not None for w in self._running):
                     return False
                 continue
@@ -201,11 +192,11 @@ class Pool:
     def _dispatch(self, event: Any) -> None:
         if isinstance(event, _TaskDone):
             self._pending -= 1
+        elif isinstance(event, _Done) and event.failure is not None:
+            process = self._processes[event.worker]
+            raise WorkerError(f"{process.name} (pid {process.pid}) failed:\n{event.failure}")
         elif isinstance(event, _Done):
             self._running.discard(event.worker)
-        elif isinstance(event, _Failed):
-            process = self._processes[event.worker]
-            raise WorkerError(f"{process.name} (pid {process.pid}) failed:\n{event.traceback}")
         else:
             self._on_event(event)
 
@@ -312,7 +303,7 @@ def _worker_main(parent: int, index: int, task_queue: Any, events: Any, payload:
     except KeyboardInterrupt:
         return  # SIGTERM inside sigterm_interrupts: the parent is stopping us and expects no word
     except BaseException:  # reported to the parent, which fails the pool
-        events.put(_Failed(index, traceback.format_exc()))
+        events.put(_Done(index, traceback.format_exc()))
         return
     events.put(_Done(index))
 

@@ -18,14 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from edps_mlflow import names
 from edps_mlflow.config import PROBE_NAMES
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.names import (
-    METRIC_PROBE_GRAD_NORM_SQ,
-    METRIC_PROBE_LIPSCHITZ,
-    METRIC_PROBE_NOISE_SCALE,
-    METRIC_PROBE_TRACE_SIGMA,
-)
 from edps_mlflow.workloads import Loss
 
 GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
@@ -116,7 +111,7 @@ class LipschitzProbe:
             best = torch.where(torch.isnan(best) | (ratio > best), ratio, best)
         self.start = self.start_gradient = None
         values = [v if math.isfinite(v) else float("nan") for v in best.tolist()]
-        return {METRIC_PROBE_LIPSCHITZ: values}
+        return {names.METRIC_PROBE_LIPSCHITZ: values}
 
     def keep(self, positions: list[int]) -> None:
         pass  # no state between calls
@@ -126,8 +121,6 @@ class NoiseScaleProbe:
     name = "noise_scale"
 
     def __init__(self, big_batch: int = 1024, small_batch: int = 64, smoothing: float = 0.9) -> None:
-        if big_batch % small_batch or big_batch <= small_batch:
-            raise ValueError("the big batch must be a multiple of the small batch and larger")
         self.big_batch, self.small_batch, self.smoothing = big_batch, small_batch, smoothing
         self.average_trace: Tensor | None = None
         self.average_norm: Tensor | None = None
@@ -163,9 +156,9 @@ class NoiseScaleProbe:
         else:
             self.average_trace = self.smoothing * self.average_trace + (1 - self.smoothing) * trace_estimate
             self.average_norm = self.smoothing * self.average_norm + (1 - self.smoothing) * norm_estimate
-        self.values = {METRIC_PROBE_NOISE_SCALE: (self.average_trace / self.average_norm).tolist(),
-                       METRIC_PROBE_GRAD_NORM_SQ: norm_estimate.tolist(),
-                       METRIC_PROBE_TRACE_SIGMA: trace_estimate.tolist()}
+        self.values = {names.METRIC_PROBE_NOISE_SCALE: (self.average_trace / self.average_norm).tolist(),
+                       names.METRIC_PROBE_GRAD_NORM_SQ: norm_estimate.tolist(),
+                       names.METRIC_PROBE_TRACE_SIGMA: trace_estimate.tolist()}
 
     def after_step(self, context: ProbeContext) -> dict[str, list[float]]:
         values, self.values = self.values, {}
@@ -187,9 +180,9 @@ class ProbeHook:
     """The probes of one chunk of trials, run around every ``interval``-th training step (with none, only the
     step runs)."""
 
-    def __init__(self, names: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int,
+    def __init__(self, probes: tuple[str, ...], interval: int, images: Tensor, labels: Tensor, seed: int,
                  loss: Loss) -> None:
-        self.probes = [PROBES[name]() for name in names]
+        self.probes = [PROBES[name]() for name in probes]
         self.interval, self.images, self.labels, self.seed, self.loss = interval, images, labels, seed, loss
 
     @property

@@ -131,12 +131,9 @@ class SweepStudy:
 
 
 def guess_steps_to_result(batch_size: int, max_steps: int, known: dict[int, int]) -> int | None:
-    """A rough guess of a study's steps-to-result from its curve's measured ones (batch size -> steps).
-
-    From the nearest measured batch size B': at a larger batch size the same steps (they fall at most to the
-    plateau), at a smaller one S(B') sqrt(B'/B), halfway in log between no gain (the plateau) and perfect
-    scaling (S ~ 1/B, the fastest steps can rise as the batch shrinks); never beyond the cap.
-    None when nothing is measured yet."""
+    """A rough guess of a study's steps-to-result from the nearest measured batch size B' of its curve: at a
+    larger batch size the same steps (the plateau), at a smaller one S(B') sqrt(B'/B), halfway in log between
+    the plateau and perfect scaling; never beyond the cap. None when nothing is measured yet."""
     if not known:
         return None
     nearest = min(known, key=lambda b: (abs(math.log2(b / batch_size)), b))

@@ -55,8 +55,8 @@ def split_indices(count: int, source: str = "the dataset") -> tuple[np.ndarray, 
     return order[validation_count:], order[:validation_count]
 
 
-def split_train_validation(images: np.ndarray, labels: np.ndarray, mean: float | None = None,
-                           std: float | None = None, source: str = "the dataset", per_channel: bool = False) -> DataSplits:
+def split_train_validation(images: np.ndarray, labels: np.ndarray, mean: float | None = None, std: float | None = None,
+                           source: str = "the dataset", per_channel: bool = False) -> DataSplits:
     """Split off the validation 10% by a fixed shuffle, then normalise NCHW floats in [0, 1] by (mean, std):
     given, or the training split's own, global or ``per_channel``."""
     train, validation = split_indices(labels.shape[0], source)

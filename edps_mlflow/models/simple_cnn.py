@@ -9,15 +9,8 @@ from torch.nn import functional as F
 
 
 class SimpleCNN(nn.Module):
-    def __init__(
-        self,
-        in_channels: int = 1,
-        image_size: int = 28,
-        channels: tuple[int, int] = (32, 64),
-        kernel_size: int = 5,
-        padding: int = 0,
-        num_classes: int = 10,
-    ) -> None:
+    def __init__(self, in_channels: int = 1, image_size: int = 28, channels: tuple[int, int] = (32, 64),
+                 kernel_size: int = 5, padding: int = 0, num_classes: int = 10) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, channels[0], kernel_size, padding=padding)
         self.conv2 = nn.Conv2d(channels[0], channels[1], kernel_size, padding=padding)

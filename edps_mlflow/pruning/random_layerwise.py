@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from edps_mlflow.pruning.base import (Method, ScoreContext, Shapes, assemble, kept_count, layerwise_top_k,
-                                      parameter_shapes, uniform_scores)
+from edps_mlflow.pruning.base import Method, ScoreContext, Shapes, assemble, kept_count, layerwise_top_k, uniform_scores
 from edps_mlflow.pruning.mask import Mask
 
 RANDOM_STREAM = "edps.pruning.random"
@@ -16,7 +15,7 @@ RANDOM_STREAM = "edps.pruning.random"
 
 class RandomLayerwise(Method):
     def scores(self, context: ScoreContext) -> dict[str, Tensor]:
-        shapes = parameter_shapes(context.model)
+        shapes = {name: p.shape for name, p in context.model.named_parameters()}
         return uniform_scores(shapes, self.prunable(shapes), context.init_seed, RANDOM_STREAM)
 
     def counts(self, shapes: Shapes, sparsity: float) -> dict[str, int]:
