@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from edps_mlflow.errors import EdpsError
 
@@ -39,8 +40,6 @@ def userinfo(uri: str) -> str | None:
 
 def _spellings(info: str) -> set[str]:
     """The user information as it was typed, percent-decoded and percent-encoded (clients print either)."""
-    from urllib.parse import quote, unquote
-
     return {info, unquote(info), quote(info, safe=":"), quote(unquote(info), safe=":")} - {""}
 
 

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from edps_mlflow import __version__
+
 if TYPE_CHECKING:  # the data module loads torch: a cached fingerprint is read without it
     from edps_mlflow.data.splits import DataSplits
 
@@ -35,8 +37,6 @@ def _cache_dir() -> Path:
 def cached_fingerprint(files: list[Path], load: Callable[[], DataSplits], scope: str = "") -> str:
     """The fingerprint of what ``load`` returns, remembered for these files, ``scope`` (the workload: it may
     split or normalise them its own way) and this version of the package."""
-    from edps_mlflow import __version__
-
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(files)]
     entry = _cache_dir() / (hashlib.sha256(json.dumps([_SCHEME, scope, __version__, stats]).encode()).hexdigest()
                             + ".txt")
