@@ -169,16 +169,12 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         decision = adaptive.decide(states, studies, steps, clock(), spec.settings, spec.candidates)
         rows.extend(adaptive.decision_rows(round_index, decision, studies, steps))
         if decision.stop is not None:
-            return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()),
-                                  _decision_table(rows), round_index)
+            # Integer columns stay integers in the CSV although stop rows have no batch size.
+            table = pd.DataFrame(rows, columns=list(adaptive.DECISION_COLUMNS)).astype({"batch_size": "Int64"})
+            return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()), table, round_index)
         announce(round_index, [f"{p.curve.label()} measures bs {p.batch_size}: {p.reason.value} "
                                f"({p.uncertainty})" for p in decision.picks])
         chosen = [spec.study(p.curve, p.batch_size) for p in decision.picks]
-
-
-def _decision_table(rows: list[dict]) -> pd.DataFrame:
-    # Integer columns stay integers in the CSV although stop rows have no batch size.
-    return pd.DataFrame(rows, columns=list(adaptive.DECISION_COLUMNS)).astype({"batch_size": "Int64"})
 
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
