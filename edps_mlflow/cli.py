@@ -1,4 +1,5 @@
-"""The ``edps`` command: click options, parsed into specs; no logic of its own.
+"""The ``edps`` command: click options, generated from the declared fields (fields.py) and the registries, parsed
+into specs; no logic of its own.
 
     edps study --bs 256
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
@@ -14,94 +15,96 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import click
 
 from edps_mlflow import __version__
+from edps_mlflow.config import PROBE_NAMES, OptimizerKind, ProbeTrials, StudySpec, parse_probes
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.executors import executor_names
+from edps_mlflow.executors import executor_names, get_executor
+from edps_mlflow.experiment_names import experiment_name_problem
+from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, Option
 from edps_mlflow.interrupts import raise_interrupt
+from edps_mlflow.mlproject import Backend, EnvManager, ProjectLaunch
+from edps_mlflow.option_hints import OptionHint
 from edps_mlflow.process_settings import (collect_less_often, configure_process, launcher_run_id, log_note,
                                           skip_shutdown_collection)
+from edps_mlflow.pruning import METHODS, parse_methods
 from edps_mlflow.resources import training_environment_missing
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+from edps_mlflow.workloads import WORKLOADS, GoalMetric, get_workload, workload_catalog
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
+_ROOT = Path(__file__).resolve().parents[1]  # the directory that holds this package (and the MLproject)
 _DEFAULT_WORDS = ("", "default", "workload", "none")
 
 
 # ---- option types ------------------------------------------------------------------------------
-class _OptionalNumber(click.ParamType):
-    """A finite number, or 'default' (None: the workload's value); integral when ``integer``."""
+class _Read(click.ParamType):
+    """Text read by ``read``: its ValueError is click's one-line refusal (a parser of the package refuses with
+    its own EdpsError); a word of ``absent`` ('default', the MLproject's spelling) is None, the default."""
 
-    def __init__(self, integer: bool) -> None:
-        self.integer = integer
-        self.name = "integer|default" if integer else "number|default"
+    def __init__(self, name: str, read: Callable[[str], Any], absent: tuple[str, ...] = _DEFAULT_WORDS) -> None:
+        self.name, self.read, self.absent = name, read, absent
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float | None:
-        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):  # a default read already, or a program's value
             return value
-        text = str(value).strip()
-        if text.lower() in _DEFAULT_WORDS:
+        if value.strip().lower() in self.absent:
             return None
+        try:
+            return self.read(value)
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+def _number(integer: bool) -> Callable[[str], int | float]:
+    """A finite number (integral when ``integer``) or 'default': the workload's value."""
+    def read(text: str) -> int | float:
+        text = text.strip()
         try:
             number = float(text)
         except ValueError:
-            self.fail(f"must be a number or 'default', got {text!r}", param, ctx)
+            raise ValueError(f"must be a number or 'default', got {text!r}") from None
         if not math.isfinite(number):
-            self.fail(f"must be a finite number or 'default', got {text!r}", param, ctx)
-        if not self.integer:
-            return number
-        if number != int(number):
-            self.fail(f"must be an integer or 'default', got {text!r}", param, ctx)
-        return int(number)
+            raise ValueError(f"must be a finite number or 'default', got {text!r}")
+        if integer and number != int(number):
+            raise ValueError(f"must be an integer or 'default', got {text!r}")
+        return int(number) if integer else number
+    return read
 
 
-class _BatchSizes(click.ParamType):
-    """``2..1024`` (the powers of two in between), ``16,64,256``, or empty (the workload's range)."""
-
-    name = "batch sizes"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...] | None:
-        if value is None or isinstance(value, tuple):
-            return value
-        text = str(value).strip()
-        if not text or text.lower() in _DEFAULT_WORDS:
-            return None
-        try:
-            if ".." in text:
-                low, high = (int(part) for part in text.split("..", 1))
-                if low < 1 or high < low or low & (low - 1) or high & (high - 1):
-                    raise ValueError
-                return tuple(2 ** e for e in range(low.bit_length() - 1, high.bit_length()))
-            return tuple(int(part) for part in text.split(","))
-        except ValueError:
-            self.fail(f"must be a list like 16,64,256 or a power-of-two range like 2..1024, got {text!r}", param, ctx)
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """``2..1024`` (the powers of two in between) or ``16,64,256``."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            low, high = (int(part) for part in text.split("..", 1))
+            if low < 1 or high < low or low & (low - 1) or high & (high - 1):
+                raise ValueError
+            return tuple(2 ** e for e in range(low.bit_length() - 1, high.bit_length()))
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"must be a list like 16,64,256 or a power-of-two range like 2..1024, got {text!r}") from None
 
 
-class _NumberList(click.ParamType):
-    """Comma-separated finite numbers, or 'default' (None)."""
-
-    name = "numbers"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...] | None:
-        if value is None or isinstance(value, tuple):
-            return value
-        # 'default' (the MLproject's spelling) means the default; an empty list is a mistake.
-        if str(value).strip() and str(value).strip().lower() in _DEFAULT_WORDS:
-            return None
-        try:
-            numbers = tuple(float(part) for part in str(value).split(","))
-        except ValueError:
-            self.fail(f"must be a comma-separated list of numbers, got {value!r}", param, ctx)
-        if not all(math.isfinite(n) for n in numbers):
-            self.fail(f"must hold finite numbers, got {value!r}", param, ctx)
-        return numbers
+def _numbers(text: str) -> tuple[float, ...]:
+    """Comma-separated finite numbers."""
+    try:
+        numbers = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"must be a comma-separated list of numbers, got {text!r}") from None
+    if not all(math.isfinite(n) for n in numbers):
+        raise ValueError(f"must hold finite numbers, got {text!r}")
+    return numbers
 
 
 class _FiniteRange(click.FloatRange):
@@ -112,34 +115,6 @@ class _FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"must be a finite number, got {value!r}", param, ctx)
         return number
-
-
-class _ExperimentName(click.ParamType):
-    """An experiment name by experiment_names' rule, checked before any store is touched: not empty (empty
-    would silently mean ``omitted``), not longer than a store holds, no control character. When the value
-    came from the option's environment variable, the error says so."""
-
-    name = "name"
-
-    def __init__(self, omitted: str = "the default experiment") -> None:
-        self.omitted = omitted
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from edps_mlflow.experiment_names import experiment_name_problem
-
-        text = str(value)
-        problem = experiment_name_problem(text)
-        if problem is not None:
-            if not text.strip():
-                problem += f" (leave the option out for {self.omitted})"
-            variable = getattr(param, "envvar", None)
-            if isinstance(variable, str) and os.environ.get(variable) == text:
-                problem += f" (the value of ${variable})"
-            self.fail(problem, param, ctx)
-        return text
-
-
-OPTIONAL_INT, OPTIONAL_FLOAT = _OptionalNumber(integer=True), _OptionalNumber(integer=False)
 
 
 class _OptionalCount(click.IntRange):
@@ -154,53 +129,89 @@ class _OptionalCount(click.IntRange):
         return super().convert(value, param, ctx)
 
 
-OPTIONAL_COUNT = _OptionalCount()
+class _ExperimentName(click.ParamType):
+    """An experiment name by experiment_names' rule, checked before any store is touched: not empty (empty
+    would silently mean ``omitted``), not longer than a store holds, no control character. When the value
+    came from the option's environment variable, the error says so."""
+
+    name = "name"
+
+    def __init__(self, omitted: str = "the default experiment") -> None:
+        self.omitted = omitted
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        problem = experiment_name_problem(text)
+        if problem is not None:
+            if not text.strip():
+                problem += f" (leave the option out for {self.omitted})"
+            variable = getattr(param, "envvar", None)
+            if isinstance(variable, str) and os.environ.get(variable) == text:
+                problem += f" (the value of ${variable})"
+            self.fail(problem, param, ctx)
+        return text
 
 
-def _options(*decorators: Callable) -> Callable[[Callable], Callable]:
-    """Several click options as one decorator (applied in the order listed)."""
-    def apply(command: Callable) -> Callable:
-        for decorator in reversed(decorators):
-            command = decorator(command)
-        return command
+# ---- options from declarations -------------------------------------------------------------------
+def optimizer_names() -> tuple[str, ...]:
+    """The optimizers' names: every option and help text takes them from here."""
+    return tuple(kind.value for kind in OptimizerKind)
+
+
+# The registries whose names an option takes (a kind below) or its help lists ({optimizers} in fields.py).
+REGISTRIES: dict[str, tuple[str, ...]] = {
+    "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
+    "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": executor_names(),
+    "backends": tuple(b.value for b in Backend), "env_managers": tuple(e.value for e in EnvManager),
+}
+LISTS = {name: ", ".join(names) for name, names in REGISTRIES.items()}
+OPTIONAL_INT = _Read("integer|default", _number(integer=True))
+
+# How the command line reads each kind of option of fields.py: click's arguments.
+KINDS: dict[str, dict[str, Any]] = {
+    "text": {}, "int": {"type": int}, "number": {"type": float}, "bool": {"type": click.BOOL},
+    "flag": {"is_flag": True}, "int|default": {"type": OPTIONAL_INT},
+    "number|default": {"type": _Read("number|default", _number(integer=False))},
+    "count": {"type": click.IntRange(min=1)},
+    "count|default": {"type": _OptionalCount()}, "seconds": {"type": _FiniteRange(min=0.1, max=86_400)},
+    # The variable is read here so that its value meets the same rule, before any store is created.
+    "experiment": {"type": _ExperimentName(), "envvar": "MLFLOW_EXPERIMENT_NAME"},
+    "batch sizes": {"type": _Read("batch sizes", _batch_sizes)},
+    # An empty list is a mistake, not the default.
+    "numbers": {"type": _Read("numbers", _numbers, absent=("default", "workload", "none"))},
+    "names": {"type": _Read("text", lambda text: tuple(part.strip() for part in text.split(",")), absent=())},
+    "methods": {"type": _Read("text", parse_methods, absent=())},
+    "probes": {"type": _Read("text", parse_probes, absent=())},
+    **{name: {"type": click.Choice(REGISTRIES[name])}
+       for name in ("probe_trials", "grids", "executors", "backends", "env_managers")},
+}
+
+
+def _click_option(option: Option) -> Callable[[Callable], Callable]:
+    return click.option(option.flag, option.name, default=None if option.kind == "flag" else option.default,
+                        show_default=option.default not in (None, ""), hidden=option.hidden,
+                        help=option.help.format(**LISTS), **KINDS[option.kind])
+
+
+def declared_options(command: str) -> Callable[[Callable[[SimpleNamespace], None]], Callable]:
+    """The command's options as fields.COMMAND_OPTIONS declares them; the command gets their values in one
+    namespace (``given.batch_size``)."""
+    def apply(function: Callable[[SimpleNamespace], None]) -> Callable:
+        @functools.wraps(function)
+        def parsed(**values: Any) -> None:
+            function(SimpleNamespace(**values))
+        for option in reversed(COMMAND_OPTIONS[command]):
+            parsed = _click_option(option)(parsed)
+        return parsed
     return apply
 
 
-# The options that `edps study` and `edps sweep` share, and what they mean.
-protocol_options = _options(
-    click.option("--workload", default="digits-simple-cnn", show_default=True,
-                 help="Workload name (see `edps workloads`), or package.module:NAME for a workload of your own "
-                      "(docs/workloads.md)."),
-    click.option("--trials", type=OPTIONAL_INT, default="default", show_default=True,
-                 help="Quasi-random trials per study (Sobol order); 'default': the workload's."),
-    click.option("--goal-error", type=OPTIONAL_FLOAT, default="default", show_default=True,
-                 help="Goal validation error (of a loss-goal workload: the validation loss to reach); 'default': the "
-                      "workload's."),
-    click.option("--max-steps", type=OPTIONAL_INT, default="default", show_default=True,
-                 help="Step cap; 'default': the workload's."),
-    click.option("--check-interval", type=OPTIONAL_INT, default="default", show_default=True,
-                 help="Steps between validation checks; 'default': the workload's."),
-    click.option("--seed", type=int, default=0, show_default=True, help="Study seed (data order and trial seeds)."),
-    click.option("--full-trials", type=click.BOOL, default=False, show_default=True,
-                 help="true: run every trial to its own end instead of exact early stopping (same result)."),
-    click.option("--data-dir", default=None, help="Dataset directory (else $EDPS_DATA_DIR, else the user cache)."),
-    # The variable is read here so that its value meets the same rule, before any store is created.
-    click.option("--experiment", type=_ExperimentName(), default=None, envvar="MLFLOW_EXPERIMENT_NAME",
-                 help="MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else edps/<workload>)."),
-    click.option("--log-interval", type=_FiniteRange(min=0.1, max=86_400), default=None,
-                 help="Seconds between progress lines when not on a terminal (default: 10 for a study, 30 for a sweep)."),
-    click.option("--probes", default="", help="Measurements during training: lipschitz, noise_scale (comma-separated)."),
-    click.option("--probe-interval", type=OPTIONAL_INT, default="default", show_default=True,
-                 help="Steps between probe calls; 'default': the workload's (the paper's workloads: 1,000)."),
-    click.option("--probe-trials", type=click.Choice(["best", "all"]), default="best", show_default=True,
-                 help="Which trials probe, each along its whole run: best (the study runs without probes, then "
-                      "trains its best trial again with them) or all (every trial, each to its goal or the cap)."),
-    click.option("--allow-tf32", type=click.BOOL, default=False, show_default=True,
-                 help="true: TF32 matmuls and convolutions on GPUs that have them (default: full FP32, as the "
-                      "paper; part of the study key)."),
-)
+def _spec_arguments(given: SimpleNamespace) -> dict[str, Any]:
+    """The values that StudySpec.build (or SweepSpec.build) takes, by its argument names."""
+    return {name: value for name, value in vars(given).items() if name in SPEC_ARGUMENTS}
 
 
+# ---- commands ------------------------------------------------------------------------------------
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edps")
 def cli() -> None:
@@ -208,139 +219,55 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--bs", "batch_size", type=int, default=256, show_default=True, help="Batch size.")
-@click.option("--optimizer", default="sgd", show_default=True, help="sgd, momentum, nesterov, adam or adamw.")
-@click.option("--sparsity", type=float, default=0.0, show_default=True,
-              help="Fraction pruned at initialisation (by --pruning), in [0, 1).")
-@click.option("--pruning", default="snip", show_default=True,
-              help="Pruning method at initialisation: snip, random, random-erk, magnitude, grasp, synflow, or "
-                   "shuffle(<method>) (docs/pruning.md).")
-@protocol_options
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available).")
-@click.option("--workers", type=OPTIONAL_COUNT, default=None,
-              help="Worker processes on CPU (default: one per core).")
-@click.option("--pack-size", type=click.IntRange(min=1), default=None,
-              help="Trials trained in lockstep (default: per device and batch size).")
-@click.option("--full-evaluation", is_flag=True, help="Always evaluate the whole validation split (no early abort).")
-@click.option("--system-metrics", is_flag=True, help="Log CPU, memory (and GPU) use on the study run (needs psutil).")
-@click.option("--curve-interval", type=OPTIONAL_INT, default="default", show_default=True,
-              help="Steps between full validation passes that draw each trial's validation-error curve "
-                   "(rounded to a multiple of the check interval); 'default': every check on small validation "
-                   "splits, else every 10th.")
-@click.option("--wait", is_flag=True,
-              help="When another live process runs this study, wait for it (or take over when it dies).")
-# Set by `edps sweep --executor mlflow-project` through the MLproject: the study is that sweep's child.
-@click.option("--sweep-run", default="", hidden=True, help="The sweep run that submitted this study.")
-@click.option("--sweep-key", default="", hidden=True, help="The key of that sweep.")
-def study(batch_size: int, optimizer: str, sparsity: float, pruning: str, workload: str, trials: int | None,
-          goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int, full_trials: bool,
-          data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int | None, probe_trials: str, allow_tf32: bool, device: str | None, workers: int | None,
-          pack_size: int | None, full_evaluation: bool, system_metrics: bool, curve_interval: int | None, wait: bool,
-          sweep_run: str, sweep_key: str) -> None:
+@declared_options("study")
+def study(given: SimpleNamespace) -> None:
     """Tune one (workload, optimizer, sparsity, batch size) and record its steps-to-result."""
-    from edps_mlflow.config import StudySpec, parse_probes
-
-    if bool(sweep_run.strip()) != bool(sweep_key.strip()):
+    sweep_run, sweep_key = given.sweep_run.strip(), given.sweep_key.strip()
+    if bool(sweep_run) != bool(sweep_key):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
-    spec = StudySpec.build(workload, optimizer, sparsity, batch_size, trials, goal_error, max_steps, check_interval,
-                           seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials, pruning)
+    spec = StudySpec.build(**_spec_arguments(given))
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
     from edps_mlflow.study import ExecutionOptions, run_study
 
-    options = ExecutionOptions(
-        full_trials=full_trials, device=device or None, workers=workers, pack_size=pack_size,
-        early_abort_evaluation=not full_evaluation, experiment=experiment, data_dir=data_dir or None,
-        log_interval=log_interval or 10.0, curve_interval=curve_interval, system_metrics=system_metrics,
+    run_study(spec, ExecutionOptions(
+        full_trials=given.full_trials, device=given.device or None, workers=given.workers, pack_size=given.pack_size,
+        early_abort_evaluation=not given.full_evaluation, experiment=given.experiment,
+        data_dir=given.data_dir or None, log_interval=given.log_interval or 10.0, curve_interval=given.curve_interval,
+        system_metrics=given.system_metrics,
         # A sweep's study waits for a live run of its key elsewhere, as it does in the other executors.
-        wait=wait or bool(sweep_run.strip()), parent_run_id=sweep_run.strip() or None,
-        sweep_key=sweep_key.strip() or None)
-    run_study(spec, options)
+        wait=given.wait or bool(sweep_run), parent_run_id=sweep_run or None, sweep_key=sweep_key or None))
 
 
 @cli.command()
-@click.option("--optimizers", default="sgd", show_default=True,
-              help="Comma-separated: sgd,momentum,nesterov,adam,adamw.")
-@click.option("--batch-sizes", type=_BatchSizes(), default=None,
-              help="2..1024 (powers of two) or 16,64,256; default 2..largest that fits the training split.")
-@click.option("--sparsities", type=_NumberList(), default=None, help="Comma-separated, each in [0, 1); default 0.")
-@click.option("--pruning", "prunings", default="snip", show_default=True,
-              help="Pruning methods, comma-separated (an axis beside the sparsities): snip, random, random-erk, "
-                   "magnitude, grasp, synflow, shuffle(<method>). Sparsity 0 is one dense study for them all.")
-@click.option("--grid", type=click.Choice(["none", "paper"]), default="none", show_default=True,
-              help="paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the largest that fits "
-                   "the training split (instead of --batch-sizes / --sparsities).")
-@protocol_options
-@click.option("--executor", type=click.Choice(executor_names()), default="local", show_default=True,
-              help="local: processes here; ray: Ray tasks; mlflow-project: each study a run of the MLproject "
-                   "through MLflow Projects (docs/executors.md).")
-@click.option("--workers", type=OPTIONAL_COUNT, default=None,
-              help="Local: study processes (default one per core, or per GPU); mlflow-project: runs submitted at "
-                   "once (default one per core).")
-@click.option("--ray-address", default=None, help="Ray cluster address (e.g. auto); default: a local Ray instance.")
-@click.option("--backend", type=click.Choice(["local", "kubernetes"]), default="local", show_default=True,
-              help="mlflow-project: MLflow Projects backend of the submitted runs.")
-@click.option("--backend-config", default="",
-              help="mlflow-project with --backend kubernetes: JSON file with MLflow's kube-job-template-path, "
-                   "repository-uri (and kube-context) and our base-image.")
-@click.option("--env-manager", type=click.Choice(["local", "virtualenv", "uv", "conda"]), default="local",
-              show_default=True, help="mlflow-project on the local backend: MLflow's environment of each run.")
-@click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
-@click.option("--wait", is_flag=True,
-              help="When another live process runs this sweep, wait for it (or take over when it dies).")
-@click.option("--adaptive", is_flag=True,
-              help="Start at the largest batch sizes of the --batch-sizes range and walk each curve down only as far "
-                   "as --target needs (a round: as many studies as --workers), or until a limit is reached.")
-@click.option("--target", default=None,
-              help="Adaptive: b_crit[:F] (B_crit at least xF inside the measured batch sizes; F=2 by default), "
-                   "threshold (the threshold critical batch size and its bracket) or boundaries (both regime "
-                   "boundaries bracketed) [default: b_crit:2].")
-@click.option("--max-studies", type=int, default=None, help="Adaptive: stop after this many studies.")
-@click.option("--budget", default=None,
-              help="Adaptive: stop when the measured studies' trial-steps (e.g. 2e6steps) or this command's wall "
-                   "clock (e.g. 90s, 30m, 2h) is spent; checked before each round.")
-def sweep(optimizers: str, batch_sizes: tuple[int, ...] | None, sparsities: tuple[float, ...] | None, prunings: str,
-          grid: str, workload: str,
-          trials: int | None, goal_error: float | None, max_steps: int | None, check_interval: int | None, seed: int,
-          full_trials: bool, data_dir: str | None, experiment: str | None, log_interval: float, probes: str,
-          probe_interval: int | None, probe_trials: str, allow_tf32: bool, executor: str, workers: int | None,
-          ray_address: str | None, backend: str, backend_config: str, env_manager: str, device: str | None,
-          wait: bool, adaptive: bool, target: str | None, max_studies: int | None, budget: str | None) -> None:
+@declared_options("sweep")
+def sweep(given: SimpleNamespace) -> None:
     """Run the grid batch sizes x sparsities x optimizers, resuming whatever is already in the store.
     With --adaptive, measure only the batch sizes that pin B_crit and the regime boundaries."""
-    from edps_mlflow.config import parse_probes
-    from edps_mlflow.mlproject import ProjectLaunch
-    from edps_mlflow.pruning import parse_methods
-    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-    from edps_mlflow.workloads import get_workload
-
-    if not adaptive:
-        given = [name for name, value in (("--target", target), ("--max-studies", max_studies),
-                                          ("--budget", budget)) if value is not None]
-        if given:
-            raise EdpsError(f"{', '.join(given)} only apply to an adaptive sweep: add --adaptive")
-    if grid == "paper":
-        if batch_sizes is not None or sparsities is not None:
+    if not given.adaptive:
+        named = [flag for flag, value in (("--target", given.target), ("--max-studies", given.max_studies),
+                                          ("--budget", given.budget)) if value is not None]
+        if named:
+            raise EdpsError(f"{', '.join(named)} only apply to an adaptive sweep: add --adaptive")
+    arguments = _spec_arguments(given)
+    if given.grid == "paper":
+        if given.batch_sizes is not None or given.sparsities is not None:
             raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and --sparsities")
-        batch_sizes, sparsities = get_workload(workload).paper_grid()
-    spec = SweepSpec.build(workload, tuple(name.strip() for name in optimizers.split(",")), batch_sizes,
-                           sparsities if sparsities is not None else (0.0,), trials, goal_error, max_steps,
-                           check_interval, seed, parse_probes(probes), probe_interval, allow_tf32, probe_trials,
-                           parse_methods(prunings))
+        arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
+    spec = SweepSpec.build(**arguments)
     options = SweepOptions(
-        experiment=experiment, executor=executor, workers=workers, ray_address=ray_address, device=device or None,
-        data_dir=data_dir or None, full_trials=full_trials, log_interval=log_interval or 30.0, wait=wait,
-        project=ProjectLaunch(backend, env_manager, backend_config))
+        experiment=given.experiment, executor=given.executor, workers=given.workers, ray_address=given.ray_address,
+        device=given.device or None, data_dir=given.data_dir or None, full_trials=given.full_trials,
+        log_interval=given.log_interval or 30.0, wait=given.wait,
+        project=ProjectLaunch(given.backend, given.env_manager, given.backend_config))
     # Only valid values load torch and MLflow (seconds): a bad one is refused before.
-    if adaptive:
+    if given.adaptive:
         from edps_mlflow.adaptive import AdaptiveSettings, Budget
-        from edps_mlflow.executors import get_executor
         from edps_mlflow.executors.base import executor_workers
 
-        goal, factor = AdaptiveSettings.parse_target("b_crit:2" if target is None else target)
-        settings = AdaptiveSettings(target=factor, max_studies=max_studies,
-                                    budget=Budget.parse(budget) if budget is not None else None, goal=goal,
-                                    width=executor_workers(get_executor(executor), options))
+        goal, factor = AdaptiveSettings.parse_target("b_crit:2" if given.target is None else given.target)
+        settings = AdaptiveSettings(target=factor, max_studies=given.max_studies, goal=goal,
+                                    budget=Budget.parse(given.budget) if given.budget is not None else None,
+                                    width=executor_workers(get_executor(given.executor), options))
         from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, run_adaptive_sweep
 
         run_adaptive_sweep(AdaptiveSweepSpec(spec, settings), options)
@@ -382,8 +309,6 @@ def doctor(experiment: str | None, repair: bool, full: bool) -> None:
 def workloads() -> None:
     """List the workloads with their goals, caps, protocol defaults and data needs: the built-in ones, then
     those of installed packages (entry points) and of $EDPS_WORKLOAD_MODULES."""
-    from edps_mlflow.workloads import GoalMetric, workload_catalog
-
     catalog = workload_catalog()
     width = max(26, *(len(name) for name, _ in catalog))  # names of one's own may be longer than the built-in ones
     for name, item in catalog:
@@ -402,16 +327,13 @@ MAX_TRIAL_COUNT = 100_000
 
 
 @cli.command()
-@click.option("--workload", required=True, help="Workload name (see `edps workloads`).")
-@click.option("--optimizer", required=True, help="sgd, momentum, nesterov, adam or adamw.")
+@click.option("--workload", required=True, help=f"Workload: {LISTS['workloads']} (`edps workloads`).")
+@click.option("--optimizer", required=True, help=f"Optimizer: {LISTS['optimizers']}.")
 @click.option("--count", type=OPTIONAL_INT, default="default", show_default=True,
               help="How many trials; 'default': the workload's trial count.")
 @click.option("--format", "output_format", type=click.Choice(["table", "csv"]), default="table", show_default=True)
 def trials(workload: str, optimizer: str, count: int | None, output_format: str) -> None:
     """The metaparameters of each trial, in the Sobol order a study trains them (no data loaded)."""
-    from edps_mlflow.config import OptimizerKind
-    from edps_mlflow.workloads import get_workload
-
     item = get_workload(workload)
     count = item.default_trials if count is None else count
     if not 1 <= count <= MAX_TRIAL_COUNT:
@@ -442,7 +364,6 @@ def data() -> None:
 def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
     from edps_mlflow.data.catalog import dataset_report
-    from edps_mlflow.workloads import workload_catalog
 
     for name, item in workload_catalog():
         if isinstance(item, EdpsError):
@@ -463,18 +384,16 @@ def data_download(name: str, data_dir: str | None) -> None:
     """Fetch a dataset (mnist, fashion-mnist, cifar10, tiny-shakespeare, or a workload name) and verify its
     published checksums."""
     from edps_mlflow.data.catalog import SOURCES, download, get_source
-    from edps_mlflow.workloads import get_workload
 
     if name not in SOURCES:
         try:
             item = get_workload(name)
         except EdpsError:
-            raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)} (or a workload "
-                            f"name)") from None
-        if not item.needs_data_dir:
+            item = None
+        if item is not None and not item.needs_data_dir:
             click.echo(f"{item.name} needs no download: it loads its data itself")
             return
-        name = item.dataset
+        name = item.dataset if item is not None else name
     if name not in SOURCES:
         raise EdpsError(f"unknown dataset {name!r}; known datasets: {', '.join(SOURCES)} (or a workload name)")
     directory = download(get_source(name), data_dir, report=click.echo)
@@ -489,15 +408,10 @@ _LAUNCHER = ("import sys; getattr(sys.flags, 'safe_path', False) or sys.path.pop
 
 
 def _own_source_path(python_path: str) -> str:
-    """PYTHONPATH of the re-executed process (and of the workers it spawns, which inherit it): the
-    directory that holds this package, by its own path, goes first unless the import path already
-    finds it past its first entry. That first entry (the working directory under ``python -m``, as
-    ``mlflow run`` starts us from the project directory in an environment without the project
-    installed) is the one PYTHONSAFEPATH leaves out, so without this the re-executed process would
-    not find the package; with it, it finds this package and nothing else of the working directory."""
-    import edps_mlflow
-
-    root = os.path.dirname(os.path.dirname(os.path.realpath(edps_mlflow.__file__)))
+    """PYTHONPATH of the re-executed process and its workers: the directory that holds this package first,
+    unless the import path finds it past its first entry. That entry (the working directory under ``python
+    -m``, as ``mlflow run`` starts us in the project directory) is the one PYTHONSAFEPATH leaves out."""
+    root = str(_ROOT)
     if any(os.path.realpath(entry or os.curdir) == root for entry in sys.path[1:]):
         return python_path
     return os.pathsep.join((root, python_path)) if python_path else root
@@ -565,17 +479,12 @@ def _restore_library_logs() -> None:
 
 
 def _usage_line(error: click.UsageError) -> str:
-    """click's message on one line; for an unknown option, the option a user meant (``--batch_size``,
-    as `mlflow run -P batch_size=64` passes it, is ``--bs``), where click would guess by spelling."""
+    """click's message on one line; for an unknown option, the option a user meant (option_hints)."""
     if isinstance(error, click.NoSuchOption) and error.ctx is not None and error.ctx.command.name:
-        from edps_mlflow.option_hints import OptionHint
-
         options = frozenset(name.lstrip("-") for param in error.ctx.command.params if isinstance(param, click.Option)
                             for name in (*param.opts, *param.secondary_opts))
-        project = Path(__file__).resolve().parents[1] / "MLproject"
-        under_mlflow_run = bool(launcher_run_id()) and project.is_file()
-        hint = OptionHint(error.ctx.command.name, options, project if under_mlflow_run else None)
-        line = hint.line(error.option_name)
+        under_mlflow_run = bool(launcher_run_id()) and (_ROOT / "MLproject").is_file()
+        line = OptionHint(error.ctx.command.name, options, under_mlflow_run).line(error.option_name)
         if line is not None:
             return line
     return error.format_message().replace("\n", " ")

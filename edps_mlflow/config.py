@@ -264,9 +264,10 @@ class StudySpec:
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
               check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
               probe_interval: int | None = None, allow_tf32: bool = False,
-              probe_trials: ProbeTrials | str = ProbeTrials.BEST, pruning: str = DEFAULT_METHOD) -> "StudySpec":
+              probe_trials: ProbeTrials | str = ProbeTrials.BEST, pruning: str = DEFAULT_METHOD,
+              **fields: Any) -> "StudySpec":
         """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
-        value is None."""
+        value is None; any other field as given (``fields``)."""
         from edps_mlflow.workloads import get_workload
 
         item = get_workload(workload)
@@ -277,7 +278,7 @@ class StudySpec:
                    max_steps if max_steps is not None else item.max_steps,
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
                    probe_interval if probe_interval is not None else item.probe_interval,
-                   allow_tf32=allow_tf32, probe_trials=probe_trials, pruning=pruning)
+                   allow_tf32=allow_tf32, probe_trials=probe_trials, pruning=pruning, **fields)
 
     def key_fields(self) -> dict[str, Any]:
         """The fields hashed into the keys (fields.STUDY_FIELDS: those at their key default are left out,

@@ -5,15 +5,11 @@
     edps sweep --executor mlflow-project --backend kubernetes --backend-config kubernetes.json
 
 ``ProjectLaunch`` is where the runs go (backend, its config, the environment manager), validated on
-construction with one line per mistake, before the sweep touches the store. ``submit`` makes one
-study a run of the ``main`` entry point with ``mlflow.projects.run(..., synchronous=False)``;
-``SubmittedStudy`` is the handle the sweep waits on, with the run's output (its log) on the local
-backend. The Kubernetes job that MLflow will create is built and checked here too
-(``kubernetes_job``), from MLflow's job template and repository URI as MLflow documents them.
-
-With the store, the writers and the registry this is the tracking layer of the training side: the only
-modules that import mlflow. The executor that schedules the submitted runs is ``executors/queued.py``, with
-MLflow Projects as its backend (``executors/mlflow_project.py``).
+construction, one line per mistake, before the sweep touches the store. ``submit`` makes one study a run of
+the ``main`` entry point (``mlflow.projects.run(..., synchronous=False)``) with ``study_parameters``;
+``SubmittedStudy`` is the handle the sweep waits on. The Kubernetes job that MLflow will create is built and
+checked here before any work (``preview_kubernetes_job``). The executor that schedules the runs is
+``executors/queued.py``, with MLflow Projects as its backend (``executors/mlflow_project.py``).
 """
 
 from __future__ import annotations
@@ -22,11 +18,13 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,6 +33,7 @@ import yaml
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.fields import KEY_FIELDS, STUDY_FIELDS
 from edps_mlflow.results import RunState
 from edps_mlflow.uris import redact_uri
 
@@ -54,14 +53,6 @@ class Backend(str, Enum):
     LOCAL = "local"
     KUBERNETES = "kubernetes"
 
-    @classmethod
-    def parse(cls, value: "str | Backend") -> "Backend":
-        try:
-            return cls(value)
-        except ValueError:
-            raise EdpsError(f"unknown backend {value!r}; known backends: "
-                            f"{', '.join(b.value for b in cls)}") from None
-
 
 class EnvManager(str, Enum):
     """MLflow's environment managers for a run on the local backend."""
@@ -71,13 +62,12 @@ class EnvManager(str, Enum):
     UV = "uv"
     CONDA = "conda"
 
-    @classmethod
-    def parse(cls, value: "str | EnvManager") -> "EnvManager":
-        try:
-            return cls(value)
-        except ValueError:
-            raise EdpsError(f"unknown environment manager {value!r}; known: "
-                            f"{', '.join(e.value for e in cls)}") from None
+
+def _parse(kind: type[Enum], value: Any, what: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise EdpsError(f"unknown {what} {value!r}; known {what}s: {', '.join(k.value for k in kind)}") from None
 
 
 def project_directory() -> Path:
@@ -105,14 +95,7 @@ class KubernetesConfig:
     def load(cls, path: str | Path) -> "KubernetesConfig":
         path = Path(path).expanduser()
         where = f"backend config {path}"
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise EdpsError(f"{where} does not exist") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise EdpsError(f"{where} cannot be read: {error}") from None
-        except json.JSONDecodeError as error:
-            raise EdpsError(f"{where} is not JSON: {error}") from None
+        config = _read(path, where, json.loads, "JSON")
         if not isinstance(config, dict):
             raise EdpsError(f"{where} must be a JSON object with {KUBE_JOB_TEMPLATE!r}, {KUBE_REPOSITORY!r} and "
                             f"{KUBE_BASE_IMAGE!r}")
@@ -129,34 +112,33 @@ class KubernetesConfig:
         if any(c.isspace() for c in config[KUBE_REPOSITORY]) or ":" in config[KUBE_REPOSITORY].rsplit("/", 1)[-1]:
             raise EdpsError(f"{where}: {KUBE_REPOSITORY!r} must be an image repository without a tag (MLflow tags "
                             f"each image itself), got {config[KUBE_REPOSITORY]!r}")
-        template_path = Path(config[KUBE_JOB_TEMPLATE]).expanduser()
-        if not template_path.is_absolute():
-            # MLflow opens the path as given, from the working directory; we resolve it once for both.
-            template_path = Path.cwd() / template_path
-        template = load_job_template(template_path)
+        # MLflow opens the path as given, from the working directory: made absolute once for both.
+        template_path = Path(config[KUBE_JOB_TEMPLATE]).expanduser().absolute()
         return cls(path, template_path, config[KUBE_REPOSITORY].strip(), config[KUBE_BASE_IMAGE].strip(),
-                   context, template)
+                   context, load_job_template(template_path))
 
     def mlflow_config(self) -> dict[str, str]:
-        """What ``mlflow.projects.run(backend_config=...)`` gets (MLflow ignores our extra key)."""
+        """What ``mlflow.projects.run(backend_config=...)`` gets."""
         config = {KUBE_JOB_TEMPLATE: str(self.job_template_path), KUBE_REPOSITORY: self.repository_uri}
-        if self.kube_context:
-            config[KUBE_CONTEXT] = self.kube_context
-        return config
+        return {**config, KUBE_CONTEXT: self.kube_context} if self.kube_context else config
+
+
+def _read(path: Path, where: str, parse: Any, language: str) -> Any:
+    try:
+        return parse(path.read_text())
+    except FileNotFoundError:
+        raise EdpsError(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise EdpsError(f"{where} cannot be read: {error}") from None
+    except (ValueError, yaml.YAMLError) as error:  # json.JSONDecodeError is a ValueError
+        raise EdpsError(f"{where} is not {language}: {' '.join(str(error).split())}") from None
 
 
 def load_job_template(path: Path) -> dict[str, Any]:
     """A Kubernetes Job template as MLflow fills it in: a batch/v1 Job with a namespace and a first
     container (MLflow sets its name, image, command and appends the run's environment)."""
     where = f"Kubernetes job template {path}"
-    try:
-        template = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise EdpsError(f"{where} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise EdpsError(f"{where} cannot be read: {error}") from None
-    except yaml.YAMLError as error:
-        raise EdpsError(f"{where} is not YAML: {' '.join(str(error).split())}") from None
+    template = _read(path, where, yaml.safe_load, "YAML")
     if not isinstance(template, dict) or template.get("kind") != "Job" or template.get("apiVersion") != "batch/v1":
         raise EdpsError(f"{where} must be a Kubernetes Job (apiVersion: batch/v1, kind: Job)")
     metadata = template.get("metadata")
@@ -177,33 +159,6 @@ def load_job_template(path: Path) -> dict[str, Any]:
     return template
 
 
-def kubernetes_job(template: dict[str, Any], project_name: str, image: str, command: list[str],
-                   environment: dict[str, str], job_name: str) -> dict[str, Any]:
-    """The Job that MLflow's Kubernetes backend submits for one run: the template with its name, and
-    the first container's name, image, command and environment filled in, as MLflow does it
-    (``mlflow.projects.kubernetes``). Built here to check a template before any work, without a cluster."""
-    job = json.loads(json.dumps(template))
-    job["metadata"]["name"] = job_name
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    container.update({"name": project_name, "image": image, "command": command})
-    container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in environment.items())]
-    return job
-
-
-def check_kubernetes_job(job: dict[str, Any]) -> None:
-    """What the Kubernetes API would refuse in a built Job, as one line."""
-    name = job["metadata"]["name"]
-    if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
-        raise EdpsError(f"Kubernetes job name {name!r} is not a DNS label (lower case, digits and '-', at most 63)")
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    names = [e["name"] for e in container["env"]]
-    for variable in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
-        if variable not in names:
-            raise EdpsError(f"the Kubernetes job has no {variable} in its environment")
-    if not all(isinstance(part, str) for part in container["command"]):
-        raise EdpsError("the Kubernetes job's command must be a list of strings")
-
-
 @dataclass(frozen=True)
 class ProjectLaunch:
     """Where ``--executor mlflow-project`` submits its runs. Validated on construction: bad input is
@@ -215,8 +170,8 @@ class ProjectLaunch:
     kubernetes: KubernetesConfig | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", Backend.parse(self.backend))
-        object.__setattr__(self, "env_manager", EnvManager.parse(self.env_manager))
+        object.__setattr__(self, "backend", _parse(Backend, self.backend, "backend"))
+        object.__setattr__(self, "env_manager", _parse(EnvManager, self.env_manager, "environment manager"))
         config = self.backend_config.strip() if self.backend_config else None
         object.__setattr__(self, "backend_config", config or None)
         if self.backend is Backend.LOCAL and self.backend_config:
@@ -268,35 +223,34 @@ class ProjectLaunch:
         return f"backend local, env manager {self.env_manager.value}"
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
 def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_dir: str | None,
                      full_trials: bool, device: str | None, workers: int | None) -> dict[str, str]:
-    """The ``main`` entry point's parameters for one study of a sweep. Every value that enters the
-    study key is written so that it reads back exactly (the study checks: its key must be the one
-    the sweep submitted)."""
-    return {
-        "bs": str(spec.batch_size), "workload": spec.workload, "optimizer": spec.optimizer.value,
-        "sparsity": repr(float(spec.sparsity)), "trials": str(spec.trials), "goal_error": repr(float(spec.goal_error)),
-        "max_steps": str(spec.max_steps), "check_interval": str(spec.check_interval), "seed": str(spec.seed),
-        # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
-        "full_trials": _flag(full_trials), "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else "",
-        "probes": ",".join(spec.probes),
-        "probe_interval": str(spec.probe_interval), "probe_trials": spec.probe_trials.value,
-        "allow_tf32": _flag(spec.allow_tf32), "pruning": spec.pruning,
-        "device": device or "", "workers": str(workers) if workers else "default",
-        "sweep_run": sweep_run_id, "sweep_key": sweep_key,
-    }
+    """The ``main`` entry point's parameters for one study of a sweep: every field of fields.STUDY_FIELDS that
+    has one, spelled as the command line reads it, so that every value of the study key reads back exactly
+    (the study checks: its key must be the one the sweep submitted)."""
+    values = {**{f.name: getattr(spec, f.name) for f in KEY_FIELDS}, "sweep_run": sweep_run_id,
+              "sweep_key": sweep_key, "full_trials": full_trials, "device": device, "workers": workers,
+              # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
+              "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else None}
+    return {f.parameter: _typed(values[f.name], f.default) for f in STUDY_FIELDS if f.parameter}
+
+
+def _typed(value: Any, default: str | None) -> str:
+    """``value`` as the command line reads it back (None: the option's default)."""
+    if value is None:
+        return default or ""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 def study_command(parameters: dict[str, str], python: str | None = None) -> list[str]:
-    """The command line of the ``main`` entry point with ``parameters`` (from :func:`study_parameters`), as
-    MLflow Projects runs it (each value shell-quoted into the MLproject's command), for a batch system that
-    runs it itself (a ``JobBackend`` whose jobs are plain processes). ``python``: the interpreter (this one)."""
-    import shlex
-
+    """The ``main`` entry point's command line with ``parameters`` as MLflow Projects runs it, for a batch system
+    that runs it itself (a ``JobBackend`` whose jobs are plain processes); ``python``: the interpreter."""
     command = yaml.safe_load((project_directory() / MLPROJECT).read_text())["entry_points"][ENTRY_POINT]["command"]
     words = shlex.split(command.format(**{name: shlex.quote(value) for name, value in parameters.items()}))
     if words and words[0] == "python":
@@ -316,9 +270,8 @@ def absolute_store_uri(tracking_uri: str) -> str:
 
 
 def stage_docker_project(source: Path, base_image: str) -> Path:
-    """A copy of the project whose MLproject runs in ``base_image`` (``docker_env``), as MLflow's
-    Kubernetes backend needs: it builds the job's image FROM that image with this copy inside, so
-    the job runs the sweep's own code. The copy lives in a temporary directory."""
+    """A copy of the project (in a temporary directory) whose MLproject runs in ``base_image`` (``docker_env``):
+    MLflow's Kubernetes backend builds the job's image FROM it with the copy inside, the sweep's own code."""
     staged = Path(tempfile.mkdtemp(prefix="edps-kubernetes-project-"))
     shutil.copytree(source / "edps_mlflow", staged / "edps_mlflow",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -335,9 +288,8 @@ def stage_docker_project(source: Path, base_image: str) -> Path:
 
 @contextmanager
 def _output_to(path: Path) -> Iterator[None]:
-    """This process's stdout and stderr descriptors point at ``path`` inside the block, so that a
-    process started there writes its output to it. MLflow starts ``mlflow run`` with our own
-    descriptors and takes no others; that output is all a failed run leaves on the local backend."""
+    """This process's stdout and stderr descriptors point at ``path`` inside the block: MLflow starts ``mlflow
+    run`` with our own descriptors, and its output is all a failed run leaves on the local backend."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -384,8 +336,7 @@ class SubmittedStudy:
         try:
             status = self._submitted.get_status()
         except Exception as error:  # noqa: BLE001 - the Kubernetes API's errors have no common base here
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise EdpsError(f"cannot read the state of the submitted run {self.run_id}: {redact_uri(first)}") from None
+            raise EdpsError(f"cannot read the state of the submitted run {self.run_id}: {_first_line(error)}") from None
         name = RunStatus.to_string(status) if isinstance(status, int) else str(status)
         return RunState.RUNNING if name == "SCHEDULED" else RunState(name)
 
@@ -414,8 +365,8 @@ class SubmittedStudy:
 
 def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tracking_uri: str,
            experiment_id: str, log_path: Path | None) -> SubmittedStudy:
-    """One study as a run of the ``main`` entry point, submitted without waiting for it. On the local
-    backend the run's output goes to ``log_path``. An error of MLflow or the backend is one line."""
+    """One study as a run of the ``main`` entry point, not waited for; on the local backend its output goes to
+    ``log_path``. An error of MLflow or the backend is one line."""
     import mlflow
     import mlflow.projects
     from mlflow.exceptions import MlflowException
@@ -435,23 +386,21 @@ def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tra
         with _output_to(log_path):
             submitted = mlflow.projects.run(**arguments)
         return SubmittedStudy(submitted, log_path)
-    except (MlflowException, OSError, ImportError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise EdpsError(f"mlflow.projects.run ({launch.describe()}): {redact_uri(first)}") from None
     except Exception as error:  # noqa: BLE001 - docker and kubernetes client errors have no common base
-        if type(error).__module__.split(".")[0] not in ("docker", "kubernetes", "urllib3", "requests"):
+        if not isinstance(error, (MlflowException, OSError, ImportError)) and \
+                type(error).__module__.split(".")[0] not in ("docker", "kubernetes", "urllib3", "requests"):
             raise
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise EdpsError(f"mlflow.projects.run ({launch.describe()}): {redact_uri(first)}") from None
+        raise EdpsError(f"mlflow.projects.run ({launch.describe()}): {_first_line(error)}") from None
+
+
+def _first_line(error: Exception) -> str:
+    return redact_uri((str(error).strip().splitlines() or [type(error).__name__])[0])
 
 
 def preview_kubernetes_job(launch: ProjectLaunch, project: Path, parameters: dict[str, str],
                            tracking_uri: str) -> dict[str, Any]:
-    """The Job MLflow would submit for a study with ``parameters`` from the staged ``project`` (its
-    image not built yet: a placeholder digest), checked; bad templates fail here, before any work."""
-    import shlex
-    from datetime import datetime
-
+    """The Job MLflow would submit for a study with ``parameters`` from the staged ``project`` (a placeholder
+    for its image, not built yet), checked: a bad template fails here, before any work."""
     from mlflow.exceptions import MlflowException
     from mlflow.projects.utils import load_project
 
@@ -462,11 +411,17 @@ def preview_kubernetes_job(launch: ProjectLaunch, project: Path, parameters: dic
         raise EdpsError(f"the project staged for Kubernetes ({project}): {error.message}") from None
     if not spec.docker_env:
         raise EdpsError(f"the project staged for Kubernetes ({project}) has no docker_env")
-    config = launch.kubernetes
+    # The Job as MLflow's Kubernetes backend fills in its template (mlflow.projects.kubernetes): the job's name,
+    # and the first container's name, image, command and environment.
+    job = json.loads(json.dumps(launch.kubernetes.job_template))
+    job["metadata"]["name"] = f"{spec.name}-{datetime.now().strftime('%Y-%m-%d-%H-%M-%S-%f')}"
     environment = {"MLFLOW_RUN_ID": "<run id>", "MLFLOW_EXPERIMENT_ID": "<experiment id>",
                    "MLFLOW_TRACKING_URI": os.environ.get("KUBE_MLFLOW_TRACKING_URI") or tracking_uri}
-    job = kubernetes_job(config.job_template, spec.name, f"{config.repository_uri}:<tag>@sha256:<digest>",
-                         shlex.split(command), environment,
-                         f"{spec.name}-{datetime.now().strftime('%Y-%m-%d-%H-%M-%S-%f')}")
-    check_kubernetes_job(job)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container.update({"name": spec.name, "image": f"{launch.kubernetes.repository_uri}:<tag>@sha256:<digest>",
+                      "command": shlex.split(command)})
+    container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in environment.items())]
+    name = job["metadata"]["name"]
+    if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise EdpsError(f"Kubernetes job name {name!r} is not a DNS label (lower case, digits and '-', at most 63)")
     return job

@@ -14,13 +14,11 @@ from typing import Any
 from edps_mlflow.config import OptimizerKind, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
+from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
-
-# The StudySpec fields a grid spans (the sweep key lists their values instead of the protocol's).
-GRID_AXES = ("optimizer", "sparsity", "pruning", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -58,18 +56,17 @@ class SweepSpec:
 
     @classmethod
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
-              sparsities: tuple[float, ...] = (0.0,), trials: int | None = None, goal_error: float | None = None,
-              max_steps: int | None = None, check_interval: int | None = None, seed: int = 0,
-              probes: tuple[str, ...] = (), probe_interval: int | None = None, allow_tf32: bool = False,
-              probe_trials: str = "best", prunings: tuple[str, ...] = (DEFAULT_METHOD,)) -> "SweepSpec":
-        """A sweep with the workload's protocol wherever a value is None; batch sizes default to the
-        powers of two from 2 to the largest that fits the training split."""
+              sparsities: tuple[float, ...] | None = (0.0,), *protocol: Any,
+              prunings: tuple[str, ...] = (DEFAULT_METHOD,), **named: Any) -> "SweepSpec":
+        """A sweep of one study protocol: ``protocol`` and ``named`` are StudySpec.build's arguments after the
+        batch size (the workload's value wherever one is None). Batch sizes default to the powers of two from 2
+        to the largest that fits the training split, sparsities to 0."""
         if batch_sizes is None:
             batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
-        protocol = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, trials, goal_error,
-                                   max_steps, check_interval, seed, probes, probe_interval, allow_tf32, probe_trials)
-        return cls(protocol, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes, sparsities, prunings)
+        study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
+        return cls(study, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes,
+                   (0.0,) if sparsities is None else sparsities, prunings)
 
     @property
     def workload(self) -> str:
@@ -81,11 +78,6 @@ class SweepSpec:
             replace(self.protocol, optimizer=optimizer, sparsity=sparsity, pruning=pruning, batch_size=batch_size)
             for optimizer in self.optimizers for sparsity in self.sparsities for pruning in self.prunings
             for batch_size in self.batch_sizes))
-
-    def _protocol_fields(self) -> dict[str, Any]:
-        p = self.protocol
-        return {"trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
-                "check_interval": p.check_interval, "seed": p.seed}
 
     @property
     def sweep_key(self) -> str:
@@ -102,10 +94,11 @@ class SweepSpec:
         """The sweep run's params."""
         p = self.protocol
         return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
-                "batch_sizes": ",".join(map(str, self.batch_sizes)), "sparsities": ",".join(f"{s:g}" for s in self.sparsities),
-                "pruning": ",".join(self.prunings),
-                **self._protocol_fields(), "probes": ",".join(p.probes), "probe_interval": p.probe_interval,
-                "probe_trials": p.probe_trials.value if p.probes else "",
+                "batch_sizes": ",".join(map(str, self.batch_sizes)),
+                "sparsities": ",".join(f"{s:g}" for s in self.sparsities), "pruning": ",".join(self.prunings),
+                "trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
+                "check_interval": p.check_interval, "seed": p.seed, "probes": ",".join(p.probes),
+                "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 

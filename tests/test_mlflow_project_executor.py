@@ -425,7 +425,8 @@ def test_the_documented_kubernetes_example_is_valid(monkeypatch):
 def test_study_parameters_make_the_same_study_key_in_the_entry_point():
     from mlflow.projects.utils import load_project
 
-    from edps_mlflow.config import StudySpec, parse_probes
+    from edps_mlflow.config import StudySpec
+    from edps_mlflow.fields import SPEC_ARGUMENTS
     from edps_mlflow.mlproject import study_parameters
     from edps_mlflow.sweep import SweepSpec
 
@@ -441,10 +442,7 @@ def test_study_parameters_make_the_same_study_key_in_the_entry_point():
         arguments = shlex.split(command)[3:]
         context = cli.commands["study"].make_context("study", arguments[1:])
         p = context.params
-        rebuilt = StudySpec.build(p["workload"], p["optimizer"], p["sparsity"], p["batch_size"], p["trials"],
-                                  p["goal_error"], p["max_steps"], p["check_interval"], p["seed"],
-                                  parse_probes(p["probes"]), p["probe_interval"], p["allow_tf32"],
-                                  p["probe_trials"])
+        rebuilt = StudySpec.build(**{name: value for name, value in p.items() if name in SPEC_ARGUMENTS})
         assert rebuilt.study_key == study.study_key
         assert (p["sweep_run"], p["sweep_key"], p["workers"], p["device"], p["full_trials"]) == (
             "run1", sweep.sweep_key, 1, "cpu", True)
