@@ -36,8 +36,8 @@ if training_environment_missing(os.environ):  # allocator settings are read when
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from edps_mlflow.config import OptimizerKind, OptimizerSettings  # noqa: E402
 from edps_mlflow.engine import PackedTrainer, SingleTrainer  # noqa: E402
+from edps_mlflow.optimizers import get_optimizer  # noqa: E402
 from edps_mlflow.resources import uses_channels_last  # noqa: E402
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
 from edps_mlflow.pruning import Mask  # noqa: E402
@@ -54,7 +54,7 @@ def _setup(index: int, sparsity: float = 0.9) -> TrialSetup:
     generator = torch.Generator().manual_seed(1000 + index)
     mask = Mask({n: (torch.rand(p.shape, generator=generator) >= sparsity).float() for n, p in model.named_parameters()})
     params = {n: p.detach() * mask.tensors[n] for n, p in model.named_parameters()}
-    return TrialSetup(index, params, mask, OptimizerSettings(OptimizerKind.MOMENTUM, 0.01, 0.9))
+    return TrialSetup(index, params, mask, get_optimizer("momentum").trial({"learning_rate": 0.01, "momentum": 0.9}))
 
 
 def _rate(step, batches: list[tuple[torch.Tensor, torch.Tensor]], budget: float, device: torch.device) -> float:
@@ -146,7 +146,7 @@ def study_times(device: str | None, batch_sizes: list[int], trial_counts: list[i
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory}/mlflow.db"
         for batch_size in batch_sizes:
             for trials in trial_counts:
-                spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, batch_size, trials, workload.goal_error,
+                spec = StudySpec("digits-simple-cnn", "sgd", 0.0, batch_size, trials, workload.goal_error,
                                  max_steps or workload.max_steps, check_interval, 0)
                 for mode in modes:
                     full, schedule = _MODES[mode]

@@ -27,13 +27,14 @@ from typing import Any, Callable
 import click
 
 from edps_mlflow import __version__
-from edps_mlflow.config import PROBE_NAMES, OptimizerKind, ProbeTrials, StudySpec, parse_probes
+from edps_mlflow.config import PROBE_NAMES, ProbeTrials, StudySpec, parse_probes
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import executor_names, get_executor
 from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, Option
 from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.mlproject import Backend, EnvManager, ProjectLaunch
+from edps_mlflow.optimizers import optimizer_names
 from edps_mlflow.option_hints import OptionHint
 from edps_mlflow.process_settings import (collect_less_often, configure_process, launcher_run_id, log_note,
                                           skip_shutdown_collection)
@@ -153,11 +154,6 @@ class _ExperimentName(click.ParamType):
 
 
 # ---- options from declarations -------------------------------------------------------------------
-def optimizer_names() -> tuple[str, ...]:
-    """The optimizers' names: every option and help text takes them from here."""
-    return tuple(kind.value for kind in OptimizerKind)
-
-
 # The registries whose names an option takes (a kind below) or its help lists ({optimizers} in fields.py).
 REGISTRIES: dict[str, tuple[str, ...]] = {
     "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
@@ -338,7 +334,7 @@ def trials(workload: str, optimizer: str, count: int | None, output_format: str)
     count = item.default_trials if count is None else count
     if not 1 <= count <= MAX_TRIAL_COUNT:
         raise EdpsError(f"count must be an integer in [1, {MAX_TRIAL_COUNT}], got {count}")
-    space = item.search_space(OptimizerKind.parse(optimizer).value)
+    space = item.search_space(optimizer)
     integer = {d.name: d.integer for d in space.dimensions}
     points = space.points(count)
     if output_format == "csv":

@@ -13,13 +13,18 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.fields import key_fields
+from edps_mlflow.optimizers import OptimizerName, get_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
+from edps_mlflow.workloads import InputLayout, get_workload
+
+if TYPE_CHECKING:
+    from edps_mlflow.optimizers.base import TrialOptimizer
 
 
 class Schedule(str, Enum):
@@ -31,98 +36,6 @@ class Schedule(str, Enum):
     BREADTH_FIRST = "breadth_first"
     # Each chunk trains to its end before the next starts (the cost depends on finding the best early).
     DEPTH_FIRST = "depth_first"
-
-
-class OptimizerKind(str, Enum):
-    """The paper's optimizers; momentum is heavy-ball as in TensorFlow and PyTorch (buf = m buf + g; w -= lr buf).
-    Adam and AdamW are PyTorch's (``torch.optim.Adam``, ``torch.optim.AdamW``: decoupled weight decay)."""
-
-    SGD = "sgd"
-    MOMENTUM = "momentum"
-    NESTEROV = "nesterov"
-    ADAM = "adam"
-    ADAMW = "adamw"
-
-    @property
-    def is_adam(self) -> bool:
-        return self in (OptimizerKind.ADAM, OptimizerKind.ADAMW)
-
-    @property
-    def state_buffers(self) -> int:
-        """Tensors of optimizer state per parameter: none for SGD, the momentum buffer, or Adam's two moments."""
-        return 2 if self.is_adam else 0 if self is OptimizerKind.SGD else 1
-
-    @classmethod
-    def parse(cls, name: str) -> "OptimizerKind":
-        try:
-            return cls(name)
-        except ValueError:
-            known = ", ".join(kind.value for kind in cls)
-            raise EdpsError(f"unknown optimizer {name!r}; known optimizers: {known}") from None
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """One trial's optimizer: kind, metaparameters and learning-rate schedule.
-
-    The schedule: a linear warm-up over ``warmup_steps`` (the update of step s + 1 uses the fraction
-    (s + 1) / warmup_steps of the rate while s < warmup_steps; none when 0), times, when ``decay_steps`` is
-    set, a linear decay from ``learning_rate`` to ``learning_rate * end_learning_rate_factor`` over
-    ``decay_steps`` steps, constant afterwards. Without either: constant (the paper's SGD schedule).
-    ``beta1``, ``beta2``, ``epsilon`` and ``weight_decay`` are Adam's (weight decay: AdamW's only).
-    """
-
-    kind: OptimizerKind
-    learning_rate: float
-    momentum: float = 0.0
-    decay_steps: int | None = None
-    end_learning_rate_factor: float = 1.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-
-    def __post_init__(self) -> None:
-        if self.weight_decay and self.kind is not OptimizerKind.ADAMW:
-            raise EdpsError(f"weight_decay is AdamW's (decoupled); {self.kind.value} has none")
-        if self.warmup_steps < 0:
-            raise EdpsError(f"warmup_steps must be a non-negative integer, got {self.warmup_steps}")
-        if self.kind.is_adam and not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0 and self.epsilon > 0.0):
-            raise EdpsError(f"Adam needs 0 <= beta1, beta2 < 1 and epsilon > 0, got beta1={self.beta1}, "
-                            f"beta2={self.beta2}, epsilon={self.epsilon}")
-
-    @property
-    def scheduled(self) -> bool:
-        """Whether the learning rate changes along training (else every step uses ``learning_rate``)."""
-        return self.decay_steps is not None or self.warmup_steps > 0
-
-    def learning_rate_at(self, step: int) -> float:
-        """The learning rate used for the update that produces step ``step + 1``."""
-        rate = self.learning_rate
-        if self.decay_steps is not None:
-            fraction = min(step, self.decay_steps) / self.decay_steps
-            rate = self.learning_rate * (1.0 - (1.0 - self.end_learning_rate_factor) * fraction)
-        if step < self.warmup_steps:
-            rate = rate * (step + 1) / self.warmup_steps
-        return rate
-
-    @classmethod
-    def from_point(cls, kind: OptimizerKind, point: dict[str, float]) -> "OptimizerSettings":
-        decay = point.get("decay_steps")
-        adam = {name: float(point[name]) for name in ("beta1", "beta2", "epsilon") if name in point} \
-            if kind.is_adam else {}
-        return cls(
-            kind=kind,
-            learning_rate=float(point["learning_rate"]),
-            momentum=float(point.get("momentum", 0.0)) if kind in (OptimizerKind.MOMENTUM, OptimizerKind.NESTEROV)
-            else 0.0,
-            decay_steps=int(decay) if decay is not None else None,
-            end_learning_rate_factor=float(point.get("end_learning_rate_factor", 1.0)),
-            weight_decay=float(point.get("weight_decay", 0.0)),
-            warmup_steps=int(point.get("warmup_steps", 0)),
-            **adam,
-        )
 
 
 # Probes a study may ask for (their code is in probes.py, which needs torch; the names do not).
@@ -180,7 +93,7 @@ class StudySpec:
     """
 
     workload: str
-    optimizer: OptimizerKind
+    optimizer: OptimizerName
     sparsity: float
     batch_size: int
     trials: int
@@ -210,8 +123,6 @@ class StudySpec:
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
-        from edps_mlflow.workloads import InputLayout, get_workload
-
         # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
         # positive integer no larger than the workload's training split.
         workload = get_workload(self.workload)
@@ -241,8 +152,7 @@ class StudySpec:
         # -0.0 is 0.0: the same study must get the same key however the number was spelled.
         object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)
         object.__setattr__(self, "goal_error", float(self.goal_error))
-        object.__setattr__(self, "optimizer", OptimizerKind.parse(self.optimizer) if isinstance(self.optimizer, str)
-                           and not isinstance(self.optimizer, OptimizerKind) else self.optimizer)
+        object.__setattr__(self, "optimizer", OptimizerName(self.optimizer))
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
         object.__setattr__(self, "probe_trials", ProbeTrials.parse(self.probe_trials)
                            if not isinstance(self.probe_trials, ProbeTrials) else self.probe_trials)
@@ -260,7 +170,7 @@ class StudySpec:
             raise EdpsError(f"data fingerprint must be 64 hex digits, got {self.data_fingerprint!r}")
 
     @classmethod
-    def build(cls, workload: str, optimizer: str | OptimizerKind, sparsity: float, batch_size: int,
+    def build(cls, workload: str, optimizer: str, sparsity: float, batch_size: int,
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
               check_interval: int | None = None, seed: int = 0, probes: tuple[str, ...] = (),
               probe_interval: int | None = None, allow_tf32: bool = False,
@@ -268,12 +178,8 @@ class StudySpec:
               **fields: Any) -> "StudySpec":
         """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
         value is None; any other field as given (``fields``)."""
-        from edps_mlflow.workloads import get_workload
-
-        item = get_workload(workload)
-        kind = OptimizerKind.parse(optimizer) if not isinstance(optimizer, OptimizerKind) else optimizer
-        item.search_space(kind.value)
-        return cls(workload, kind, sparsity, batch_size, trials if trials is not None else item.default_trials,
+        item, optimizer = get_workload(workload), OptimizerName(optimizer)
+        return cls(workload, optimizer, sparsity, batch_size, trials if trials is not None else item.default_trials,
                    goal_error if goal_error is not None else item.goal_error,
                    max_steps if max_steps is not None else item.max_steps,
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
@@ -340,8 +246,9 @@ class TrialSpec:
         return self.study.trial_seed(self.index)
 
     @property
-    def optimizer(self) -> OptimizerSettings:
-        return OptimizerSettings.from_point(self.study.optimizer, self.metaparameters)
+    def optimizer(self) -> "TrialOptimizer":
+        """Its optimizer: settings and schedule from its metaparameters (imports the optimizer, and torch)."""
+        return get_optimizer(self.study.optimizer).trial(self.metaparameters)
 
     @property
     def trial_key(self) -> str:

@@ -5,13 +5,12 @@ the best step found so far from a ``StepBound``.
 
 - The workload owns the objective: the engine trains its network on its ``loss``, counts its
   ``errors`` at checks, and lays out its inputs channels-last only when they are images.
-- A single trial takes the plain fast path: an ``nn.Module`` (channels-last for images),
-  ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (foreach), the mask applied to the gradients before the
-  update, so pruned weights *and* their optimizer buffers stay exactly zero (AdamW's decay of a zero
-  weight is zero).
+- A single trial takes the plain fast path: an ``nn.Module`` (channels-last for images) and its
+  optimizer's torch optimizer (optimizers/), the mask applied to the gradients before the update, so
+  pruned weights *and* their optimizer buffers stay exactly zero (a decoupled decay of a zero weight is zero).
 - K trials can be packed in lockstep: parameters stacked along a leading trial axis, a ``vmap``-ed
-  functional model, per-trial learning rate, momentum (or Adam's betas, epsilon and weight decay) and
-  schedule, all trials on the same batch; the updates are PyTorch's, written out per trial.
+  functional model, all trials on the same batch; the optimizer's packed update gives each its own
+  metaparameters and schedule.
 - Data live on the device as tensors; batches are drawn by index, reshuffled every epoch.
 - Exact early stopping: the study's result is the minimum over trials, so no trial trains past
   the best reached step minus one check interval (status ``superseded``). It never changes the
@@ -32,8 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from edps_mlflow.config import OptimizerKind, OptimizerSettings
 from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.optimizers.base import PackedState
 from edps_mlflow.probes import ProbeHook
 from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
 from edps_mlflow.trials import TrialSetup
@@ -134,21 +133,6 @@ class BatchStream:
         return self.order[start:start + self.batch_size]
 
 
-def _torch_optimizer(parameters: list[Tensor], settings: OptimizerSettings) -> torch.optim.Optimizer:
-    """PyTorch's optimizer for one trial (foreach): SGD with the paper's momenta, Adam, or AdamW."""
-    if settings.kind is OptimizerKind.ADAM:
-        return torch.optim.Adam(parameters, lr=settings.learning_rate, betas=(settings.beta1, settings.beta2),
-                                eps=settings.epsilon, foreach=True)
-    if settings.kind is OptimizerKind.ADAMW:
-        return torch.optim.AdamW(parameters, lr=settings.learning_rate, betas=(settings.beta1, settings.beta2),
-                                 eps=settings.epsilon, weight_decay=settings.weight_decay, foreach=True)
-    return torch.optim.SGD(
-        parameters, lr=settings.learning_rate,
-        momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
-        nesterov=settings.kind is OptimizerKind.NESTEROV, foreach=True,
-    )
-
-
 class SingleTrainer:
     """The plain fast path for one trial."""
 
@@ -165,7 +149,7 @@ class SingleTrainer:
         self.parameters = list(self.model.parameters())
         names = [name for name, _ in self.model.named_parameters()]
         self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in names]
-        self.optimizer = _torch_optimizer(self.parameters, setup.optimizer)
+        self.optimizer = setup.optimizer.kind.torch_optimizer(self.parameters, setup.optimizer)
 
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         if learning_rates is not None:
@@ -218,22 +202,10 @@ class PackedTrainer:
             n: torch.stack([s.mask.tensors[n] for s in setups]).to(device) for n in self.names}
         kinds = {s.optimizer.kind for s in setups}
         if len(kinds) != 1:
-            raise ValueError("packed trials must share one optimizer kind")
+            raise ValueError("packed trials must share one optimizer")
         self.kind = kinds.pop()
+        self.state = PackedState([s.optimizer for s in setups], self.params)
         self.device = device
-        self.learning_rates = torch.tensor([s.optimizer.learning_rate for s in setups], device=device)
-        # The same rates as Python floats: Adam's step sizes are computed from them in double precision.
-        self.rates = [s.optimizer.learning_rate for s in setups]
-        self.momenta = torch.tensor([s.optimizer.momentum for s in setups], device=device)
-        self.buffers = ({n: torch.zeros_like(p) for n, p in self.params.items()}
-                        if self.kind in (OptimizerKind.MOMENTUM, OptimizerKind.NESTEROV) else None)
-        # Adam's per-trial constants (Python floats: its bias corrections are computed as PyTorch computes
-        # them) and its two moments; the step count is shared, as the trials of a chunk start together.
-        self.adam = [(s.optimizer.beta1, s.optimizer.beta2, s.optimizer.epsilon, s.optimizer.weight_decay)
-                     for s in setups]
-        self.adam_step = 0
-        self.moments = ({n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in self.params.items()}
-                        if self.kind.is_adam else None)
         self.exact_count = workload.goal_metric is GoalMetric.ERROR_RATE
 
         loss, total = workload.loss, workload.validation_total
@@ -247,62 +219,15 @@ class PackedTrainer:
         self._gradients = vmap(grad_and_value(loss_of), in_dims=(0, None, None))
         self._errors = vmap(errors_of, in_dims=(0, None, None))
 
-    def _per_trial(self, values: Tensor, like: Tensor) -> Tensor:
-        return values.reshape((-1,) + (1,) * (like.dim() - 1))
-
     @torch.no_grad()
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         gradients, losses = self._gradients(self.params, images, labels)
         if learning_rates is not None:
-            self.learning_rates = torch.tensor(learning_rates, device=self.device)
-            self.rates = list(learning_rates)
-        if self.moments is not None:
-            self._adam_step(gradients)
-            return losses
-        for name in self.names:
-            gradient = gradients[name]
-            if self.masks is not None:
-                gradient = gradient * self.masks[name]
-            if self.buffers is not None:
-                momentum = self._per_trial(self.momenta, gradient)
-                buffer = self.buffers[name]
-                buffer.mul_(momentum).add_(gradient)
-                # PyTorch/TF Nesterov: w -= lr (g + m buf), with buf already updated.
-                gradient = gradient + momentum * buffer if self.kind is OptimizerKind.NESTEROV else buffer
-            self.params[name].sub_(self._per_trial(self.learning_rates, gradient) * gradient)
+            self.state.set_rates(learning_rates)
+        if self.masks is not None:
+            gradients = {name: gradient * self.masks[name] for name, gradient in gradients.items()}
+        self.kind.packed_step(self.state, self.params, gradients)
         return losses
-
-    def _adam_step(self, gradients: dict[str, Tensor]) -> None:
-        """torch.optim.Adam / AdamW's update (foreach, not fused, no amsgrad), each trial with its own
-        constants: m = lerp(m, g, 1 - beta1); v = beta2 v + (1 - beta2) g^2; [AdamW: w *= 1 - lr wd];
-        w -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)."""
-        self.adam_step += 1
-        step, rates = self.adam_step, self.rates
-        columns = {
-            "one_minus_beta1": [1.0 - b1 for b1, _, _, _ in self.adam],
-            "beta2": [b2 for _, b2, _, _ in self.adam],
-            "one_minus_beta2": [1.0 - b2 for _, b2, _, _ in self.adam],
-            "epsilon": [eps for _, _, eps, _ in self.adam],
-            "step_size": [rate / (1.0 - b1 ** step) for rate, (b1, _, _, _) in zip(rates, self.adam)],
-            "correction2_sqrt": [(1.0 - b2 ** step) ** 0.5 for _, b2, _, _ in self.adam],
-            "decay": [1.0 - rate * wd for rate, (_, _, _, wd) in zip(rates, self.adam)],
-        }
-        values = {key: torch.tensor(column, device=self.device) for key, column in columns.items()}
-        decoupled = self.kind is OptimizerKind.ADAMW
-        for name in self.names:
-            gradient = gradients[name]
-            if self.masks is not None:
-                gradient = gradient * self.masks[name]
-            first, second = self.moments[name]
-            per = {key: self._per_trial(value, gradient) for key, value in values.items()}
-            parameter = self.params[name]
-            if decoupled:
-                parameter.mul_(per["decay"])
-            first.lerp_(gradient, per["one_minus_beta1"])
-            # The order of PyTorch's kernels: (1 - beta2) g first, then times g; the step size times m / denom.
-            second.mul_(per["beta2"]).addcmul_(per["one_minus_beta2"] * gradient, gradient)
-            denominator = (second.sqrt() / per["correction2_sqrt"]).add_(per["epsilon"])
-            parameter.sub_(per["step_size"] * (first / denominator))
 
     @torch.no_grad()
     def count_errors(self, images: Tensor, labels: Tensor, allowed: int | float | None, skip: Sequence[bool],
@@ -325,15 +250,7 @@ class PackedTrainer:
         self.params = {n: p.index_select(0, index) for n, p in self.params.items()}
         if self.masks is not None:
             self.masks = {n: m.index_select(0, index) for n, m in self.masks.items()}
-        if self.buffers is not None:
-            self.buffers = {n: b.index_select(0, index) for n, b in self.buffers.items()}
-        if self.moments is not None:
-            self.moments = {n: (m.index_select(0, index), v.index_select(0, index))
-                            for n, (m, v) in self.moments.items()}
-        self.adam = [self.adam[k] for k in positions]
-        self.rates = [self.rates[k] for k in positions]
-        self.learning_rates = self.learning_rates.index_select(0, index)
-        self.momenta = self.momenta.index_select(0, index)
+        self.state.keep(positions)
 
     def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
         return self.template, lambda: self.params, self.masks
@@ -388,7 +305,7 @@ class ChunkRun:
         self.stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
         self.hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
                               settings.data_seed, workload.loss)
-        self.scheduled = any(s.optimizer.scheduled for s in setups)
+        self.scheduled = any(s.optimizer.schedule.scheduled for s in setups)
         self.loss_sums = torch.zeros(len(self.active), device=device)
 
     @property
@@ -440,7 +357,7 @@ class ChunkRun:
         probe_total = 0.0
         while self.step < target:
             self.step += 1
-            rates = ([s.setup.optimizer.learning_rate_at(self.step - 1) for s in self.active]
+            rates = ([s.setup.optimizer.schedule.learning_rate_at(self.step - 1) for s in self.active]
                      if self.scheduled else None)
             batch = self.stream.next()
             losses, probe_values, probe_seconds = self.hook.around_step(
@@ -566,7 +483,7 @@ def _check(trainer: SingleTrainer | PackedTrainer, data: DataSplits, settings: E
             state.best_validation_error = validation_error if previous is None else min(previous, validation_error)
         observer.on_check(state.setup.index, Check(
             step=step, train_loss=mean_losses[k], validation_error=validation_error,
-            learning_rate=state.setup.optimizer.learning_rate_at(step - 1)))
+            learning_rate=state.setup.optimizer.schedule.learning_rate_at(step - 1)))
         statuses.append(TrialStatus.DIVERGED if diverged[k] else TrialStatus.REACHED if reached[k]
                         else TrialStatus.NOT_REACHED if step >= settings.max_steps
                         else TrialStatus.SUPERSEDED if step >= limit else None)

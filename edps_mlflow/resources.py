@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.optimizers import get_optimizer
 from edps_mlflow.workloads import InputLayout
 
 if TYPE_CHECKING:
@@ -176,12 +177,11 @@ def uses_channels_last(input_layout: InputLayout, batch_size: int) -> bool:
 HELD_TRIALS_MEMORY_FRACTION = 0.25
 
 
-def held_bytes_per_trial(parameter_count: int, optimizer_buffers: int, sparse: bool, train_size: int) -> int:
+def held_bytes_per_trial(parameter_count: int, optimizer: str, sparse: bool, train_size: int) -> int:
     """What one trial trained breadth-first holds between its turns: float32 parameters, their gradients
-    and the initial copy of its setup, the optimizer's buffers (none for SGD, one for momentum, two for
-    Adam: OptimizerKind.state_buffers), the mask (trainer and setup), and its batch stream (up to two
-    epochs of int64 indices)."""
-    copies = 3 + optimizer_buffers + 2 * int(sparse)
+    and the initial copy of its setup, the optimizer's state buffers (``Optimizer.state_buffers``), the mask
+    (trainer and setup), and its batch stream (up to two epochs of int64 indices)."""
+    copies = 3 + get_optimizer(optimizer).state_buffers + 2 * int(sparse)
     return 4 * parameter_count * copies + 2 * 8 * train_size
 
 

@@ -196,30 +196,13 @@ def sobol_points(count: int, dimensions: int) -> np.ndarray:
     return integers / float(2**_SOBOL_BITS)
 
 
+# The dimensions the optimizers' default spaces (optimizers/) and the workloads' own are made of. The paper's:
 LEARNING_RATE = Dimension("learning_rate", 1e-4, 1.0, Scale.LOG)
 MOMENTUM = Dimension("momentum", 0.9, 0.9999, Scale.REVERSE_LOG)
 DECAY_STEPS = Dimension("decay_steps", 30_000, 60_000, Scale.LINEAR, integer=True)
 END_LEARNING_RATE_FACTOR = Dimension("end_learning_rate_factor", 1e-4, 0.1, Scale.LOG)
-
-# The paper (docs/protocol.md): SGD tunes the learning rate (constant schedule); momentum and Nesterov tune the
-# learning rate and the momentum.
-PAPER_SPACES: dict[str, SearchSpace] = {
-    "sgd": SearchSpace((LEARNING_RATE,)),
-    "momentum": SearchSpace((LEARNING_RATE, MOMENTUM)),
-    "nesterov": SearchSpace((LEARNING_RATE, MOMENTUM)),
-}
-
-# Adam and AdamW (not the paper's): the learning rate on a log range around Adam's customary 1e-3 (the first
-# Sobol point is its middle, 1e-3), beta1 0.9, beta2 0.999 and epsilon 1e-8 fixed at PyTorch's defaults, a
-# constant schedule without warm-up; AdamW also tunes its decoupled weight decay (PyTorch's: each step
-# multiplies the weights by 1 - learning_rate * weight_decay). A workload may tune more (BETA2) or fix a
-# warm-up in its own spaces (docs/workloads.md).
+# Adam's: the learning rate around its customary 1e-3 (the first Sobol point), AdamW's decoupled weight decay
+# (each step multiplies the weights by 1 - learning_rate * weight_decay), and a beta2 a workload may tune.
 ADAM_LEARNING_RATE = Dimension("learning_rate", 1e-5, 0.1, Scale.LOG)
 WEIGHT_DECAY = Dimension("weight_decay", 1e-4, 1.0, Scale.LOG)
 BETA2 = Dimension("beta2", 0.99, 0.9999, Scale.REVERSE_LOG)
-ADAM_SPACES: dict[str, SearchSpace] = {
-    "adam": SearchSpace((ADAM_LEARNING_RATE,)),
-    "adamw": SearchSpace((ADAM_LEARNING_RATE, WEIGHT_DECAY)),
-}
-# Every optimizer on a workload of the paper's kind: the paper's three and Adam's two.
-DEFAULT_SPACES: dict[str, SearchSpace] = {**PAPER_SPACES, **ADAM_SPACES}

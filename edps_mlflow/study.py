@@ -224,7 +224,7 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
     """The schedule, the bytes each trial holds between its turns, and a warning when breadth-first would
     not fit the memory budget (resources.breadth_first_fits) and the study falls back to depth-first."""
     parameters = sum(p.numel() for p in workload.build_model().parameters())
-    held = held_bytes_per_trial(parameters, spec.optimizer.state_buffers, spec.sparsity > 0, train_size)
+    held = held_bytes_per_trial(parameters, spec.optimizer, spec.sparsity > 0, train_size)
     if wanted is Schedule.BREADTH_FIRST and not breadth_first_fits(held * trials_to_train, device):
         return Schedule.DEPTH_FIRST, held, (
             f"warning: {trials_to_train} trials x {held} bytes held at once do not fit the memory budget on "

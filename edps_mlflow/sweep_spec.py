@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edps_mlflow.config import OptimizerKind, StudySpec, content_key
+from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.optimizers import OptimizerName
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
@@ -32,13 +33,12 @@ class SweepSpec:
     """
 
     protocol: StudySpec
-    optimizers: tuple[OptimizerKind, ...]
+    optimizers: tuple[OptimizerName, ...]
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
     prunings: tuple[str, ...] = (DEFAULT_METHOD,)
 
     def __post_init__(self) -> None:
-        workload = get_workload(self.workload)
         object.__setattr__(self, "prunings", tuple(parse_method(m) for m in self.prunings))
         for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
                              ("sparsities", self.sparsities), ("pruning methods", self.prunings)):
@@ -46,9 +46,7 @@ class SweepSpec:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
                 raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
-        object.__setattr__(self, "optimizers", tuple(OptimizerKind.parse(o) for o in self.optimizers))
-        for optimizer in self.optimizers:
-            workload.search_space(optimizer.value)
+        object.__setattr__(self, "optimizers", tuple(OptimizerName(o) for o in self.optimizers))
         # Constructing the studies validates every value (each batch size against the training split too);
         # their normalised sparsities (-0.0 is 0.0) are kept.
         studies = self.studies()
@@ -65,7 +63,7 @@ class SweepSpec:
             batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
         study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
-        return cls(study, tuple(OptimizerKind.parse(o) for o in optimizers), batch_sizes,
+        return cls(study, tuple(OptimizerName(o) for o in optimizers), batch_sizes,
                    (0.0,) if sparsities is None else sparsities, prunings)
 
     @property

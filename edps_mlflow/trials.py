@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from edps_mlflow.config import OptimizerSettings, TrialSpec
+from edps_mlflow.config import TrialSpec
 from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.optimizers.base import TrialOptimizer
 from edps_mlflow.pruning.base import ScoreContext
 from edps_mlflow.pruning.cache import ScoreCache
 from edps_mlflow.pruning.mask import Mask
@@ -26,7 +27,7 @@ class TrialSetup:
     index: int
     initial_parameters: dict[str, Tensor]
     mask: Mask
-    optimizer: OptimizerSettings
+    optimizer: TrialOptimizer
     pruning: PruningRecord | None = None
 
 

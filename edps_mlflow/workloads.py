@@ -25,25 +25,16 @@ import importlib
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from edps_mlflow import goal
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.search import (
-    DECAY_STEPS,
-    PAPER_SPACES,
-    WEIGHT_DECAY,
-    Dimension,
-    Scale,
-    DEFAULT_SPACES,
-    END_LEARNING_RATE_FACTOR,
-    LEARNING_RATE,
-    MOMENTUM,
-    SearchSpace,
-)
+from edps_mlflow.optimizers import OPTIMIZERS, get_optimizer
+from edps_mlflow.search import (DECAY_STEPS, END_LEARNING_RATE_FACTOR, LEARNING_RATE, MOMENTUM, WEIGHT_DECAY, Dimension,
+                                Scale, SearchSpace)
 
 if TYPE_CHECKING:
     import torch
@@ -139,7 +130,6 @@ class Workload:
     # The default goal: an error rate in (0, 1), or a loss to reach (goal_metric).
     goal_error: float
     max_steps: int
-    search_spaces: Mapping[str, SearchSpace]
     # True: the dataset is one of the data catalog's (data/catalog.py), in a data directory.
     needs_data_dir: bool
     dataset: str
@@ -148,6 +138,8 @@ class Workload:
     validation_size: int
     # What its inputs are: channels-last only for images.
     input_layout: InputLayout
+    # Its own search spaces, by optimizer name; an optimizer it does not name tunes in its default space.
+    search_spaces: Mapping[str, SearchSpace] = field(default_factory=dict)
     # The mean training loss of a batch; SNIP's sensitivities and the probes' gradients are of it too.
     loss: Loss = cross_entropy
     # The number of wrong examples in a batch, at most its size: the validation error is their count over
@@ -189,14 +181,11 @@ class Workload:
         problem = self.goal_problem(self.goal_error)
         if problem:
             raise bad("goal_error", problem)
-        if not self.search_spaces or not all(isinstance(v, SearchSpace) for v in self.search_spaces.values()):
+        if not all(isinstance(v, SearchSpace) for v in self.search_spaces.values()):
             raise bad("search_spaces", "must map optimizer names to SearchSpace values")
-        from edps_mlflow.config import OptimizerKind
-
-        known = {kind.value for kind in OptimizerKind}
-        unknown = sorted(set(self.search_spaces) - known)
+        unknown = sorted(set(self.search_spaces) - set(OPTIMIZERS))
         if unknown:
-            raise bad("search_spaces", f"names unknown optimizers {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise bad("search_spaces", f"names unknown optimizers {', '.join(unknown)}; known: {', '.join(OPTIMIZERS)}")
 
     def goal_problem(self, goal_value: Any) -> str | None:
         """Why ``goal_value`` cannot be this workload's goal, or None."""
@@ -235,11 +224,8 @@ class Workload:
         return self.errors(outputs, targets)
 
     def search_space(self, optimizer: str) -> SearchSpace:
-        try:
-            return self.search_spaces[optimizer]
-        except KeyError:
-            known = ", ".join(sorted(self.search_spaces))
-            raise EdpsError(f"workload {self.name} does not define optimizer {optimizer!r}; it defines: {known}") from None
+        """What a study of ``optimizer`` tunes here: the workload's own space, else the optimizer's default."""
+        return self.search_spaces[optimizer] if optimizer in self.search_spaces else get_optimizer(optimizer).space
 
     def require_data(self, data_dir: str | Path | None) -> None:
         """Refuse early, without loading anything, when the dataset's files are not there."""
@@ -324,11 +310,11 @@ def _catalog_data(dataset: str) -> Callable[[str | Path | None], "DataSplits"]:
 
 def _paper_workload(name: str, dataset: str, description: str, build_model: Callable[[], "nn.Module"],
                     goal_error: float, max_steps: int, train_size: int, validation_size: int,
-                    search_spaces: Mapping[str, SearchSpace] = DEFAULT_SPACES) -> Workload:
+                    search_spaces: Mapping[str, SearchSpace] | None = None) -> Workload:
     """A workload of the paper: its dataset comes from the data catalog (a data directory)."""
     # The original's protocol: 100 trials per study (`--nruns 100`), a check every 100 steps.
     return Workload(name=name, description=description, load_data=_catalog_data(dataset), build_model=build_model,
-                    goal_error=goal_error, max_steps=max_steps, search_spaces=search_spaces, needs_data_dir=True,
+                    goal_error=goal_error, max_steps=max_steps, search_spaces=search_spaces or {}, needs_data_dir=True,
                     dataset=dataset, train_size=train_size, validation_size=validation_size,
                     input_layout=InputLayout.IMAGES, default_trials=PAPER_TRIALS, check_interval=100)
 
@@ -339,13 +325,9 @@ LM_WIDTH, LM_DEPTH, LM_HEADS = 32, 2, 4
 LM_GOAL, LM_MAX_STEPS, LM_TRIALS, LM_CHECK_INTERVAL = 2.2, 3000, 8, 25
 # Its search spaces: Adam's learning rate on a range centred on 3e-3 (the first Sobol point), AdamW's weight
 # decay too; no warm-up (a fixed warm-up adds the same steps at every batch size, and steps-to-result at large
-# batch sizes is a few hundred). The paper's optimizers keep the paper's spaces.
+# batch sizes is a few hundred). The other optimizers keep their default spaces.
 LM_LEARNING_RATE = Dimension("learning_rate", 1e-4, 0.1, Scale.LOG)
-LM_SPACES: dict[str, SearchSpace] = {
-    **PAPER_SPACES,
-    "adam": SearchSpace((LM_LEARNING_RATE,)),
-    "adamw": SearchSpace((LM_LEARNING_RATE, WEIGHT_DECAY)),
-}
+LM_SPACES = {"adam": SearchSpace((LM_LEARNING_RATE,)), "adamw": SearchSpace((LM_LEARNING_RATE, WEIGHT_DECAY))}
 
 WORKLOADS: dict[str, Workload] = {
     "digits-simple-cnn": Workload(
@@ -359,7 +341,6 @@ WORKLOADS: dict[str, Workload] = {
         # 8 trials made the curve follow one noisy trajectory (docs/digits-workload.md).
         goal_error=0.03,
         max_steps=5000,
-        search_spaces=DEFAULT_SPACES,
         needs_data_dir=False,
         dataset="digits",
         train_size=1618,
@@ -382,8 +363,7 @@ WORKLOADS: dict[str, Workload] = {
     "cifar10-resnet8": _paper_workload(
         "cifar10-resnet8", "cifar10", "CIFAR-10 (45,000 / 5,000), ResNet-8 without batch norm (75,050 parameters)",
         _resnet8, goal_error=0.40, max_steps=100_000, train_size=45_000, validation_size=5_000,
-        search_spaces={**DEFAULT_SPACES, "nesterov": SearchSpace(
-            (LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))}),
+        search_spaces={"nesterov": SearchSpace((LEARNING_RATE, MOMENTUM, DECAY_STEPS, END_LEARNING_RATE_FACTOR))}),
     # The goal is the validation cross-entropy in nats per character (on the first 1,024 windows of the last 10%
     # of the text, data/shakespeare.py); the sizes are those of the real file's windows of 32 characters.
     "shakespeare-char-transformer": Workload(

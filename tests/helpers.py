@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
+from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.engine import EngineSettings
 from edps_mlflow.resources import uses_channels_last
 from edps_mlflow.trials import TrialSetup, prepare_trial
@@ -25,7 +25,7 @@ def digits_data():
 
 def study_spec(optimizer: str = "sgd", sparsity: float = 0.0, batch_size: int = 64, trials: int = 4,
                goal_error: float = 0.05, max_steps: int = 1000, check_interval: int = 100, seed: int = 0) -> StudySpec:
-    return StudySpec("digits-simple-cnn", OptimizerKind(optimizer), sparsity, batch_size, trials, goal_error,
+    return StudySpec("digits-simple-cnn", optimizer, sparsity, batch_size, trials, goal_error,
                      max_steps, check_interval, seed)
 
 
@@ -72,8 +72,8 @@ def noise_data():
 
 def reference_torch_run(setup: TrialSetup, batch_size: int, steps: int, seed: int, data=None,
                       workload=DIGITS) -> dict[str, torch.Tensor]:
-    """Separate single-trial training with torch.optim (SGD, momentum and Nesterov through SGD; Adam; AdamW):
-    the ground truth for packed trials."""
+    """Separate single-trial training of a plain module with the optimizer's torch optimizer: the ground truth for
+    packed trials, whose vmapped gradients agree with its backward's within rounding."""
     from torch.nn import functional as F
 
     from edps_mlflow.engine import BatchStream
@@ -81,19 +81,12 @@ def reference_torch_run(setup: TrialSetup, batch_size: int, steps: int, seed: in
     data = data or digits_data()
     model = workload.build_model()
     model.load_state_dict(setup.initial_parameters)
-    settings = setup.optimizer
-    if settings.kind in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
-        common = {"lr": settings.learning_rate, "betas": (settings.beta1, settings.beta2), "eps": settings.epsilon}
-        optimizer = (torch.optim.AdamW(model.parameters(), weight_decay=settings.weight_decay, **common)
-                     if settings.kind is OptimizerKind.ADAMW else torch.optim.Adam(model.parameters(), **common))
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
-                                    momentum=settings.momentum if settings.kind is not OptimizerKind.SGD else 0.0,
-                                    nesterov=settings.kind is OptimizerKind.NESTEROV)
+    trial = setup.optimizer
+    optimizer = trial.kind.torch_optimizer(list(model.parameters()), trial)
     masks = [setup.mask.tensors[name] for name, _ in model.named_parameters()]
     stream = BatchStream(data.train_size, batch_size, seed, torch.device("cpu"))
     for step in range(steps):
-        optimizer.param_groups[0]["lr"] = settings.learning_rate_at(step)
+        optimizer.param_groups[0]["lr"] = trial.schedule.learning_rate_at(step)
         batch = stream.next()
         loss = F.cross_entropy(model(data.train_images[batch]), data.train_labels[batch])
         optimizer.zero_grad()

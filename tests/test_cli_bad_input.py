@@ -20,7 +20,7 @@ CASES = [
     (["--goal-error", "0"], "goal error must be in (0, 1)"),
     (["--goal-error", "abc"], "'--goal-error': must be a number or 'default', got 'abc'"),
     (["--workload", "imagenet"], "unknown workload 'imagenet'; known workloads: cifar10-resnet8, digits-simple-cnn, fashion-mnist-simple-cnn, mnist-simple-cnn"),
-    (["--optimizer", "lion"], "unknown optimizer 'lion'; known optimizers: sgd, momentum, nesterov, adam, adamw"),
+    (["--optimizer", "lbfgs"], "unknown optimizer 'lbfgs'; known optimizers: sgd, momentum, nesterov, adam, adamw, lion"),
     (["--full-trials", "maybe"], "'maybe' is not a valid boolean"),
     (["--bs", "abc"], "'abc' is not a valid integer"),
     (["--trials", "0"], "trials must be a positive integer"),
@@ -60,7 +60,7 @@ SWEEP_CASES = [
     (["--batch-sizes", "16,16"], "batch sizes repeat a value"),
     (["--batch-sizes", "4096"], "batch size 4096 exceeds the 1618 training examples"),
     (["--sparsities", "0,1.5"], "sparsity must be in [0, 1), got 1.5"),
-    (["--optimizers", "sgd,lion"], "unknown optimizer 'lion'"),
+    (["--optimizers", "sgd,lbfgs"], "unknown optimizer 'lbfgs'"),
     (["--executor", "spark"], "'spark' is not one of 'local', 'ray'"),
     (["--workers", "0"], "'--workers': 0 is not in the range x>=1"),
 ]

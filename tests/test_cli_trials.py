@@ -41,7 +41,7 @@ def test_table_defaults_to_the_workloads_trial_count(tmp_path):
 
 @pytest.mark.parametrize("arguments,message", [
     (["--workload", "imagenet", "--optimizer", "sgd"], "unknown workload 'imagenet'"),
-    (["--workload", "digits-simple-cnn", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--workload", "digits-simple-cnn", "--optimizer", "lbfgs"], "unknown optimizer 'lbfgs'"),
     (["--workload", "digits-simple-cnn", "--optimizer", "sgd", "--count", "0"], "count must be an integer in [1, 100000]"),
     (["--workload", "digits-simple-cnn", "--optimizer", "sgd", "--count", "100001"], "got 100001"),
     (["--workload", "digits-simple-cnn", "--optimizer", "sgd", "--format", "json"], "Invalid value for '--format'"),

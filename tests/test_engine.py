@@ -4,7 +4,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from edps_mlflow.config import OptimizerKind, OptimizerSettings
 from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train_trials
 from edps_mlflow.resources import choose_pack_size
 from edps_mlflow.results import TrialStatus
@@ -13,11 +12,12 @@ from helpers import (DIGITS, SMOOTH, digits_data, engine_settings, noise_data, p
                      setups_for, study_spec)
 
 
-@pytest.mark.parametrize("optimizer,sparsity", [("sgd", 0.0), ("momentum", 0.5), ("nesterov", 0.9)])
-def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
-    """60 steps of K=3 packed trials against three torch.optim.SGD runs (a network with no ties)."""
+def test_packed_trials_train_as_separate_plain_runs():
+    """60 steps of K=3 packed trials against three plain modules with their torch optimizer (a network with no
+    ties): the vmapped gradients agree with a backward's within rounding (tests/test_optimizers.py has each
+    optimizer's update to the bit)."""
     data = noise_data()
-    spec = study_spec(optimizer=optimizer, sparsity=sparsity, batch_size=16)
+    spec = study_spec(optimizer="momentum", sparsity=0.5, batch_size=16)
     points = [{"learning_rate": lr, "momentum": m} for lr, m in [(0.1, 0.9), (0.03, 0.99), (0.01, 0.95)]]
     setups = setups_for(spec, points, workload=SMOOTH, data=data)
     trainer = PackedTrainer(SMOOTH, setups, torch.device("cpu"))
@@ -33,11 +33,10 @@ def test_packed_trials_match_separate_torch_sgd_runs(optimizer, sparsity):
             torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "nesterov"])
-def test_packed_simple_cnn_matches_torch_sgd_over_a_few_steps(optimizer):
+def test_packed_simple_cnn_matches_torch_over_a_few_steps():
     """The real network (max-pool, ReLU): a few steps, before any near-tie could flip."""
     data = noise_data()
-    spec = study_spec(optimizer=optimizer, sparsity=0.5, batch_size=16)
+    spec = study_spec(optimizer="nesterov", sparsity=0.5, batch_size=16)
     setups = setups_for(spec, [{"learning_rate": 0.1, "momentum": 0.9}, {"learning_rate": 0.02, "momentum": 0.99}],
                         data=data)
     trainer = PackedTrainer(DIGITS, setups, torch.device("cpu"))
@@ -49,32 +48,6 @@ def test_packed_simple_cnn_matches_torch_sgd_over_a_few_steps(optimizer):
         expected = reference_torch_run(setup, 16, 10, spec.seed, data)
         for name, value in packed_parameters(trainer, position).items():
             torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
-
-
-def test_packed_linear_decay_matches_reference():
-    data = noise_data()
-    spec = study_spec(optimizer="momentum", batch_size=8)
-    points = [{"learning_rate": 0.1, "momentum": 0.9, "decay_steps": 20, "end_learning_rate_factor": 0.01},
-              {"learning_rate": 0.05, "momentum": 0.95, "decay_steps": 30, "end_learning_rate_factor": 0.1}]
-    setups = setups_for(spec, points, workload=SMOOTH, data=data)
-    trainer = PackedTrainer(SMOOTH, setups, torch.device("cpu"))
-    stream = BatchStream(data.train_size, 8, spec.seed, torch.device("cpu"))
-    for step in range(40):
-        batch = stream.next()
-        rates = [s.optimizer.learning_rate_at(step) for s in setups]
-        trainer.step(data.train_images[batch], data.train_labels[batch], rates)
-    for position, setup in enumerate(setups):
-        expected = reference_torch_run(setup, 8, 40, spec.seed, data, workload=SMOOTH)
-        for name, value in packed_parameters(trainer, position).items():
-            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
-
-
-def test_linear_schedule_reaches_end_value_and_stays():
-    settings = OptimizerSettings(OptimizerKind.MOMENTUM, 0.5, 0.9, decay_steps=100, end_learning_rate_factor=0.01)
-    assert settings.learning_rate_at(0) == 0.5
-    assert settings.learning_rate_at(50) == pytest.approx(0.5 * (1 - 0.99 * 0.5))
-    assert settings.learning_rate_at(100) == pytest.approx(0.005)
-    assert settings.learning_rate_at(10_000) == pytest.approx(0.005)
 
 
 def test_batch_stream_is_one_endless_reshuffled_sequence():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
+from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.data import shakespeare
 from edps_mlflow.data import catalog
 from edps_mlflow.data.catalog import SOURCES, DatasetStatus, dataset_report, load_dataset
@@ -143,7 +143,7 @@ def test_a_loss_goal_study_with_adam_gives_the_same_outcomes_packed_and_alone(co
     workload = replace(base, name="generated-play", load_data=lambda _: data, needs_data_dir=False,
                        train_size=data.train_size, validation_size=data.validation_size)
     goal, steps, interval = 2.9, 80, 10  # nats per character: a uniform guess over 65 characters is 4.17
-    spec = StudySpec("shakespeare-char-transformer", OptimizerKind.ADAM, 0.0, 32, 3, goal, steps, interval, 0)
+    spec = StudySpec("shakespeare-char-transformer", "adam", 0.0, 32, 3, goal, steps, interval, 0)
     points = [{"learning_rate": rate} for rate in (0.01, 0.003, 0.03)]
     setups = [prepare_trial(workload, data, TrialSpec(spec, index, point)) for index, point in enumerate(points)]
     settings = EngineSettings(32, steps, interval, workload.goal_bound(goal, data.validation_size), 0)

@@ -64,7 +64,7 @@ def fingerprint() -> dict:
     # Momentum at batch 32 (channels-last) and sparsity 0.9: SNIP, the momentum buffers and the mask all count.
     spec = StudySpec("digits-simple-cnn", "momentum", 0.9, 32, trials=2, goal_error=0.5, max_steps=60,
                      check_interval=20, seed=3)
-    points = workload.search_space(spec.optimizer.value).points(spec.trials)
+    points = workload.search_space(spec.optimizer).points(spec.trials)
     setups = [prepare_trial(workload, data, TrialSpec(spec, index, point)) for index, point in enumerate(points)]
     observer = _Checks()
     # Full trials, one at a time (the single-trial fast path): every check of each trial is seen.

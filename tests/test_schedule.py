@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from edps_mlflow.config import OptimizerKind, StudySpec, TrialSpec
+from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.engine import ChunkRun, LocalStepBound, interleave, train_trials
 from edps_mlflow.results import TrialRecord, TrialStatus, best_reached_step, trial_steps_lower_bound
 
@@ -32,7 +32,7 @@ class _Log:
 
 
 def _chunks(spec: StudySpec, trials: int, pack: int):
-    setups = setups_for(spec, DIGITS.search_space(spec.optimizer.value).points(trials))
+    setups = setups_for(spec, DIGITS.search_space(spec.optimizer).points(trials))
     return [setups[i:i + pack] for i in range(0, trials, pack)]
 
 
@@ -94,7 +94,7 @@ def _record(spec: StudySpec, index: int, status: TrialStatus, trained: int, reus
 
 
 def test_trial_steps_lower_bound():
-    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 5000, 20, 0)
+    spec = StudySpec("digits-simple-cnn", "sgd", 0.0, 256, 8, 0.03, 5000, 20, 0)
     s = TrialStatus
     # The example: one trial reaches at 80; every other must pass 60 (or end before).
     records = {0: _record(spec, 0, s.SUPERSEDED, 1120), 1: _record(spec, 1, s.REACHED, 80),
@@ -112,7 +112,7 @@ def test_trial_steps_lower_bound():
     records = {0: _record(spec, 0, s.NOT_REACHED, 5000), 1: _record(spec, 1, s.DIVERGED, 40)}
     assert trial_steps_lower_bound(records) == 5040
     # The best at a cap that is not a multiple of the check interval: the limit rounds up to a check.
-    capped = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 130, 20, 0)
+    capped = StudySpec("digits-simple-cnn", "sgd", 0.0, 256, 8, 0.03, 130, 20, 0)
     records = {0: _record(capped, 0, s.REACHED, 130), 1: _record(capped, 1, s.SUPERSEDED, 120)}
     assert trial_steps_lower_bound(records) == 130 + 120
     assert trial_steps_lower_bound({}) == 0
@@ -126,7 +126,7 @@ def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(
     spec = study_spec(optimizer="momentum", sparsity=0.5)
     schedule, held, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert (schedule, warning) == (Schedule.BREADTH_FIRST, None)
-    assert held == held_bytes_per_trial(6090, optimizer_buffers=1, sparse=True, train_size=1618)
+    assert held == held_bytes_per_trial(6090, optimizer="momentum", sparse=True, train_size=1618)
     monkeypatch.setattr(study, "breadth_first_fits", lambda held_bytes, device: False)
     schedule, _, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning
@@ -142,7 +142,7 @@ def test_a_first_study_costs_what_proving_its_minimum_costs(sqlite_store):
     from edps_mlflow import names
     from edps_mlflow.study import ExecutionOptions, run_study
 
-    spec = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, 256, 8, 0.03, 1000, 20, 0)
+    spec = StudySpec("digits-simple-cnn", "sgd", 0.0, 256, 8, 0.03, 1000, 20, 0)
     outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, experiment="breadth"), out=io.StringIO())
     metrics = MlflowClient(sqlite_store).get_run(outcome.study_run_id).data.metrics
     assert metrics[names.METRIC_STUDY_TRIAL_STEPS] == outcome.trial_steps

@@ -3,7 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edps_mlflow.search import LEARNING_RATE, MAX_SOBOL_DIMENSIONS, MOMENTUM, PAPER_SPACES, sobol_points
+from edps_mlflow.optimizers import get_optimizer
+from edps_mlflow.search import LEARNING_RATE, MAX_SOBOL_DIMENSIONS, MOMENTUM, sobol_points
 
 # The original code's sobol_lib.i4_sobol_generate(4, 100, skip=2), one row per point. The original's
 # direction numbers for a dimension do not depend on how many dimensions are generated, so its
@@ -66,13 +67,13 @@ def test_cifar10_nesterov_second_trial_schedule():
 
 def test_first_learning_rate_is_one_hundredth():
     for optimizer in ("sgd", "momentum", "nesterov"):
-        assert PAPER_SPACES[optimizer].points(1)[0]["learning_rate"] == pytest.approx(0.01, rel=1e-12)
+        assert get_optimizer(optimizer).space.points(1)[0]["learning_rate"] == pytest.approx(0.01, rel=1e-12)
 
 
 def test_space_dimensions_per_optimizer():
-    assert PAPER_SPACES["sgd"].names == ("learning_rate",)
-    assert PAPER_SPACES["momentum"].names == ("learning_rate", "momentum")
-    assert PAPER_SPACES["nesterov"].names == ("learning_rate", "momentum")
+    assert get_optimizer("sgd").space.names == ("learning_rate",)
+    assert get_optimizer("momentum").space.names == ("learning_rate", "momentum")
+    assert get_optimizer("nesterov").space.names == ("learning_rate", "momentum")
 
 
 def test_ranges_and_inverse():

@@ -14,13 +14,14 @@ import pytest
 import yaml
 
 from edps_mlflow.adaptive import Goal
-from edps_mlflow.cli import cli, optimizer_names
+from edps_mlflow.cli import cli
 from edps_mlflow.config import PROBE_NAMES, ProbeTrials, StudySpec, content_key
 from edps_mlflow.data.catalog import SOURCES
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import EXECUTORS
 from edps_mlflow.fields import ALWAYS, COMMAND_OPTIONS, KEY_FIELDS, STUDY_FIELDS, StudyField, key_fields
 from edps_mlflow.mlproject import Backend, EnvManager, study_parameters
+from edps_mlflow.optimizers import optimizer_names
 from edps_mlflow.pruning import METHODS
 from edps_mlflow.sweep import SweepSpec
 from edps_mlflow.workloads import WORKLOADS

@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from edps_mlflow.config import OptimizerKind, StudySpec
+from edps_mlflow.config import StudySpec
 from edps_mlflow.results import TrialStatus
 from edps_mlflow.study import ExecutionOptions, run_study
 
 # Trials reach at 200 (the result, three of them) and 900; two never do, and train to the cap in full mode.
-SPEC = StudySpec("digits-simple-cnn", OptimizerKind.SGD, 0.0, batch_size=32, trials=6, goal_error=0.06,
+SPEC = StudySpec("digits-simple-cnn", "sgd", 0.0, batch_size=32, trials=6, goal_error=0.06,
                  max_steps=1000, check_interval=100, seed=0)
 
 

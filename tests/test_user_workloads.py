@@ -22,7 +22,6 @@ MODULE = '''
 import torch
 from torch import nn
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.search import PAPER_SPACES
 from edps_mlflow.workloads import InputLayout, Workload
 
 def load_data(data_dir):
@@ -35,7 +34,7 @@ def build():
     return nn.Linear(4, 2)
 
 TOY = Workload(name="toy-features", description="four features, two classes", load_data=load_data,
-               build_model=build, goal_error=0.1, max_steps=200, search_spaces=PAPER_SPACES, needs_data_dir=False,
+               build_model=build, goal_error=0.1, max_steps=200, needs_data_dir=False,
                dataset="toy", train_size=200, validation_size=20, input_layout=InputLayout.FEATURES,
                default_trials=2, check_interval=10)
 
@@ -44,7 +43,7 @@ def make_toy():
 
 NOT_A_WORKLOAD = 3
 CLASH = Workload(name="digits-simple-cnn", description="", load_data=load_data, build_model=build, goal_error=0.1,
-                 max_steps=200, search_spaces=PAPER_SPACES, needs_data_dir=False, dataset="toy", train_size=200,
+                 max_steps=200, needs_data_dir=False, dataset="toy", train_size=200,
                  validation_size=20, input_layout=InputLayout.FEATURES)
 '''
 
@@ -100,7 +99,7 @@ def test_a_workload_is_validated_when_it_is_built(toy_module):
 
     for changes, message in [({"name": "Bad Name"}, "name must be 1-64"), ({"max_steps": 5}, "max_steps .5. must be at least the check interval"),
                              ({"goal_error": 1.5}, r"goal_error must be in \(0, 1\)"),
-                             ({"search_spaces": {"lbfgs": toy.search_spaces["sgd"]}}, "search_spaces names unknown optimizers lbfgs"),
+                             ({"search_spaces": {"lbfgs": toy.search_space("sgd")}}, "search_spaces names unknown optimizers lbfgs"),
                              ({"input_layout": "tokens"}, "input_layout must be an InputLayout"),
                              ({"train_size": 0}, "train_size must be a positive integer")]:
         with pytest.raises(EdpsError, match=f"^workload '[^']*': {message}"):

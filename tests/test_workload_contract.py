@@ -18,7 +18,6 @@ from edps_mlflow.models import init_fan_in_truncated_normal
 from edps_mlflow.pruning import snip_mask
 from edps_mlflow.resources import uses_channels_last
 from edps_mlflow.results import TrialStatus
-from edps_mlflow.search import PAPER_SPACES
 from edps_mlflow.trials import prepare_trial
 from edps_mlflow.workloads import GoalMetric, InputLayout, Workload, argmax_errors, cross_entropy, cross_entropy_sum
 
@@ -72,9 +71,9 @@ def _feature_data() -> DataSplits:
 
 def _workload(name: str, layout: InputLayout, build_model, data: DataSplits, **objective) -> Workload:
     return Workload(name=name, description=f"a test workload over {layout.value}", load_data=lambda _: data,
-                    build_model=build_model, goal_error=0.05, max_steps=400, search_spaces=PAPER_SPACES,
-                    needs_data_dir=False, dataset=name, train_size=data.train_size,
-                    validation_size=data.validation_size, input_layout=layout, check_interval=20, **objective)
+                    build_model=build_model, goal_error=0.05, max_steps=400, needs_data_dir=False, dataset=name,
+                    train_size=data.train_size, validation_size=data.validation_size, input_layout=layout,
+                    check_interval=20, **objective)
 
 
 def _settings(workload: Workload, batch_size: int, goal_error: float, max_steps: int, check_interval: int,

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from edps_mlflow.config import OptimizerKind, StudySpec
+from edps_mlflow.config import StudySpec
 from edps_mlflow.data import catalog
 from edps_mlflow.data.cifar import RECORD_BYTES, load_cifar10_splits
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal
 from edps_mlflow.models.resnet8 import ResNet8
+from edps_mlflow.optimizers import get_optimizer
 from edps_mlflow.pruning import snip_mask
 from edps_mlflow.study import ExecutionOptions, run_study
 from edps_mlflow.workloads import WORKLOADS, get_workload
@@ -121,11 +122,11 @@ def test_search_spaces_per_workload():
     for point in cifar.search_space("nesterov").points(16):
         assert 30_000 <= point["decay_steps"] <= 60_000 and point["decay_steps"] == int(point["decay_steps"])
         assert 1e-4 <= point["end_learning_rate_factor"] <= 0.1
-    # Every workload also tunes Adam and AdamW (search.ADAM_SPACES); an optimizer it has no space for is one line.
+    # Every other optimizer tunes in its default space (optimizers/); an unknown name is one line.
     assert cifar.search_space("adamw").names == ("learning_rate", "weight_decay")
-    with pytest.raises(EdpsError, match="does not define optimizer 'lion'; it defines: adam, adamw, momentum, "
-                                        "nesterov, sgd"):
-        cifar.search_space("lion")
+    assert cifar.search_space("lion") == get_optimizer("lion").space
+    with pytest.raises(EdpsError, match="unknown optimizer 'lbfgs'; known optimizers: sgd, momentum, nesterov"):
+        cifar.search_space("lbfgs")
     assert {(w.goal_error, w.max_steps) for n, w in WORKLOADS.items()
             if n not in ("digits-simple-cnn", "shakespeare-char-transformer")} == \
         {(0.02, 40_000), (0.12, 40_000), (0.40, 100_000)}
@@ -260,7 +261,7 @@ def test_download_offline_says_where_to_put_the_files(tmp_path, monkeypatch):
 ])
 def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sqlite_store):
     maker(tmp_path)
-    optimizer = OptimizerKind.NESTEROV if workload.startswith("cifar") else OptimizerKind.MOMENTUM
+    optimizer = "nesterov" if workload.startswith("cifar") else "momentum"
     spec = StudySpec(workload, optimizer, sparsity=0.5, batch_size=16, trials=2, goal_error=0.95, max_steps=20,
                      check_interval=10, seed=0)
     out = io.StringIO()

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from edps_mlflow.data.splits import DataSplits, split_indices
-from edps_mlflow.search import ADAM_SPACES, PAPER_SPACES
 from edps_mlflow.workloads import InputLayout, Workload
 
 
@@ -49,7 +48,6 @@ WORKLOAD = Workload(
     build_model=build_model,
     goal_error=0.08,  # at most 4 of the 56 validation tumours misclassified
     max_steps=2000,
-    search_spaces={**PAPER_SPACES, **ADAM_SPACES},
     needs_data_dir=False,  # the data come with scikit-learn: nothing to download
     dataset="breast-cancer",
     train_size=513,
