@@ -561,7 +561,7 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
     import contextlib
 
     from analysis.publish import log_analysis
-    from edps_mlflow.store import connect, ui_link
+    from edps_mlflow.store.client import connect, ui_link
 
     # The analysis run goes next to its studies: their experiment when they share one.
     used = [e for e in studies.get("experiment", pd.Series(dtype=str)).dropna().unique()]
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
             if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
                     and not isinstance(error, OSError):
                 raise
-            from edps_mlflow.store import store_error_line
+            from edps_mlflow.store.trouble import store_error_line
 
             line = store_error_line(error)
             if line is None:
@@ -622,11 +622,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _restore_library_logs() -> None:
-    """MLflow's loggers as they were before the command routed them to its log file (store.route_library_logs),
-    for a command run inside another program (a test); a command that never opened the store changed nothing."""
-    store = sys.modules.get("edps_mlflow.store")
-    if store is not None:
-        store.restore_library_logs()
+    """MLflow's loggers as they were before the command routed them to its log file (store.logs), for a
+    command run inside another program (a test); a command that never opened the store changed nothing."""
+    logs = sys.modules.get("edps_mlflow.store.logs")
+    if logs is not None:
+        logs.restore_library_logs()
 
 
 if __name__ == "__main__":

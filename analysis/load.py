@@ -21,7 +21,7 @@ columns are optional. Every cell is checked when the file is read (numbers finit
 batch sizes positive integers, statuses known), and the first bad one is named by file, line and
 column in one line. A text cell that a spreadsheet would run as a formula is written with a
 leading ``'`` (see :func:`spreadsheet_text`), and read back without it. The study runs are read through
-the experiment's study index (study_index.py: one run, not a search of every study run). The trial table
+the experiment's study index (store/index.py: one run, not a search of every study run). The trial table
 (for the bootstrap) has ``study_key, trial_index, status, steps_to_result, steps_trained`` and is read
 from each study run's tag ``edps.trial_outcomes`` (studies written before it: their ``trials.csv``
 artifacts, a few downloads at a time), so a fit never pages through the trial runs.
@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from edps_mlflow import names as n
-from edps_mlflow import study_index
+from edps_mlflow.store import index as study_index
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
@@ -117,7 +117,8 @@ def _client(tracking_uri: str | None):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient, get_tracking_uri
 
-    from edps_mlflow.store import require_database, route_library_logs
+    from edps_mlflow.store.client import require_database
+    from edps_mlflow.store.logs import route_library_logs
 
     uri = tracking_uri or get_tracking_uri()
     require_existing_store(uri)

@@ -44,7 +44,6 @@ import pandas as pd  # noqa: E402
 
 from analysis.load import load_studies, load_trials  # noqa: E402
 from analysis.regimes import fit_table  # noqa: E402
-from edps_mlflow import registry  # noqa: E402
 from edps_mlflow.adaptive import BOOTSTRAP_REPEATS, BOOTSTRAP_SEED, TOLERANCE, AdaptiveSettings, Budget  # noqa: E402
 from edps_mlflow.adaptive_sweep import (  # noqa: E402
     AdaptiveResult,
@@ -55,7 +54,8 @@ from edps_mlflow.adaptive_sweep import (  # noqa: E402
     run_adaptive_sweep,
 )
 from edps_mlflow.curves import CurveId  # noqa: E402
-from edps_mlflow.store import open_store  # noqa: E402
+from edps_mlflow.store.client import open_store  # noqa: E402
+from edps_mlflow.store.read.runs import study_views  # noqa: E402
 from edps_mlflow.sweep import SweepOptions, SweepSpec, run_sweep  # noqa: E402
 from edps_mlflow.workloads import get_workload  # noqa: E402
 
@@ -144,7 +144,7 @@ def replay(spec: AdaptiveSweepSpec, uri: str, experiment: str, workers: int) -> 
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise SystemExit(f"no experiment {experiment!r} in {uri}: measure the grid there first (edps sweep)")
-    views = registry.study_views(client, found.experiment_id)
+    views = study_views(client, found.experiment_id)
     durations: dict[str, float] = {}
     for view in sorted(views, key=lambda v: v.info.start_time or 0):
         if view.info.status == "FINISHED" and view.info.end_time:

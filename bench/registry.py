@@ -69,7 +69,7 @@ from edps_mlflow.curves import CurveId  # noqa: E402
 from edps_mlflow.descriptions import pruning_params, study_run_name, study_tags, trial_run_name  # noqa: E402
 from edps_mlflow.results import TrialOutcome as Outcome  # noqa: E402
 from edps_mlflow.results import TrialStatus, encode_trial_outcomes  # noqa: E402
-from edps_mlflow.study_index import RunDataView, RunInfoView, RunView, entry_of  # noqa: E402
+from edps_mlflow.store.index import RunDataView, RunInfoView, RunView, entry_of  # noqa: E402
 from edps_mlflow.sweep_spec import SweepSpec  # noqa: E402
 from edps_mlflow.workloads import get_workload  # noqa: E402
 
@@ -494,7 +494,9 @@ def postgres_server(folder: Path) -> Iterator[str]:
 def prepare_store(uri: str) -> tuple[int, str]:
     """The store's schema and the experiment with its study index run, made by the project as any command
     makes them; their ids."""
-    from edps_mlflow.store import index_run_id, open_store, resolve_experiment
+    from edps_mlflow.store.client import open_store
+    from edps_mlflow.store.write.experiment import resolve_experiment
+    from edps_mlflow.store.write.index import index_run_id
 
     client = open_store(uri)
     experiment_id = resolve_experiment(client, EXPERIMENT)
@@ -619,8 +621,8 @@ def check_ui(uri: str, experiment_id: int, folder: Path) -> None:
     import re
     import urllib.request
 
-    from edps_mlflow import registry
-    from edps_mlflow.store import StoreClient, ui_link
+    from edps_mlflow.store.client import StoreClient, ui_link
+    from edps_mlflow.store.read.runs import study_runs
 
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -642,7 +644,7 @@ def check_ui(uri: str, experiment_id: int, folder: Path) -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("mlflow server did not start for the UI check")
                 time.sleep(1)
-        study = registry.study_runs(StoreClient(uri), str(experiment_id), WORKLOAD, 60.0)[0]
+        study = study_runs(StoreClient(uri), str(experiment_id), WORKLOAD, 60.0)[0]
         pages = {"experiment, default view": f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning",
                  "experiment link edps prints": ui_link(url, str(experiment_id)).split(": ", 1)[1],
                  "a study run": ui_link(url, str(experiment_id), study.run_id).split(": ", 1)[1]}

@@ -20,15 +20,20 @@ from typing import Any, Callable, TextIO
 import pandas as pd
 
 from edps_mlflow import names as n
-from edps_mlflow import adaptive, registry
+from edps_mlflow import adaptive
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
-from edps_mlflow.ownership import abort_guard, clear_expired, lease_seconds
 from edps_mlflow.resources import refuse_missing_device
-from edps_mlflow.store import store_errors, ui_link
+from edps_mlflow.results import TrialOutcome
+from edps_mlflow.store.client import ui_link
+from edps_mlflow.store.ownership.claim import clear_expired
+from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
+from edps_mlflow.store.read.runs import StoredStudy, study_runs, study_views
+from edps_mlflow.store.read.trials import study_trial_outcomes
+from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.sweep import (
     PlanState,
     SweepOptions,
@@ -106,7 +111,7 @@ class MeasuredStudy:
     spec: StudySpec
     run_id: str
     steps_to_result: int | None
-    trials: tuple[registry.TrialOutcome, ...]
+    trials: tuple[TrialOutcome, ...]
 
     @property
     def trial_steps(self) -> int:
@@ -180,12 +185,12 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
           cache: dict[str, MeasuredStudy], views: list[Any] | None = None) -> dict[str, MeasuredStudy] | None:
     """The finished runs of ``studies`` with their trials (None when one is not done), from one read of
-    the workload's study runs (the study index, or ``views`` as registry.study_views read them since the
+    the workload's study runs (the study index, or ``views`` as study_views read them since the
     last change), not one search per study."""
     missing = [study for study in studies if study.study_key not in cache]
-    latest: dict[tuple[str, bool], registry.StoredStudy] = {}
+    latest: dict[tuple[str, bool], StoredStudy] = {}
     if missing:
-        stored = registry.study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views)
+        stored = study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views)
         for run in sorted((r for r in stored if r.finished), key=lambda r: r.order):
             latest[(run.study_key, run.full_trials)] = run
     found = {}
@@ -198,7 +203,7 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
                 return None
             trials = run.trial_outcomes
             if trials is None:  # a study written before its trials were kept on its run
-                trials = tuple(registry.study_trial_outcomes(client, run.run_id))
+                trials = tuple(study_trial_outcomes(client, run.run_id))
             cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials)
         found[key] = cache[key]
     return found
@@ -260,7 +265,7 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     executor = get_executor(options.executor)()
 
     def measure(studies: list[StudySpec]) -> dict[str, MeasuredStudy]:
-        views = registry.study_views(sweep.client, sweep.experiment_id)
+        views = study_views(sweep.client, sweep.experiment_id)
         plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, studies, options.full_trials, views)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
         if pending:

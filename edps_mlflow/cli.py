@@ -467,11 +467,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _restore_library_logs() -> None:
-    """MLflow's loggers as they were before the command routed them to its log file (store.route_library_logs),
-    for a command run inside another program (a test); a command that never opened the store changed nothing."""
-    store = sys.modules.get("edps_mlflow.store")
-    if store is not None:
-        store.restore_library_logs()
+    """MLflow's loggers as they were before the command routed them to its log file (store.logs), for a
+    command run inside another program (a test); a command that never opened the store changed nothing."""
+    logs = sys.modules.get("edps_mlflow.store.logs")
+    if logs is not None:
+        logs.restore_library_logs()
 
 
 def _usage_line(error: click.UsageError) -> str:
@@ -488,11 +488,11 @@ def _usage_line(error: click.UsageError) -> str:
 
 def _store_error_line(error: Exception) -> str | None:
     """A tracking-store error anywhere in a command is one line naming the store, not a traceback; so is a
-    file of the store's that a full or read-only disk refused (store.store_error_line)."""
+    file of the store's that a full or read-only disk refused (store.trouble.store_error_line)."""
     if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
             and not isinstance(error, OSError):
         return None
-    from edps_mlflow.store import store_error_line
+    from edps_mlflow.store.trouble import store_error_line
 
     return store_error_line(error)
 
@@ -501,7 +501,7 @@ def _mark_launcher_run(message: str) -> None:
     """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
     run_id = launcher_run_id()
     if run_id:
-        from edps_mlflow.ownership import mark_refused
+        from edps_mlflow.store.ownership.claim import mark_refused
 
         mark_refused(run_id, message)
 

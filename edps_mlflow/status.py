@@ -3,9 +3,7 @@
 One table per (workload, optimizer, pruning method) (a curve's axes, curves.CurveId, but the sparsity): batch
 sizes down, sparsities across, the dense column (pruned by no method) in each table of its workload and
 optimizer; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
-``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)`` when
-none does.
-It reads the store through the registry and imports neither torch nor the engine.
+``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``.
 """
 
 from __future__ import annotations
@@ -14,11 +12,11 @@ import os
 
 import pandas as pd
 
-from edps_mlflow import registry
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.ownership import lease_seconds
 from edps_mlflow.pruning import DEFAULT_METHOD
+from edps_mlflow.store.ownership.lease import lease_seconds
+from edps_mlflow.store.read.status import StudyRow, experiments_with_studies, study_rows
 
 # A table's identity: the curve's axes but the sparsity, which runs across it.
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
@@ -29,7 +27,7 @@ def default_experiment(tracking_uri: str | None = None) -> str:
     experiment with studies."""
     if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
         return os.environ["MLFLOW_EXPERIMENT_NAME"]
-    names = registry.experiments_with_studies(tracking_uri)
+    names = experiments_with_studies(tracking_uri)
     if len(names) == 1:
         return names[0]
     if not names:
@@ -42,16 +40,16 @@ def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tupl
     """One table per curve family (the curve's axes but the sparsity: workload, optimizer, pruning method),
     keyed by their values; batch sizes down, sparsities across. Studies on different curves never share a
     cell."""
-    rows = registry.study_rows(experiment, lease_seconds(), tracking_uri)
+    rows = study_rows(experiment, lease_seconds(), tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
     return tables_of(rows)
 
 
-def tables_of(rows: list[registry.StudyRow]) -> dict[tuple, pd.DataFrame]:
+def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
     """The status tables of some study rows (see :func:`status_tables`)."""
     cells = []
-    by_study: dict[tuple[CurveId, int], list[registry.StudyRow]] = {}
+    by_study: dict[tuple[CurveId, int], list[StudyRow]] = {}
     for row in rows:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():

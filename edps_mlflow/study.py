@@ -22,18 +22,11 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning.cache import default_score_cache
 from edps_mlflow.pruning.mask import Mask
-from edps_mlflow import registry
 from edps_mlflow.names import KIND_STUDY
-from edps_mlflow.ownership import (
-    ClaimRules,
-    LauncherRun,
-    OnLive,
-    abort_guard,
-    claim,
-    launcher_run,
-    yield_run,
-)
-from edps_mlflow.registry import LeasedRun, StoredTrial, finished_trials, neighbour_best_point
+from edps_mlflow.store.ownership.claim import ClaimRules, LauncherRun, OnLive, claim, launcher_run, yield_run
+from edps_mlflow.store.ownership.lease import abort_guard
+from edps_mlflow.store.read.runs import LeasedRun, latest_finished_study
+from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.resources import (
     WorkerLayout,
     breadth_first_fits,
@@ -56,16 +49,10 @@ from edps_mlflow.results import (
     training_limit,
 )
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
-from edps_mlflow.store import (
-    StoreClient,
-    connect,
-    experiment_name_for,
-    open_store,
-    resolve_experiment,
-    store_errors,
-    ui_link,
-)
-from edps_mlflow.tracking import StudyTracker, create_study_run
+from edps_mlflow.store.client import StoreClient, connect, open_store, ui_link
+from edps_mlflow.store.trouble import store_errors
+from edps_mlflow.store.write.experiment import experiment_name_for, resolve_experiment
+from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
@@ -322,7 +309,7 @@ def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, expe
             f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
     rules = ClaimRules(
         kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
-        finished=lambda: registry.latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
+        finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
         clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
     # The run `mlflow run` made for us is used by the first run we make, and given up (its kind removed,
     # so that MLflow's FINISHED on exit does not count as a study) if that one gives way.

@@ -7,7 +7,7 @@ The tracking store is the registry. Before launching, the sweep looks up every s
 FINISHED study run (in the same early-stopping mode) means done; finished trial runs without one
 mean partly done (those trials are reused, not retrained); the rest is to do. Runs whose lease
 expired (their process is dead) are marked FAILED; a study that was cut short starts a new study
-run that reuses its finished trials. A live run is never duplicated (ownership.py): a second sweep of
+run that reuses its finished trials. A live run is never duplicated (store/ownership): a second sweep of
 the same key stops or waits (``--wait``), and a study that another live process is training is
 waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
 finished trained twice.
@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, TextIO
 
-from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
@@ -33,25 +32,19 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import Executor, SweepRun, study_label
 from edps_mlflow.names import KIND_SWEEP
-from edps_mlflow.ownership import (
-    ClaimRules,
-    LeasedRun,
-    OnLive,
-    abort_guard,
-    claim,
-    clear_expired,
-    launcher_run,
-    lease_seconds,
-    yield_run,
-)
+from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, clear_expired, launcher_run, yield_run
+from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
+from edps_mlflow.store.read.runs import LeasedRun, planned_trial_counts, study_runs, study_views, sweep_runs
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.resources import refuse_missing_device
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-from edps_mlflow.store import experiment_name_for, open_store, resolve_experiment, store_errors, ui_link
-from edps_mlflow.sweep_run import SweepTracker, create_sweep_run
+from edps_mlflow.store.client import open_store, ui_link
+from edps_mlflow.store.trouble import store_errors
+from edps_mlflow.store.write.experiment import experiment_name_for, resolve_experiment
+from edps_mlflow.store.write.sweep import SweepTracker, create_sweep_run
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
 
@@ -80,13 +73,13 @@ def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bo
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
                  full_trials: bool, views: list[Any] | None = None) -> list[PlannedStudy]:
     """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`). ``views``:
-    the experiment's study runs as registry.study_views read them a moment ago, instead of a new read."""
-    stored = registry.study_runs(client, experiment_id, workload, lease_seconds(), views)
+    the experiment's study runs as study_views read them a moment ago, instead of a new read."""
+    stored = study_runs(client, experiment_id, workload, lease_seconds(), views)
     finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
     # Finished trials are counted only for the studies that have a study run but are not done (a few):
     # a study without any run has no trial runs of its key (they are made under its study run).
     started = {s.study_key for s in stored}
-    trial_counts = registry.planned_trial_counts(client, experiment_id, stored, [
+    trial_counts = planned_trial_counts(client, experiment_id, stored, [
         s.study_key for s in studies
         if s.study_key in started and (s.study_key, s.full_trials(full_trials)) not in finished])
     plan = []
@@ -132,8 +125,8 @@ class FinishedSweep:
 
     client: Any
     experiment_id: str
-    runs: list[registry.LeasedRun]
-    studies: list[Any]  # the experiment's study runs, as registry.study_views read them to find the sweep runs
+    runs: list[LeasedRun]
+    studies: list[Any]  # the experiment's study runs, as study_views read them to find the sweep runs
 
 
 def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
@@ -146,8 +139,8 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
         found = client.get_experiment_by_name(experiment_name_for(workload, experiment))
         if found is None:
             return None
-        studies = registry.study_views(client, found.experiment_id)
-        runs = registry.sweep_runs(client, found.experiment_id, sweep_key, studies)
+        studies = study_views(client, found.experiment_id)
+        runs = sweep_runs(client, found.experiment_id, sweep_key, studies)
     if not runs or not all(r.state.is_finished for r in runs):
         return None
     return FinishedSweep(client, found.experiment_id, runs, studies)

@@ -71,7 +71,7 @@ class ProcessExecutor(QueuedExecutor):
     backends: list[ProcessBackend] = []
 
     def __init__(self) -> None:
-        from edps_mlflow.store import resolve_tracking_uri
+        from edps_mlflow.store.client import resolve_tracking_uri
 
         backend = ProcessBackend(resolve_tracking_uri())
         ProcessExecutor.backends.append(backend)

@@ -13,11 +13,12 @@ from edps_mlflow.adaptive import AdaptiveSettings
 from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CURVE_AXES, CurveId
-from edps_mlflow.registry import StudyRow, neighbour_best_point
+from edps_mlflow.store.read.status import StudyRow
+from edps_mlflow.store.read.trials import neighbour_best_point
 from edps_mlflow.results import RunState
 from edps_mlflow.sweep import SweepSpec
 from edps_mlflow.descriptions import study_tags
-from edps_mlflow.store import open_store
+from edps_mlflow.store.client import open_store
 
 DIGITS = "digits-simple-cnn"
 

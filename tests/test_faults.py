@@ -22,7 +22,7 @@ EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
                "--workers", "1", "--log-interval", "5"]
 # Builds the store as every edps command does, then stops (no torch: a kill lands in initialisation).
-INITIALISE = "import sys; from edps_mlflow.store import open_store; open_store(sys.argv[1])"
+INITIALISE = "import sys; from edps_mlflow.store.client import open_store; open_store(sys.argv[1])"
 
 
 def _popen(args: list[str], cwd: Path, **environment: str) -> subprocess.Popen:
@@ -216,7 +216,7 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
 def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
     from mlflow.exceptions import MlflowException
 
-    from edps_mlflow import store
+    from edps_mlflow.store import client as store
 
     monkeypatch.setattr(store.time, "sleep", lambda seconds: None)
     calls = []

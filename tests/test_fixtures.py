@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
-from edps_mlflow.store import open_store
+from edps_mlflow.store.client import open_store
 
 from conftest import TEST_THREADS, fresh_store, process_state_kept
 

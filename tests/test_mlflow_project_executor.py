@@ -466,8 +466,9 @@ def test_the_sweep_entry_point_passes_the_executor_options_through():
 def test_a_study_adopts_only_the_run_submitted_for_its_own_key(sqlite_store, monkeypatch):
     from edps_mlflow.errors import EdpsError
     from edps_mlflow.sweep import SweepSpec
-    from edps_mlflow.ownership import claim_submitted_run, launcher_run
-    from edps_mlflow.store import open_store
+    from edps_mlflow.store.client import open_store
+    from edps_mlflow.store.ownership.claim import launcher_run
+    from edps_mlflow.store.write.study import claim_submitted_run
 
     client = open_store(sqlite_store)
     experiment_id = client.create_experiment("adopt")

@@ -115,7 +115,8 @@ def test_the_user_information_of_a_uri_is_parsed_whatever_its_characters(passwor
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
         assert f"alice:{password}@" not in redact_uri(f"Invalid url: {uri}/api")
-        from edps_mlflow.store import describe_store_error, ui_link
+        from edps_mlflow.store.client import ui_link
+        from edps_mlflow.store.trouble import describe_store_error
 
         line = describe_store_error(uri, RuntimeError(f"API request to {uri}/api/2.0/mlflow/runs failed " + "x" * 400))
         assert f"alice:{password}@" not in line and line.startswith(f"tracking store {redacted}: ")

@@ -13,7 +13,7 @@ from edps_mlflow.process_settings import CLIENT_DEFAULTS, configure_process, lau
 
 
 def test_library_code_sets_no_request_settings(sqlite_store, monkeypatch):
-    from edps_mlflow.store import connect, open_store
+    from edps_mlflow.store.client import connect, open_store
 
     for name in CLIENT_DEFAULTS:
         monkeypatch.delenv(name, raising=False)

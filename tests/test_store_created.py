@@ -3,7 +3,7 @@ train into a store nobody looks at); an existing store is opened silently."""
 
 from __future__ import annotations
 
-from edps_mlflow.store import open_store
+from edps_mlflow.store.client import open_store
 
 
 def test_a_new_store_is_announced_once(tmp_path, capsys):

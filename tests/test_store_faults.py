@@ -24,7 +24,9 @@ from mlflow.tracking import MlflowClient
 
 from conftest import REPO, clean_environment, fresh_store, run_edps
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.store import LOCK_WAIT_SECONDS, StoreTrouble, lock_holders, open_store, trouble_line
+from edps_mlflow.store.client import open_store
+from edps_mlflow.store.sqlite import LOCK_WAIT_SECONDS
+from edps_mlflow.store.trouble import StoreTrouble, lock_holders, trouble_line
 
 EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "2", "--goal-error", "0.06", "--max-steps", "300", "--check-interval", "10",
@@ -213,7 +215,8 @@ def test_a_read_only_store_written_anyway_says_read_only_and_logs_off_the_termin
         uri = fresh_store(small / "mlflow.db")
         _remount_read_only(small)
         log = tmp_path / "logs" / "edps.log"
-        script = ("import sys; from edps_mlflow.store import connect, describe_store_error\n"
+        script = ("import sys; from edps_mlflow.store.client import connect\n"
+                  "from edps_mlflow.store.trouble import describe_store_error\n"
                   "client = connect(sys.argv[1])\n"
                   "try:\n    client.create_experiment('written-anyway')\n"
                   "except Exception as error:\n    print(describe_store_error(sys.argv[1], error))\n")
@@ -282,7 +285,7 @@ def test_a_database_store_that_does_not_answer_fails_within_seconds(tmp_path):
     environment = clean_environment(PYTHONPATH=str(REPO))
     uris = [f"postgresql+psycopg2://edps:secret@127.0.0.1:{port}/mlflow" for port in (refused, silent.getsockname()[1])]
     # `edps status`, timed from after its imports (on a loaded machine they take long, and are not the bound).
-    timed = ("import atexit, sys, time; import edps_mlflow.store, edps_mlflow.registry, psycopg2; "
+    timed = ("import atexit, sys, time; import edps_mlflow.store.read.status, psycopg2; "
              "started = time.monotonic(); "
              "atexit.register(lambda: print(f'{time.monotonic() - started:.1f}', flush=True)); "
              "from edps_mlflow.cli import main; main(['status'])")
@@ -356,7 +359,7 @@ def test_the_schema_head_read_from_the_migration_files_is_alembics():
     # milliseconds, it must be the revision alembic computes (by importing every migration, about a second).
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    from edps_mlflow.store import _schema_head
+    from edps_mlflow.store.sqlite import _schema_head
 
     _schema_head.cache_clear()
     assert _schema_head() == _get_latest_schema_revision()

@@ -50,7 +50,7 @@ def _plugin_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_mlflow_builds_sqlite_stores_with_the_plugin(tmp_path):
     """The builder MLflow registers for sqlite is ours; it makes a missing store once and leaves an
     existing one to MLflow."""
-    assert _declared_entry_points() == {"sqlite": "edps_mlflow.store_plugin:sqlite_store"}
+    assert _declared_entry_points() == {"sqlite": "edps_mlflow.store.plugin:sqlite_store"}
     script = ("import sys; from mlflow.tracking._tracking_service.utils import _tracking_store_registry as r\n"
               "from mlflow.tracking import MlflowClient\n"
               "builder = r._registry['sqlite']; print(builder.__module__, builder.__name__)\n"
@@ -59,7 +59,7 @@ def test_mlflow_builds_sqlite_stores_with_the_plugin(tmp_path):
     result = subprocess.run([sys.executable, "-c", script, existing], cwd=tmp_path, capture_output=True, text=True,
                             env=_plugin_environment(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[:2] == ["edps_mlflow.store_plugin sqlite_store", "1"]
+    assert result.stdout.split("\n")[:2] == ["edps_mlflow.store.plugin sqlite_store", "1"]
     assert CREATED not in result.stderr
 
 

@@ -1,4 +1,4 @@
-"""The study index (study_index.py): readers of every study see each study run once, from entries that never
+"""The study index (store/index.py): readers of every study see each study run once, from entries that never
 claim more than the store holds; a complete index is read with searches on run attributes only (a search on
 a tag's value scans the tags of every run in the store); doctor finds a trial trained twice by two study
 runs of one family without reading the other families' trial runs. Real sqlite stores, real MLflow writes."""
@@ -13,13 +13,16 @@ from mlflow.entities import Metric, RunStatus
 from mlflow.tracking import MlflowClient
 
 from edps_mlflow import names as n
-from edps_mlflow import registry, study_index
 from edps_mlflow.config import StudySpec, study_family, trial_families
 from edps_mlflow.doctor import run_doctor
-from edps_mlflow.ownership import OwnedRun
-from edps_mlflow.store import StoreClient, resolve_experiment, searcher
-from edps_mlflow.study_index import RunDataView, RunInfoView, RunView, entry_of
-from edps_mlflow.tracking import StudyTracker, create_study_run
+from edps_mlflow.store import index as study_index
+from edps_mlflow.store.client import StoreClient, searcher
+from edps_mlflow.store.index import RunDataView, RunInfoView, RunView, entry_of
+from edps_mlflow.store.ownership.lease import OwnedRun
+from edps_mlflow.store.read.doctor import CLOCK_MARGIN_MS, doctor_read
+from edps_mlflow.store.read.runs import keyed_runs, study_runs, trial_runs_finished
+from edps_mlflow.store.write.experiment import resolve_experiment
+from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from conftest import run_edps
 
 FINISHED, FAILED = RunStatus.to_string(RunStatus.FINISHED), RunStatus.to_string(RunStatus.FAILED)
@@ -42,7 +45,7 @@ def _abort(tracker: StudyTracker, interrupted: bool) -> None:
 
 
 def _recording(client: StoreClient, experiment_id: str) -> tuple[study_index.Search, list[str]]:
-    """The registry's search of the experiment, recording every filter it sends to the store."""
+    """The store's search of the experiment, recording every filter it sends to the store."""
     sent: list[str] = []
     search = searcher(client, [experiment_id])
 
@@ -83,7 +86,7 @@ def test_readers_see_each_study_run_once_and_a_complete_index_is_read_by_run_att
     # the entries that say RUNNING (live and ended).
     assert sent[-1] == "" and len([conditions for conditions in sent if "run_id" in conditions]) == 1, sent
     # The sweep's plan reads the same: one run per study, the finished one done.
-    stored = {s.study_key: s for s in registry.study_runs(client, experiment_id, "digits-simple-cnn", 60.0)}
+    stored = {s.study_key: s for s in study_runs(client, experiment_id, "digits-simple-cnn", 60.0)}
     assert stored[_spec(16).study_key].finished and stored[_spec(32).study_key].live
     assert _spec(128).study_key not in stored
     for tracker in (live, ended):
@@ -219,7 +222,7 @@ def test_doctor_finds_a_trial_trained_twice_by_two_study_runs_of_a_family_and_re
     raw.log_batch(other.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 3, int(time.time() * 1000), 0)])
     other.finish_study()
 
-    read = {f.run_id for f in registry.run_facts(client, experiment_id)}
+    read = {f.run_id for f in doctor_read(client, experiment_id).facts}
     assert {first, second} <= read and not read & set(others)
     for attempt in ("first check", "later check, from the runs since and the problems found"):
         out = io.StringIO()
@@ -234,7 +237,7 @@ def test_the_project_executor_counts_trials_from_the_study_runs(sqlite_store):
     tracker = _study(client, experiment_id, _spec(16))
     MlflowClient(sqlite_store).log_batch(tracker.study_run_id, metrics=[
         Metric(n.METRIC_TRIAL_RUNS_FINISHED, 5, int(time.time() * 1000), 0)])
-    assert registry.trial_runs_finished(client, experiment_id, [tracker.study_run_id]) == {tracker.study_run_id: 5}
+    assert trial_runs_finished(client, experiment_id, [tracker.study_run_id]) == {tracker.study_run_id: 5}
     _abort(tracker, interrupted=False)
 
 
@@ -245,12 +248,12 @@ def test_a_later_doctor_check_reads_the_runs_since_and_those_of_the_problems_fou
     keyless = raw.create_run(experiment_id, tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_VERSION: "0.1.0"}).info.run_id
     raw.set_terminated(keyless, FAILED)
     fine = _trial(raw, experiment_id, "some-study", study_family(_spec(16)), "t")
-    assert keyless in {f.run_id for f in registry.run_facts(client, experiment_id)}  # the first check: by tag
+    assert keyless in {f.run_id for f in doctor_read(client, experiment_id).facts}  # the first check: by tag
     # As if both had been checked long ago: only the run of the problem found then is read again.
-    later = int(time.time() * 1000) + 2 * registry.CLOCK_MARGIN_MS
-    read = {f.run_id for f in registry.run_facts(client, experiment_id, later, recheck=[keyless])}
+    later = int(time.time() * 1000) + 2 * CLOCK_MARGIN_MS
+    read = {f.run_id for f in doctor_read(client, experiment_id, later, recheck=[keyless]).facts}
     assert keyless in read and fine not in read
-    assert fine in {f.run_id for f in registry.run_facts(client, experiment_id, later - 3 * registry.CLOCK_MARGIN_MS)}
+    assert fine in {f.run_id for f in doctor_read(client, experiment_id, later - 3 * CLOCK_MARGIN_MS).facts}
 
 
 def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searches_for_keyless_runs(
@@ -269,7 +272,7 @@ def test_a_first_doctor_check_of_an_experiment_made_by_edps_leaves_out_the_searc
     out = io.StringIO()
     assert run_doctor("made-by-edps", False, out, sqlite_store) == 0, out.getvalue()
     assert keyless not in out.getvalue() and "--full searches for them" in out.getvalue(), out.getvalue()
-    assert keyless not in {f.run_id for f in registry.doctor_read(client, experiment_id, search_malformed=False).facts}
+    assert keyless not in {f.run_id for f in doctor_read(client, experiment_id, search_malformed=False).facts}
     # A later check reads the runs made since the first (this one too, made within the margin for clocks): it
     # still has not searched the older ones, and says so.
     later = io.StringIO()
@@ -311,7 +314,7 @@ def test_doctor_finds_a_trial_finished_after_its_study_run_ended_from_the_study_
     raw.log_batch(other.study_run_id, metrics=[Metric(n.METRIC_TRIAL_RUNS_FINISHED, 2, int(time.time() * 1000), 0)])
     other.finish_study()
 
-    read = {f.run_id for f in registry.run_facts(client, experiment_id)}
+    read = {f.run_id for f in doctor_read(client, experiment_id).facts}
     assert late in read and not read & set(others)
     out = io.StringIO()
     assert run_doctor("late", False, out, sqlite_store) == 1, out.getvalue()
@@ -326,7 +329,7 @@ def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_win
 
     from edps_mlflow.descriptions import study_tags
     from edps_mlflow.errors import EdpsError
-    from edps_mlflow.ownership import ClaimRules, OnLive, claim, live_runs
+    from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, live_runs
 
     client = StoreClient(sqlite_store)
     experiment_id = resolve_experiment(client, "late-rival")
@@ -347,5 +350,5 @@ def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_win
     rules = ClaimRules(kind=n.KIND_STUDY, key=spec.study_key, label="study 64", on_live=OnLive.REFUSE)
     with pytest.raises(EdpsError, match="not starting a duplicate"):
         claim(client, experiment_id, rules, create, io.StringIO())
-    runs = registry.keyed_runs(client, experiment_id, n.KIND_STUDY, spec.study_key)
+    runs = keyed_runs(client, experiment_id, n.KIND_STUDY, spec.study_key)
     assert [r.run_id for r in live_runs(runs, 120.0)] == rival  # ours gave way

@@ -51,7 +51,8 @@ def _bookkeeping_is_true(client: MlflowClient, experiment_id: str, runs: list) -
     """What study runs keep about their trials equals the store, whatever was killed when: a FINISHED study
     run's count of the trial runs it finished, its trials' outcomes, and the study index (each study run once,
     an entry in a final state only for a run in that state, the finished ones with the run's own result)."""
-    from edps_mlflow import store, study_index
+    from edps_mlflow.store import index as study_index
+    from edps_mlflow.store.client import searcher
     from edps_mlflow.results import TrialOutcome, TrialStatus, decode_trial_outcomes
 
     trials = [r for r in runs if r.data.tags.get("edps.kind") == "trial"]
@@ -67,7 +68,7 @@ def _bookkeeping_is_true(client: MlflowClient, experiment_id: str, runs: list) -
             TrialOutcome(int(row.trial_index), TrialStatus(row.status),
                          None if pd.isna(row.steps_to_result) else int(row.steps_to_result), int(row.steps_trained))
             for row in table.sort_values("trial_index").itertuples()]
-    indexed = study_index.study_runs(store.searcher(client, [experiment_id]))
+    indexed = study_index.study_runs(searcher(client, [experiment_id]))
     assert sorted(r.info.run_id for r in indexed) == sorted(studies)
     for run in indexed:
         store = studies[run.info.run_id]

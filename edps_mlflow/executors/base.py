@@ -14,16 +14,16 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TextIO
 
-from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
-from edps_mlflow.ownership import LeaseLost
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.results import StudyReport
-from edps_mlflow.store import connect
+from edps_mlflow.store.client import connect
+from edps_mlflow.store.ownership.lease import LeaseLost
+from edps_mlflow.store.read.runs import latest_finished_study
 
 if TYPE_CHECKING:
-    from edps_mlflow.sweep_run import SweepTracker
+    from edps_mlflow.store.write.sweep import SweepTracker
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class SweepRun:
     """A sweep attached to its store: where its studies are written and the run they are children of."""
 
-    client: Any  # store.StoreClient
+    client: Any  # store.client.StoreClient
     tracking_uri: str
     experiment_name: str
     experiment_id: str
@@ -122,7 +122,7 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
     process: the task then waits for that run, as for any live run of its key, and reports its result."""
     started = time.perf_counter()
     client = connect(task.tracking_uri)
-    done = registry.latest_finished_study(client, task.experiment_id, task.spec.study_key,
+    done = latest_finished_study(client, task.experiment_id, task.spec.study_key,
                                           task.spec.full_trials(task.full_trials))
     if done is not None:
         return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)

@@ -19,7 +19,7 @@ from edps_mlflow.executors.base import (
 from edps_mlflow.pool import Pool, PoolSpec, Worker, open_pool, run_pool, sigterm_interrupts
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import SweepLayout, available_cores, sweep_layout
-from edps_mlflow.store import store_error_line
+from edps_mlflow.store.trouble import store_error_line
 
 if TYPE_CHECKING:
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec

@@ -29,7 +29,7 @@ from edps_mlflow.mlproject import (
 )
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import available_cores
-from edps_mlflow.store import resolve_tracking_uri
+from edps_mlflow.store.client import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec

@@ -18,7 +18,7 @@ One study run per study key, as with the other executors, through the one claim 
 - A job that ends without a finished study is reported with its run id and the last lines of its log, and
   the sweep goes on with the others; the sweep then ends with one line naming the failures.
 
-This module imports no mlflow: it reads through registry.py and writes through ownership.py and tracking.py.
+This module imports no mlflow: it reads through store/read and writes through store/ownership and store/write.
 """
 
 from __future__ import annotations
@@ -30,28 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from edps_mlflow import registry
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors.base import SweepRun, study_label
 from edps_mlflow.names import KIND_STUDY
-from edps_mlflow.ownership import (
-    ClaimRules,
-    OnLive,
-    claim,
-    claim_submitted_run,
-    create_submitted_run,
-    expired_reason,
-    lease_seconds,
-    live_runs,
-    mark_dead,
-    renew_heartbeat,
-    yield_run,
-)
 from edps_mlflow.progress import SweepProgress
-from edps_mlflow.registry import LeasedRun
 from edps_mlflow.results import RunState, StudyReport
-from edps_mlflow.tracking import log_launch_log
+from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, live_runs, mark_dead, yield_run
+from edps_mlflow.store.ownership.lease import expired_reason, lease_seconds, renew_heartbeat
+from edps_mlflow.store.read.runs import (LeasedRun, get_leased, keyed_runs, latest_finished_study, running_trial_runs,
+                                         trial_runs_finished)
+from edps_mlflow.store.write.study import claim_submitted_run, create_submitted_run, log_launch_log
 
 if TYPE_CHECKING:
     from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
@@ -212,7 +201,7 @@ class _JobQueue:
             yield_run(sweep.client, run_id, rival.run_id, keep_kind=False)
 
         rules = ClaimRules(kind=KIND_STUDY, key=key, label=label, on_live=OnLive.WATCH, finished=lambda: (
-            registry.latest_finished_study(sweep.client, sweep.experiment_id, key,
+            latest_finished_study(sweep.client, sweep.experiment_id, key,
                                            spec.full_trials(self.options.full_trials))))
         try:
             claimed = claim(sweep.client, sweep.experiment_id, rules, create, self.out, give_way)
@@ -247,13 +236,13 @@ class _JobQueue:
             if entry.job.state() is RunState.RUNNING:
                 return
         else:
-            run = registry.get_leased(sweep.client, entry.run_id)
+            run = get_leased(sweep.client, entry.run_id)
             if run.live(self.lease):
                 return
             if run.state is RunState.RUNNING:
                 mark_dead(sweep.client, [run.run_id], expired_reason(self.lease))
         self.running.remove(entry)
-        done = registry.latest_finished_study(sweep.client, sweep.experiment_id, entry.spec.study_key,
+        done = latest_finished_study(sweep.client, sweep.experiment_id, entry.spec.study_key,
                                               entry.spec.full_trials(self.options.full_trials))
         if entry.job is not None:
             self._keep_log(entry)
@@ -272,11 +261,11 @@ class _JobQueue:
                 return
             self._fail(f"{entry.label}: run {entry.run_id} ended without finishing the study", running=False)
             return
-        run = registry.get_leased(sweep.client, entry.run_id)
+        run = get_leased(sweep.client, entry.run_id)
         if run.state is RunState.RUNNING:
             mark_dead(sweep.client, [entry.run_id], f"its submitted run ended ({entry.job.describe_end()}) "
                                                     f"without finishing the study")
-        live = live_runs(registry.keyed_runs(sweep.client, sweep.experiment_id, KIND_STUDY, entry.spec.study_key),
+        live = live_runs(keyed_runs(sweep.client, sweep.experiment_id, KIND_STUDY, entry.spec.study_key),
                          self.lease)
         if live:
             # The job was stalled past its lease and another process took the study over (the job then stops,
@@ -324,11 +313,11 @@ class _JobQueue:
                 continue
             entry.job.cancel()
             try:
-                run = registry.get_leased(self.sweep.client, entry.run_id)
+                run = get_leased(self.sweep.client, entry.run_id)
                 if run.state is RunState.RUNNING:
                     # Its trial runs too: once its run is marked, the study's own abort (if its process
                     # gets that far) finds the run taken from it and writes nothing more, by design.
-                    trials = registry.running_trial_runs(self.sweep.client, self.sweep.experiment_id, entry.run_id)
+                    trials = running_trial_runs(self.sweep.client, self.sweep.experiment_id, entry.run_id)
                     mark_dead(self.sweep.client, [entry.run_id, *trials], "the sweep that submitted it was interrupted")
             except Exception:  # noqa: BLE001 - interrupted: leave what cannot be written to the lease
                 pass
@@ -343,7 +332,7 @@ class _JobQueue:
         running = {entry.run_id for entry in self.running}
         open_ids = [run_id for run_id, (_, _, final) in counted.items() if not final]
         try:
-            counts = registry.trial_runs_finished(self.sweep.client, self.sweep.experiment_id, open_ids)
+            counts = trial_runs_finished(self.sweep.client, self.sweep.experiment_id, open_ids)
         except Exception:  # noqa: BLE001 - progress only
             return {}
         for run_id in open_ids:

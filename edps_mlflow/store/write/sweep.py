@@ -4,8 +4,6 @@ The run is claimed through ``ownership.claim`` (a new run, the run ``mlflow run`
 earlier run of the same sweep whose owner is gone), and every write that matters (its end, an abort)
 first proves that it is still this process's: a sweep stalled past its lease and resumed by another
 process writes nothing more to the run the other one now owns.
-
-This module imports neither torch nor the engine.
 """
 
 from __future__ import annotations
@@ -15,13 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlflow.exceptions import MlflowException
-
 from edps_mlflow import __version__
 from edps_mlflow import names as n
-from edps_mlflow.descriptions import provenance_tags
-from edps_mlflow.ownership import OwnedRun, heartbeat_tags
-from edps_mlflow.store import StoreClient, log_batch, store_error
+from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
+from edps_mlflow.store.trouble import store_errors
+from edps_mlflow.store.write.experiment import create_run
 
 
 def create_sweep_run(client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
@@ -32,13 +29,7 @@ def create_sweep_run(client: StoreClient, experiment_id: str, name: str, sweep_k
             n.TAG_VERSION: __version__, **heartbeat_tags(), n.MLFLOW_RUN_NAME: name}
     if token is not None:
         tags[n.TAG_LEASE_OWNER] = token
-    try:
-        if launcher_run_id:
-            log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
-            return launcher_run_id
-        return client.create_run(experiment_id, tags={**tags, **provenance_tags()}).info.run_id
-    except MlflowException as error:
-        raise store_error(client, error) from None
+    return create_run(client, experiment_id, tags, launcher_run_id)
 
 
 class SweepTracker:
@@ -53,9 +44,6 @@ class SweepTracker:
 
     def start_heartbeat(self) -> None:
         self.owned.start_heartbeat()
-
-    def stop_heartbeat(self) -> None:
-        self.owned.stop_heartbeat()
 
     def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
         existing = self.client.get_run(self.run_id).data.params
@@ -73,10 +61,9 @@ class SweepTracker:
         directory = Path(tempfile.mkdtemp(prefix="edps-sweep-"))
         try:
             (directory / name).write_text(text)
-            log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
-            self.client.log_artifact(self.run_id, str(directory / name))
-        except MlflowException as error:
-            raise store_error(self.client, error) from None
+            with store_errors(self.client):
+                log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
+                self.client.log_artifact(self.run_id, str(directory / name))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

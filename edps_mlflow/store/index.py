@@ -1,42 +1,25 @@
 """The study index: every study run of an experiment, readable without a search through its trial runs.
 
-Two costs of MLflow's search decide the design (measured on sqlite with 150,000 trial runs,
-docs/performance.md): a search returns whole runs, and a study run carries about 70 tags, params and
-metrics, which cost a few milliseconds per run to build, so reading 1,500 study runs took longer than
-the 5 s a command may take; and a filter on a tag's value scans the tags of every run in the store
-(about a second at that size, per search), while a filter on a run's own attributes (its id, name,
-status, start time) is cheap. So each study run is also kept as one tag of an index run
-(``edps.kind=study_index``, named ``edps study index``, made with the start time 1 ms after the epoch and
-found by it): ``edps.index.<run id>`` holds
-that run's state, its tags of the project (``edps.*``) and its parent, its params and its metrics, as JSON
-(:func:`entry_of`). A command that reads every study (``edps status``, a sweep's plan, ``edps doctor``,
-the analysis) reads the index run, then by id the runs whose entry says RUNNING, and the RUNNING runs
-(:func:`study_runs`): searches on attributes only.
+A search returns whole runs, and a filter on a tag's value scans the tags of every run in the store, while a
+filter on a run's own attributes is cheap (docs/performance.md). So each study run is also one tag of an
+index run (``edps.kind=study_index``, started 1 ms after the epoch and found by that): ``edps.index.<run id>``
+holds the run's state, ``edps.*`` tags, parent, params and metrics as JSON (:func:`entry_of`). A reader of
+every study reads the index run, then by id the runs whose entry says RUNNING, and the RUNNING runs
+(:func:`study_runs`). What keeps it true, whatever process is killed at whatever moment:
 
-What keeps the index true, whatever process is killed at whatever moment:
+- An entry is written when its run is created (RUNNING) and after each change of its state that this
+  project makes, from the run as the store holds it then (write/index.py). A study run never leaves
+  FINISHED, FAILED or KILLED, so an entry in one of these states is final and is trusted; one that says
+  RUNNING may be stale and its run is read from the store. A run killed before its first entry is RUNNING:
+  readers find it among the RUNNING runs, and whoever marks it FAILED writes its entry.
+- The index is complete (``edps.index_complete``) when it was made with its experiment, or in one without
+  other study runs, or after ``edps doctor --repair``; readers of an experiment without a complete index
+  also search its study runs by tag.
+- Deleted study runs (a user deletes a few) are left out: listed in one small search, or looked up by id
+  when there are more than DELETED_LISTED. Two index runs made at the same moment are both read.
 
-- A study run's entry is written when it is created (RUNNING) and again after each change of its state
-  that this project makes (FINISHED, FAILED, KILLED: tracking.py and ownership.py, through
-  store.index_study_run), always from the run as the store holds it after the change. A study run never leaves FINISHED, FAILED or KILLED (a study that runs again makes
-  a new run), so an entry in one of these states is final and is trusted.
-- An entry that says RUNNING may be stale (its process died, or was killed between changing the state and
-  writing the entry, or MLflow Projects ended it): readers read those runs from the store, by id.
-- A study run killed before its first entry was written is RUNNING: readers find it among the RUNNING
-  runs, and whoever marks it FAILED (its lease expired) writes its entry.
-- The index is complete (``edps.index_complete``) when it was made with its experiment, or when it was
-  made in an experiment without other study runs, or after ``edps doctor --repair`` indexed every study
-  run. Readers of an experiment without a complete index also search its study runs by tag (slower, as
-  before the index); a study run written by an older version of this project is not in the index, and
-  doctor reports it.
-- Deleted study runs are left out. This project deletes no run; a user deletes a few. So the deleted runs
-  of the experiments are listed in one small search, and looked up by id only when there are more than
-  DELETED_LISTED of them (a search by id parses its list of ids, a tenth of a second per 1,500 studies).
-- Two processes that make an index run at the same moment make two: readers read every index run.
-
-An entry is a snapshot: a tag that a user edits on a finished study run afterwards is not in it.
-
-Pure: no MLflow import; callers pass their own search (store.searcher, analysis/load.py) and write through
-store.py.
+An entry is a snapshot: a tag that a user edits on a finished study run afterwards is not in it. This module
+imports no MLflow: callers pass their own search (client.searcher, analysis/load.py).
 """
 
 from __future__ import annotations
@@ -45,27 +28,14 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from edps_mlflow import names as n
 from edps_mlflow.filters import filter_string
-from edps_mlflow.names import (
-    INDEX_RUN_NAME,
-    INDEX_START_TIME,
-    KIND_STUDY,
-    KIND_STUDY_INDEX,
-    MLFLOW_PARENT_RUN_ID,
-    TAG_INDEX_COMPLETE,
-    TAG_INDEX_PREFIX,
-    TAG_KIND,
-    TAG_TRIAL_OUTCOMES,
-)
 
 ENTRY_FORMAT = 1
 MAX_TAG_VALUE = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
-# Run ids per search by id (each a bound parameter of the store's SQL; sqlite allows some thousands).
-IDS_PER_SEARCH = 500
-# Runs per page of a search (every_page).
-PAGE_SIZE = 1000
-# The most deleted runs that a reader lists to leave deleted study runs out (beyond: a search by id).
-DELETED_LISTED = 100
+IDS_PER_SEARCH = 500  # each id is a bound parameter of the store's SQL; sqlite allows some thousands
+PAGE_SIZE = 1000  # runs per page of a search (every_page)
+DELETED_LISTED = 100  # the most deleted runs a reader lists to leave deleted study runs out (beyond: by id)
 RUNNING = "RUNNING"
 _OUR_TAGS = "edps."
 
@@ -104,13 +74,12 @@ class RunView:
 
 
 def _kept(tag: str) -> bool:
-    return tag.startswith(_OUR_TAGS) or tag == MLFLOW_PARENT_RUN_ID
+    return tag.startswith(_OUR_TAGS) or tag == n.MLFLOW_PARENT_RUN_ID
 
 
 def entry_of(run: Any) -> str | None:
-    """The index entry of a study run (an MLflow Run or a RunView): JSON of its state, its tags of the
-    project and its parent, its params and metrics. Without its trial outcomes when they would not fit
-    MLflow's limit on a tag (the analysis then reads its trials.csv); None when even that does not fit."""
+    """The index entry of a study run (an MLflow Run or a RunView), without its trial outcomes when they would
+    not fit MLflow's limit on a tag (the analysis then reads its trials.csv); None when even that does not fit."""
     info, data = run.info, run.data
     tags = {key: value for key, value in data.tags.items() if _kept(key)}
     document = {"format": ENTRY_FORMAT, "run_id": info.run_id, "experiment_id": str(info.experiment_id),
@@ -120,7 +89,7 @@ def entry_of(run: Any) -> str | None:
         text = json.dumps(document, separators=(",", ":"), sort_keys=True)
         if len(text) <= MAX_TAG_VALUE:
             return text
-        tags.pop(TAG_TRIAL_OUTCOMES, None)
+        tags.pop(n.TAG_TRIAL_OUTCOMES, None)
     return None
 
 
@@ -142,16 +111,14 @@ def view_of_entry(text: str, run_id: str) -> RunView | None:
 
 def entries(index_run: Any) -> dict[str, str]:
     """run id -> entry, of one index run."""
-    return {key[len(TAG_INDEX_PREFIX):]: value for key, value in index_run.data.tags.items()
-            if key.startswith(TAG_INDEX_PREFIX)}
+    return {key[len(n.TAG_INDEX_PREFIX):]: value for key, value in index_run.data.tags.items()
+            if key.startswith(n.TAG_INDEX_PREFIX)}
 
 
 @dataclass(frozen=True)
 class Search:
-    """A search of the runs of some experiments: ``search(filter string, deleted)`` returns every run found
-    (every page; the deleted runs instead of the active ones with ``deleted``). Callers make it over their
-    own client (store.searcher, analysis/load.py); ``experiment_ids`` are the experiments it covers, and
-    ``runs(filter string, deleted, most)`` stops once it has ``most`` runs (None: every run)."""
+    """A search of the runs of ``experiment_ids``: ``search(filter string, deleted)`` returns every run found
+    (the deleted ones with ``deleted``); ``runs(filter string, deleted, most)`` the first ``most`` (None: all)."""
 
     experiment_ids: tuple[str, ...]
     runs: Callable[[str, bool, int | None], Iterable[Any]]
@@ -175,20 +142,19 @@ def every_page(search_page: Callable[[int, str | None], Any], most: int | None =
 
 def index_runs(search: Search) -> list[Any]:
     """The active index runs, earliest first (a writer adds to the first): found by their start time, the
-    epoch (a column of the run: no scan of the tags), then told apart from a user's run by their kind. An
-    index run made by an earlier version of this project started when it was made: it is found by its name,
-    a search that looks at every run's tags, made only for an experiment without an index run at the epoch."""
-    found = [run for run in search(filter_string(started_before=INDEX_START_TIME + 1), False)
-             if run.data.tags.get(TAG_KIND) == KIND_STUDY_INDEX]
+    epoch, and their kind. One made by an earlier version started when it was made: it is found by its name
+    (a search that scans every run's tags), only in an experiment without an index run at the epoch."""
+    found = [run for run in search(filter_string(started_before=n.INDEX_START_TIME + 1), False)
+             if run.data.tags.get(n.TAG_KIND) == n.KIND_STUDY_INDEX]
     without = set(search.experiment_ids) - {str(run.info.experiment_id) for run in found}
     if without:
-        found += [run for run in search(filter_string(run_name=INDEX_RUN_NAME), False)
-                  if run.data.tags.get(TAG_KIND) == KIND_STUDY_INDEX and str(run.info.experiment_id) in without]
+        found += [run for run in search(filter_string(run_name=n.INDEX_RUN_NAME), False)
+                  if run.data.tags.get(n.TAG_KIND) == n.KIND_STUDY_INDEX and str(run.info.experiment_id) in without]
     return sorted(found, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
 
 def complete(indexes: list[Any]) -> bool:
-    return any(run.data.tags.get(TAG_INDEX_COMPLETE) == "true" for run in indexes)
+    return any(run.data.tags.get(n.TAG_INDEX_COMPLETE) == "true" for run in indexes)
 
 
 def by_ids(search: Search, run_ids: Iterable[str], deleted: bool = False) -> list[Any]:
@@ -202,7 +168,7 @@ def by_ids(search: Search, run_ids: Iterable[str], deleted: bool = False) -> lis
 
 def deleted_among(search: Search, run_ids: list[str]) -> set[str]:
     """The ids among ``run_ids`` of deleted runs: from the list of the experiments' deleted runs when it holds
-    at most DELETED_LISTED (one search, without a filter to parse), else by id."""
+    at most DELETED_LISTED (one search without a filter to parse), else by id."""
     if not run_ids:
         return set()
     listed = list(search.runs("", True, DELETED_LISTED + 1))
@@ -221,10 +187,9 @@ def with_tags(views: Iterable[RunView], tags: Mapping[str, str]) -> list[RunView
 
 
 def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[RunView]:
-    """Every active study run that ``search`` covers (one experiment or several), with ``tags`` if given
-    (compared here, not in the store's search): see the module's rules. ``indexed`` says that a run has an
-    entry in an index run (re-read from the store when the entry says RUNNING)."""
-    wanted = {TAG_KIND: KIND_STUDY, **(tags or {})}
+    """Every active study run that ``search`` covers, with ``tags`` if given (compared here, not in the store's
+    search); ``indexed`` says that a run has an entry in an index run."""
+    wanted = {n.TAG_KIND: n.KIND_STUDY, **(tags or {})}
     found: dict[str, RunView] = {}
     indexes = index_runs(search)
     for index_run in indexes:
@@ -238,7 +203,7 @@ def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[Ru
     for run_id in stale:
         found.pop(run_id)
     fresh = [*by_ids(search, stale), *(run for run in search(filter_string(status=RUNNING), False)
-                                       if run.data.tags.get(TAG_KIND) == KIND_STUDY)]
+                                       if run.data.tags.get(n.TAG_KIND) == n.KIND_STUDY)]
     incomplete = {experiment_id for experiment_id in search.experiment_ids
                   if not complete([run for run in indexes if str(run.info.experiment_id) == experiment_id])}
     if incomplete:
@@ -263,7 +228,7 @@ def experiments_with_studies(search: Search, experiment_ids: list[str],
     found = []
     for experiment_id in experiment_ids:
         runs = indexes.get(str(experiment_id), [])
-        listed = any(_matches(view, {TAG_KIND: KIND_STUDY}) for run in runs
+        listed = any(_matches(view, {n.TAG_KIND: n.KIND_STUDY}) for run in runs
                      for run_id, text in entries(run).items() if (view := view_of_entry(text, run_id)))
         if listed or (not complete(runs) and has_study_run(experiment_id)):
             found.append(experiment_id)

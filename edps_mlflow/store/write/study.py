@@ -1,16 +1,9 @@
 """What a study leaves in the store: the study run's params, tags, summary metrics, description and artifacts
 (``study.json``, ``trials.csv``), and the nested trial runs with their curves and masks.
 
-The names of tags, params, metrics and artifacts live in ``names.py``, run names and descriptions in
-``descriptions.py``; this module decides what is written under them. Runs are created with their
-identifying tags (kind, key) in the same call, so no run of ours exists without them. Numbers that users
-filter on are metrics as well as params/tags, because MLflow compares params and tags only as strings.
-Metrics go out with ``log_batch``, one request per trial per check.
-
-Every write that matters (a trial's end, the study's outcome and end) first proves that the study run is
-still this process's (``ownership.OwnedRun``): a process stalled past its lease writes nothing more.
-
-This module imports neither torch nor the engine.
+Runs are created with their kind and key in the same call, so no run of ours exists without them; numbers
+that users filter on are metrics as well (MLflow compares params and tags as strings). Every write that
+matters first proves that the study run is still ours (``ownership.lease.OwnedRun``).
 """
 
 from __future__ import annotations
@@ -24,39 +17,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from mlflow.entities import RunStatus
-from mlflow.exceptions import MlflowException
 
 from edps_mlflow import __version__
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family
 from edps_mlflow.curves import CurveId
-from edps_mlflow.descriptions import (
-    provenance_tags,
-    pruning_params,
-    study_description,
-    study_run_name,
-    study_tags,
-    trial_outcome,
-    trial_run_name,
-)
+from edps_mlflow.descriptions import (provenance_tags, pruning_params, study_description, study_run_name, study_tags,
+                                      trial_outcome, trial_run_name)
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.ownership import OwnedRun, heartbeat_tags
 from edps_mlflow.pruning import method_info
-from edps_mlflow.results import (
-    Check,
-    ProbedTrials,
-    PruningRecord,
-    ScoreSource,
-    StudyOutcome,
-    TrialOutcome,
-    TrialResult,
-    TrialStatus,
-    encode_trial_outcomes,
-    trial_steps_lower_bound,
-)
-from edps_mlflow.store import StoreClient, index_study_run, log_batch, redact_uri, store_error
-from edps_mlflow.study_index import MAX_TAG_VALUE
+from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, RunState, ScoreSource, StudyOutcome, TrialOutcome,
+                                  TrialResult, TrialStatus, encode_trial_outcomes, trial_steps_lower_bound)
+from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.index import MAX_TAG_VALUE
+from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
+from edps_mlflow.store.write.experiment import create_run
+from edps_mlflow.store.write.index import index_study_run
+from edps_mlflow.uris import redact_uri
 
 if TYPE_CHECKING:
     from edps_mlflow.pruning import Mask
@@ -67,39 +44,62 @@ def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, p
     """The study run, with its kind, keys and a fresh heartbeat from its first moment: the run that
     ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id`` when
     given (a sweep's study, in its process or submitted as a project run). Returns its id."""
-    tags = {**study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)}
-    if sweep_key:
-        tags[n.TAG_SWEEP_KEY] = sweep_key
-    if parent_run_id:
-        tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
-    try:
-        if launcher_run_id:
-            log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
-            run_id = launcher_run_id
-        else:
-            tags.update(provenance_tags())
-            run_id = client.create_run(experiment_id, tags=tags).info.run_id
-    except MlflowException as error:
-        raise store_error(client, error) from None
+    run_id = create_run(client, experiment_id, _study_run_tags(spec, parent_run_id, sweep_key), launcher_run_id)
     # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
     index_study_run(client, run_id)
     return run_id
 
 
+def create_submitted_run(client: StoreClient, experiment_id: str, spec: StudySpec, sweep_run_id: str,
+                         sweep_key: str) -> str:
+    """A new run for a sweep's study that a job will adopt (``MLFLOW_RUN_ID``), made as ``mlflow run`` would
+    make it and tagged as :func:`claim_submitted_run` tags one, in one request. Returns its id."""
+    run_id = client.create_run(experiment_id, tags={**_submitted_tags(spec, sweep_run_id, sweep_key),
+                                                    **provenance_tags()}).info.run_id
+    index_study_run(client, run_id)  # RUNNING in the index from this moment
+    return run_id
+
+
+def claim_submitted_run(client: StoreClient, run_id: str, spec: StudySpec, sweep_run_id: str, sweep_key: str) -> None:
+    """Make a run submitted for a sweep's study that study's run: its kind, keys, parent and a fresh
+    heartbeat, before its entry point starts (seconds to minutes later), so that a resumed sweep or another
+    process sees the study as taken from this moment on."""
+    log_batch(client, run_id, tags=_submitted_tags(spec, sweep_run_id, sweep_key))
+    index_study_run(client, run_id)  # RUNNING in the index from this moment
+
+
+def _study_run_tags(spec: StudySpec, parent_run_id: str | None, sweep_key: str | None) -> dict[str, str]:
+    tags = {**study_tags(spec), **heartbeat_tags(), n.MLFLOW_RUN_NAME: study_run_name(spec)}
+    if sweep_key:
+        tags[n.TAG_SWEEP_KEY] = sweep_key
+    if parent_run_id:
+        tags[n.MLFLOW_PARENT_RUN_ID] = parent_run_id
+    return tags
+
+
+def _submitted_tags(spec: StudySpec, sweep_run_id: str, sweep_key: str) -> dict[str, str]:
+    return {**_study_run_tags(spec, sweep_run_id, sweep_key), n.TAG_SUBMITTED_BY: sweep_run_id}
+
+
+def log_launch_log(client: StoreClient, run_id: str, path: Path) -> None:
+    """The output of a submitted run as its artifact ``mlflow-run.log`` (one try: the log also stays on disk)."""
+    with tempfile.TemporaryDirectory(prefix="edps-launch-log-") as folder:
+        copy = Path(folder) / n.ARTIFACT_LAUNCH_LOG
+        shutil.copyfile(path, copy)
+        client.log_artifact(run_id, str(copy))
+
+
 # ---- what a study leaves in the store ---------------------------------------------------------
 def trials_table(outcome: StudyOutcome) -> pd.DataFrame:
     """``trials.csv``: one row per trial of the study (trained here or reused)."""
-    rows = []
-    for record in outcome.records.values():
-        rows.append({
-            "trial_index": record.trial.index, "trial_key": record.trial.trial_key, "status": record.status.value,
-            "steps_to_result": record.steps_to_result, "steps_trained": record.steps_trained,
-            "best_validation_error": record.best_validation_error,
-            **{name: value for name, value in record.trial.metaparameters.items()},
-            "init_seed": record.trial.init_seed, "run_id": record.run_id, "reused": record.reused,
-            "seconds": round(record.seconds, 3), "seconds_per_step": record.seconds_per_step,
-            "pack_size": record.pack_size, "device": record.device,
-        })
+    rows = [{
+        "trial_index": record.trial.index, "trial_key": record.trial.trial_key, "status": record.status.value,
+        "steps_to_result": record.steps_to_result, "steps_trained": record.steps_trained,
+        "best_validation_error": record.best_validation_error, **record.trial.metaparameters,
+        "init_seed": record.trial.init_seed, "run_id": record.run_id, "reused": record.reused,
+        "seconds": round(record.seconds, 3), "seconds_per_step": record.seconds_per_step,
+        "pack_size": record.pack_size, "device": record.device,
+    } for record in outcome.records.values()]
     return pd.DataFrame(rows).astype({"steps_to_result": "Int64"})
 
 
@@ -197,9 +197,7 @@ class StudyTracker:
         """CPU, memory (and GPU, with nvidia-ml-py) of this machine on the study run every 10 s, until it ends."""
         try:
             import psutil  # noqa: F401  (MLflow's monitor needs it)
-            from mlflow.system_metrics.system_metrics_monitor import (
-                SystemMetricsMonitor,
-            )
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         except ImportError:
             raise EdpsError("--system-metrics needs psutil: pip install psutil") from None
         self._monitor = SystemMetricsMonitor(self.study_run_id, tracking_uri=str(self.client.tracking_uri))
@@ -224,11 +222,9 @@ class StudyTracker:
                 if attempt == 2 or "unique" not in str(error).lower():
                     raise
                 time.sleep(0.2 * (attempt + 1))
+
     def start_heartbeat(self) -> None:
         self.owned.start_heartbeat()
-
-    def stop_heartbeat(self) -> None:
-        self.owned.stop_heartbeat()
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {**{n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}, **pruning_params(spec)}
@@ -241,7 +237,7 @@ class StudyTracker:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
         metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity,
                    n.METRIC_GOAL_ERROR: spec.goal_error, n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished}
-        self._log(self.study_run_id, params=params, tags=tags, metrics=metrics)
+        log_batch(self.client, self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
                        allowed_errors: int, probed: ProbedTrials | None = None,
@@ -272,7 +268,7 @@ class StudyTracker:
                 tags[n.TAG_BEST_PROBE_RUN] = probed.best_probe_run_id
             if probed.probe_seconds:
                 metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
-        self._log(self.study_run_id, params=params, metrics=metrics, tags=tags)
+        log_batch(self.client, self.study_run_id, params=params, metrics=metrics, tags=tags)
         buffer = io.StringIO()
         trials_table(outcome).to_csv(buffer, index=False)
         (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
@@ -286,7 +282,7 @@ class StudyTracker:
         """FINISHED, if the study run is still ours (else ``LeaseLost``, and nothing written)."""
         self.owned.finish()
         self.close()
-        # After FINISHED, never before: an entry claims only what the store holds (study_index.py).
+        # After FINISHED, never before: an entry claims only what the store holds (index.py).
         index_study_run(self.client, self.study_run_id)
 
     def close(self) -> None:
@@ -324,7 +320,7 @@ class StudyTracker:
                 metrics[n.METRIC_PRUNING_SECONDS] = pruning.seconds
             if pruning.source is ScoreSource.CACHED:
                 metrics[n.METRIC_PRUNING_SECONDS_SAVED] = pruning.seconds_saved
-        self._log(run_id, params=params, metrics=metrics)
+        log_batch(self.client, run_id, params=params, metrics=metrics)
         if mask is None:
             return
         mask_dir = self._scratch / f"trial-{trial.index}" / n.ARTIFACT_MASK_DIR
@@ -336,12 +332,12 @@ class StudyTracker:
         metrics = {n.METRIC_TRAIN_LOSS: check.train_loss, n.METRIC_LEARNING_RATE: check.learning_rate}
         if check.validation_error is not None:
             metrics[n.METRIC_VALIDATION_ERROR] = check.validation_error
-        self._log(self.trial_runs[trial_index], metrics=metrics, step=check.step)
+        log_batch(self.client, self.trial_runs[trial_index], metrics=metrics, step=check.step)
 
     def log_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
         finite = {k: v for k, v in values.items() if v == v and abs(v) != float("inf")}
         if finite:
-            self._log(self.trial_runs[trial_index], metrics=finite, step=step)
+            log_batch(self.client, self.trial_runs[trial_index], metrics=finite, step=step)
 
     def finish_trial(self, result: TrialResult, device: str | None = None) -> str:
         """End a trial's run with its outcome, and its training seconds per step on ``device`` when it
@@ -368,25 +364,11 @@ class StudyTracker:
             tags[n.MLFLOW_RUN_NAME] = trial_run_name(self.trial_specs.pop(result.index), trial_outcome(result))
         # Step 0: the UI charts a metric whose latest step is 0 as a bar (a value), one at a later step as
         # a line, which for a single value is a lone dot.
-        self._log(run_id, params=params, metrics=metrics, tags=tags)
-        self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        log_batch(self.client, run_id, params=params, metrics=metrics, tags=tags)
+        self.client.set_terminated(run_id, RunState.FINISHED.value)
         # Counted after the trial run is FINISHED: a kill in between leaves the count short, never long, and
         # readers trust it only once the study run is FINISHED.
         self.trial_runs_finished += 1
-        self._log(self.study_run_id, metrics={n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished})
+        log_batch(self.client, self.study_run_id, metrics={n.METRIC_TRIAL_RUNS_FINISHED: self.trial_runs_finished})
         return run_id
-
-    # ---- plumbing --------------------------------------------------------------------------
-    def _log(self, run_id: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
-             metrics: dict[str, float] | None = None, step: int = 0) -> None:
-        log_batch(self.client, run_id, params=params, tags=tags, metrics=metrics, step=step)
-
-
-
-def log_launch_log(client: StoreClient, run_id: str, path: Path) -> None:
-    """The output of a submitted run as its artifact ``mlflow-run.log`` (one try: the log also stays on disk)."""
-    with tempfile.TemporaryDirectory(prefix="edps-launch-log-") as folder:
-        copy = Path(folder) / n.ARTIFACT_LAUNCH_LOG
-        shutil.copyfile(path, copy)
-        client.log_artifact(run_id, str(copy))
 

@@ -1,0 +1,251 @@
+"""The store as a service: a client that survives blips, paged searches and batched writes.
+
+    client = open_store()                 # at the start of a command: created safely when new, checked
+    client = connect(uri)                 # in a worker of a command that opened it already
+    runs = search_all(client, experiment_id, filter_string(tags={...}))
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable, TypeVar
+from urllib.parse import quote
+
+from mlflow.entities import Metric, Param, Run, RunTag, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient, get_tracking_uri
+
+from edps_mlflow import names as n
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.filters import filter_string
+from edps_mlflow.interrupts import store_call
+from edps_mlflow.store.index import Search, every_page
+from edps_mlflow.store.logs import route_library_logs
+from edps_mlflow.store.sqlite import initialise_store, require_writable
+from edps_mlflow.store.trouble import is_disk_error, uri_error
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, sqlite_path
+
+# Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
+# dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
+_TRANSIENT_MARKERS = ("database is locked", "database table is locked", "connection reset", "connection aborted",
+                      "connection refused", "connection broken", "max retries exceeded", "remote end closed",
+                      "timed out", "temporarily unavailable", "too many requests", "internal server error",
+                      "bad gateway", "service unavailable", "gateway timeout", "status code 500", "status code 502",
+                      "status code 503", "status code 504", "too many 500 error", "too many 502 error",
+                      "too many 503 error", "too many 504 error")
+STORE_ATTEMPTS = 5  # tries per store call in the middle of work; about a minute with MLflow's own retries
+_T = TypeVar("_T")
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The URI given, else what MLflow resolves now (the environment, else its default local store),
+    made explicit so that worker processes and other machines write to the same store."""
+    return tracking_uri or get_tracking_uri()
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a store error is worth another try (a blip), not a real answer."""
+    text = str(error).lower()
+    return any(marker in text for marker in _TRANSIENT_MARKERS)
+
+
+def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
+    """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
+    for attempt in range(attempts):
+        try:
+            with store_call():  # a SIGTERM waits for the call's end: no transaction left open
+                return action()
+        except (MlflowException, OSError) as error:
+            if attempt == attempts - 1 or not is_transient(error):
+                raise
+            time.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+class StoreClient:
+    """An MlflowClient whose every call survives transient store errors (:func:`call_store`). A retried write
+    may land twice when the first try succeeded unseen, with the same values: nothing that we read changes."""
+
+    def __init__(self, tracking_uri: str, attempts: int = STORE_ATTEMPTS, client: MlflowClient | None = None) -> None:
+        self._client = client or MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.attempts = attempts
+
+    def without_retries(self) -> StoreClient:
+        """The same client, each call tried once: for best-effort writes after the store failed (an abort),
+        which must not wait out the retries once more per run."""
+        return StoreClient(self.tracking_uri, attempts=1, client=self._client)
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        """A full or read-only disk names where the run's artifacts go (the OS's error from the copy names none)."""
+        try:
+            call_store(lambda: self._client.log_artifact(run_id, local_path, artifact_path), self.attempts)
+        except OSError as error:
+            if not is_disk_error(error) or error.filename:
+                raise
+            try:
+                where = self._client.get_run(run_id).info.artifact_uri
+            except Exception:  # noqa: BLE001 - the store failing too: the error as it was
+                raise error from None
+            raise OSError(error.errno, error.strerror, redact_uri(where)) from error
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            return call_store(lambda: attribute(*args, **kwargs), self.attempts)
+
+        return retried
+
+
+def connect(tracking_uri: str | None = None) -> StoreClient:
+    """A client of the store, resolved once, retrying blips. An unknown scheme, a retired backend or a missing
+    database driver is one line; a database that does not answer is given up within 15 s (require_database)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    quiet_links_with_credentials(uri)
+    route_library_logs()
+    require_database(uri)
+    try:
+        return StoreClient(uri)
+    except (MlflowException, ImportError) as error:
+        raise uri_error(uri, error) from None
+
+
+def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreClient:
+    """The store, checked once at the start of a command: created safely when new, reachable, usable, and
+    (``writes``: for commands that record runs) writable now; else one line naming it."""
+    uri = resolve_tracking_uri(tracking_uri)
+    quiet_links_with_credentials(uri)
+    route_library_logs()
+    try:
+        if sqlite_path(uri) is None:
+            require_database(uri)
+            # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
+            MlflowClient(uri).search_experiments(max_results=1)
+            created = None
+        else:
+            # Before any client: making an MlflowClient of a sqlite store already creates and migrates it.
+            created = initialise_store(uri)
+    except (MlflowException, OSError, ImportError) as error:
+        raise uri_error(uri, error) from None
+    if created is not None:
+        # A typo in the URI would otherwise train into a store nobody will look at.
+        print(f"created a new tracking store at {created} (none was there; if you expected one, check "
+              "MLFLOW_TRACKING_URI)", flush=True)
+    elif writes and sqlite_path(uri) is not None:
+        require_writable(uri)  # a read-only, full or locked store stops the command before any work
+    return connect(uri)
+
+
+# ---- database stores: a bounded first connection -------------------------------------------------------
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+DATABASE_CONNECT_SECONDS = 15.0  # the first connection of a command to a database store, retries included
+# A database restarting answers these for a few seconds; anything else (a wrong password) is an answer.
+_NOT_YET_MARKERS = ("connection refused", "timeout expired", "timed out", "could not connect", "starting up",
+                    "server closed the connection", "can't connect", "lost connection", "connection reset")
+_reached_databases: set[str] = set()
+
+
+def require_database(uri: str) -> None:
+    """For a database store: one connection made within :data:`DATABASE_CONNECT_SECONDS`, else one line. MLflow's
+    own first connection tries 10 times over about 100 s, each bounded only by the driver (minutes on a filtered
+    port)."""
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme not in _DATABASE_SCHEMES or uri in _reached_databases:
+        return
+    import sqlalchemy  # a database store's driver layer: not imported for sqlite or server stores
+    from sqlalchemy.pool import NullPool
+
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+    except sqlalchemy.exc.ArgumentError as error:
+        raise uri_error(uri, error) from None
+    started = time.monotonic()
+    pause = 0.5
+    while True:
+        left = DATABASE_CONNECT_SECONDS - (time.monotonic() - started)
+        # libpq and the MySQL drivers take whole seconds, at least 2 for libpq.
+        timeout = {} if scheme == "mssql" or "connect_timeout" in url.query else {"connect_timeout": max(2, int(left))}
+        try:
+            engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=timeout)
+            try:
+                with engine.connect():
+                    _reached_databases.add(uri)
+                    return
+            finally:
+                engine.dispose()
+        except (ImportError, sqlalchemy.exc.NoSuchModuleError) as error:  # no driver installed
+            raise uri_error(uri, error) from None
+        except sqlalchemy.exc.DBAPIError as error:
+            if not any(marker in str(error).lower() for marker in _NOT_YET_MARKERS):
+                raise uri_error(uri, error) from None
+            if time.monotonic() - started + pause >= DATABASE_CONNECT_SECONDS:
+                first = redact_uri(str(error.orig or error).strip().splitlines()[0], uri)
+                raise EdpsError(f"tracking store {redact_uri(uri)}: the database did not answer within "
+                                f"{DATABASE_CONNECT_SECONDS:g} s ({first}); check that it runs and listens "
+                                "there") from None
+        time.sleep(pause)
+        pause = min(4.0, pause * 2)
+
+
+# ---- searches and writes ---------------------------------------------------------------------------------
+def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
+    """Every run matching ``conditions`` (built by ``filters.filter_string``), page by page."""
+    return every_page(lambda size, token: client.search_runs(
+        [experiment_id], filter_string=conditions, max_results=size, page_token=token))
+
+
+def every_experiment(client: StoreClient) -> list[Any]:
+    """Every active experiment of the store, page by page."""
+    return every_page(lambda size, token: client.search_experiments(max_results=size, page_token=token))
+
+
+def searcher(client: StoreClient, experiment_ids: list[str]) -> Search:
+    """The study index's search over ``experiment_ids`` (index.Search)."""
+    def runs_found(conditions: str, deleted: bool, most: int | None) -> list[Run]:
+        view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+        return every_page(lambda size, token: client.search_runs(
+            experiment_ids, filter_string=conditions, run_view_type=view, max_results=size, page_token=token), most)
+
+    return Search(tuple(str(experiment_id) for experiment_id in experiment_ids), runs_found)
+
+
+def display_value(value: Any) -> str:
+    """A param as people read it: floats without binary noise (0.1, not 0.10000000000000006), tuples as lists."""
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    if isinstance(value, (tuple, list)):
+        return ",".join(display_value(v) for v in value)
+    return str(value)
+
+
+def log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = None,
+              tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
+    """Params, tags and metrics of one run in as few requests as MLflow's limits allow (usually one): 1,000
+    metrics, 100 params and 100 tags per call."""
+    timestamp = int(time.time() * 1000)
+    metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
+    param_list = [Param(k, display_value(v)) for k, v in (params or {}).items()]
+    tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    while metric_list or param_list or tag_list:
+        client.log_batch(run_id, metrics=metric_list[:1000], params=param_list[:100], tags=tag_list[:100])
+        metric_list, param_list, tag_list = metric_list[1000:], param_list[100:], tag_list[100:]
+
+
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where to look in the MLflow UI, in its machine-learning view: the run, else the experiment's study runs;
+    for a local store, how to start the UI."""
+    # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
+    page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
+            else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
+    if not run_id:
+        # The experiment's study runs (under their sweep runs), not its newest runs: the UI loads 100 runs at a
+        # time, newest first, which in a sweep of many studies are the trials of one study (docs/tracking.md).
+        page += "&searchFilter=" + quote(filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), safe="")
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {redact_uri(tracking_uri).rstrip('/')}/{page}"
+    return f"MLflow UI (start it with `mlflow ui --backend-store-uri {redact_uri(tracking_uri)}`): " \
+           f"http://127.0.0.1:5000/{page}"

@@ -1,0 +1,1 @@
+"""Who owns a study or sweep run (claim.py) and when its owner may write (lease.py)."""

@@ -1,0 +1,212 @@
+"""Study and sweep runs as they stand: their leases, the studies of a workload with their trials done so far
+(a sweep's plan), and the runs left behind by dead processes; as plain records, never MLflow's entities."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, TypeVar
+
+from edps_mlflow import names as n
+from edps_mlflow.filters import filter_string
+from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes
+from edps_mlflow.store import index
+from edps_mlflow.store.client import StoreClient, search_all, searcher
+
+_RUNNING = filter_string(status=RunState.RUNNING.value)
+_Run = TypeVar("_Run")
+
+
+@dataclass(frozen=True)
+class LeasedRun:
+    """A study or sweep run with its lease: RUNNING and renewed within the lease means a live owner."""
+
+    run_id: str
+    kind: str | None
+    key: str
+    state: RunState
+    start_time: int  # ms
+    renewed: float  # unix seconds of the last heartbeat (the start time when there is none)
+    parent_run_id: str | None
+    owner: str | None
+    steps_to_result: int | None
+    full_trials: bool
+
+    def live(self, lease: float, now: float | None = None) -> bool:
+        return self.state is RunState.RUNNING and (now or time.time()) - self.renewed < lease
+
+    @property
+    def order(self) -> tuple[int, str]:
+        """Which of two runs of one key came first (the earlier one is kept)."""
+        return (self.start_time, self.run_id)
+
+
+def leased(run: Any) -> LeasedRun:
+    """A run (MLflow's, or the study index's view of one) with its lease."""
+    tags = run.data.tags
+    try:
+        renewed = float(tags[n.TAG_HEARTBEAT])
+    except (KeyError, ValueError):
+        renewed = (run.info.start_time or 0) / 1000
+    steps = run.data.metrics.get(n.METRIC_STEPS_TO_RESULT)
+    kind = tags.get(n.TAG_KIND)
+    key_tag = n.TAG_SWEEP_KEY if kind == n.KIND_SWEEP else n.TAG_STUDY_KEY
+    return LeasedRun(
+        run_id=run.info.run_id, kind=kind, key=tags.get(key_tag, ""),
+        state=RunState(run.info.status), start_time=run.info.start_time or 0, renewed=renewed,
+        parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), owner=tags.get(n.TAG_LEASE_OWNER),
+        steps_to_result=int(steps) if steps is not None else None,
+        full_trials=tags.get(n.TAG_STOPPING) == n.STOPPING_FULL_TRIALS)
+
+
+def get_leased(client: StoreClient, run_id: str) -> LeasedRun:
+    return leased(client.get_run(run_id))
+
+
+def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> list[LeasedRun]:
+    """Every study (or sweep) run with ``key``, earliest first."""
+    key_tag = n.TAG_SWEEP_KEY if kind == n.KIND_SWEEP else n.TAG_STUDY_KEY
+    runs = search_all(client, experiment_id, filter_string(tags={n.TAG_KIND: kind, key_tag: key}))
+    return sorted((leased(r) for r in runs), key=lambda r: r.order)
+
+
+def latest_finished_study(client: StoreClient, experiment_id: str, study_key: str,
+                          full_trials: bool) -> LeasedRun | None:
+    """The latest FINISHED study run of the key in the same early-stopping mode (None: not done)."""
+    done = [r for r in keyed_runs(client, experiment_id, n.KIND_STUDY, study_key)
+            if r.state.is_finished and r.full_trials == full_trials]
+    return done[-1] if done else None
+
+
+def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str,
+               views: list[index.RunView] | None = None) -> list[LeasedRun]:
+    """The sweep runs of ``sweep_key``, earliest first: the parents of the key's study runs (``views``: as
+    :func:`study_views` read them) and the RUNNING sweep runs of the key, else (none found) a search by key.
+    A sweep run that parents no study and has ended is missed (it did nothing)."""
+    search = searcher(client, [experiment_id])
+    wanted = {n.TAG_SWEEP_KEY: sweep_key}
+    keyed = index.study_runs(search, wanted) if views is None else index.with_tags(views, wanted)
+    parents = {run.data.tags.get(n.MLFLOW_PARENT_RUN_ID) for run in keyed}
+    candidates = [*index.by_ids(search, parents - {None}), *search(_RUNNING, False)]
+    found = {run.info.run_id: leased(run) for run in candidates
+             if run.data.tags.get(n.TAG_KIND) == n.KIND_SWEEP and run.data.tags.get(n.TAG_SWEEP_KEY) == sweep_key}
+    if not found:
+        return keyed_runs(client, experiment_id, n.KIND_SWEEP, sweep_key)
+    return sorted(found.values(), key=lambda r: r.order)
+
+
+def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[LeasedRun]:
+    """The experiment's runs left RUNNING by dead owners (:func:`expired`)."""
+    return expired([leased(r) for r in search_all(client, experiment_id, _RUNNING)], lease, time.time())
+
+
+def expired(runs: list[_Run], lease: float, now: float) -> list[_Run]:
+    """The runs left RUNNING by dead owners: study and sweep runs whose lease ran out, and trial runs whose study
+    run is not live (left behind by a killed process). ``runs``: LeasedRun, or doctor's RunFacts."""
+    owners = (n.KIND_STUDY, n.KIND_SWEEP)
+    running = [r for r in runs if r.state is RunState.RUNNING]
+    live = {r.run_id for r in running if r.kind in owners and now - r.renewed < lease}
+    return [r for r in running if (r.kind in owners and r.run_id not in live)
+            or (r.kind == n.KIND_TRIAL and r.parent_run_id not in live)]
+
+
+def running_trial_runs(client: StoreClient, experiment_id: str, study_run_id: str) -> list[str]:
+    """The ids of the trial runs of one study run that are still RUNNING (one search by tag)."""
+    return [run.info.run_id for run in search_all(client, experiment_id, filter_string(
+        tags={n.TAG_KIND: n.KIND_TRIAL, n.MLFLOW_PARENT_RUN_ID: study_run_id}, status=RunState.RUNNING.value))]
+
+
+@dataclass(frozen=True)
+class StoredStudy:
+    run_id: str
+    study_key: str
+    state: RunState
+    parent_run_id: str | None
+    steps_to_result: int | None
+    full_trials: bool  # measured with every trial run to its own end
+    start_time: int = 0  # ms
+    # Its tag edps.trial_outcomes as written (decoded on demand by trial_outcomes: most readers only count)
+    trial_outcomes_text: str | None = None
+    live: bool = False  # RUNNING with its lease renewed in time
+    # Trials done so far: those it reused when it started (its tag edps.trials_reused) and the trial runs it
+    # finished since (its metric trials/runs_finished)
+    trials_so_far: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state.is_finished
+
+    @property
+    def order(self) -> tuple[int, str]:
+        return (self.start_time, self.run_id)
+
+    @property
+    def trial_outcomes(self) -> tuple[TrialOutcome, ...] | None:
+        """Its trials, from its tag edps.trial_outcomes (None: a study written before the tag; see
+        trials.study_trial_outcomes). Decoded when asked: most readers only count."""
+        decoded = decode_trial_outcomes(self.trial_outcomes_text)
+        return tuple(decoded) if decoded is not None else None
+
+
+def stored_study(run: Any, lease: float, now: float) -> StoredStudy:
+    """A study run (MLflow's, or the study index's view of one) as readers of studies see it."""
+    tags, metrics = run.data.tags, run.data.metrics
+    leased_run = leased(run)
+    reused = tags.get(n.TAG_REUSED, "0")
+    return StoredStudy(
+        run_id=leased_run.run_id, study_key=leased_run.key, state=leased_run.state,
+        parent_run_id=leased_run.parent_run_id, steps_to_result=leased_run.steps_to_result,
+        full_trials=leased_run.full_trials, start_time=leased_run.start_time,
+        trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES), live=leased_run.live(lease, now),
+        trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0)))
+
+
+def study_views(client: StoreClient, experiment_id: str) -> list[index.RunView]:
+    """Every study run of the experiment, as index.study_runs reads it: one read, which a command that asks
+    several questions of the studies (a sweep's plan and its sweep runs) passes to each."""
+    return index.study_runs(searcher(client, [experiment_id]))
+
+
+def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: float,
+               views: list[index.RunView] | None = None) -> list[StoredStudy]:
+    """Every study run of a workload in the experiment (index.study_runs); ``lease`` tells a live run; ``views``:
+    the experiment's study runs as :func:`study_views` read them, instead of reading them again."""
+    wanted = {n.TAG_WORKLOAD: workload}
+    runs = (index.study_runs(searcher(client, [experiment_id]), wanted) if views is None
+            else index.with_tags(views, wanted))
+    now = time.time()
+    return [stored_study(run, lease, now) for run in runs]
+
+
+def planned_trial_counts(client: StoreClient, experiment_id: str, stored: list[StoredStudy],
+                         study_keys: Iterable[str]) -> dict[str, int]:
+    """study key -> its finished trials, for studies that have study runs (``stored``) but none finished: a
+    live study's latest run says it (trials_so_far); one whose process is gone is looked up by key (its run's
+    count may be one short, and the runs before it may have finished trials too)."""
+    latest: dict[str, StoredStudy] = {}
+    for run in sorted(stored, key=lambda r: r.order):
+        latest[run.study_key] = run
+    counts: dict[str, int] = {}
+    stopped = []
+    for key in dict.fromkeys(study_keys):
+        run = latest.get(key)
+        if run is not None and run.live:
+            counts[key] = run.trials_so_far
+        else:
+            stopped.append(key)
+    counts.update(finished_trial_counts(client, experiment_id, stopped))
+    return counts
+
+
+def finished_trial_counts(client: StoreClient, experiment_id: str, study_keys: Iterable[str]) -> dict[str, int]:
+    """study_key -> number of FINISHED trial runs logged for it: one search per key (callers ask for a few)."""
+    return {key: len(search_all(client, experiment_id, filter_string(
+        tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_KEY: key}, status=RunState.FINISHED.value)))
+        for key in dict.fromkeys(study_keys)}
+
+
+def trial_runs_finished(client: StoreClient, experiment_id: str, run_ids: Iterable[str]) -> dict[str, int]:
+    """study run id -> the trial runs it has finished so far, in a search by id (the mlflow-project executor's
+    progress)."""
+    return {run.info.run_id: int(run.data.metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0))
+            for run in index.by_ids(searcher(client, [experiment_id]), run_ids)}

@@ -1,0 +1,109 @@
+"""What a study reads of trials already measured: finished trials by key (reuse), the best point of its
+neighbour on the curve (trial order), and the trials of a finished study (an adaptive sweep's bootstrap)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+from edps_mlflow import names as n
+from edps_mlflow.config import StudySpec, study_family
+from edps_mlflow.curves import CurveId
+from edps_mlflow.filters import filter_string
+from edps_mlflow.results import RunState, TrialOutcome, TrialStatus, decode_trial_outcomes
+from edps_mlflow.store.client import StoreClient, search_all
+
+
+@dataclass(frozen=True)
+class StoredTrial:
+    """A finished trial found in the store."""
+
+    run_id: str
+    trial_key: str
+    status: TrialStatus
+    steps_to_result: int | None
+    steps_trained: int
+    best_validation_error: float | None
+    # How fast it trained, where (None: a run from before these were recorded, or one that trained no step).
+    seconds_per_step: float | None = None
+    pack_size: float | None = None
+    device: str | None = None
+
+
+def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
+    """trial_key -> the latest finished trial run with that key, from any study of the same family."""
+    runs = search_all(client, experiment_id, filter_string(
+        tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_FAMILY: study_family(spec)}, status=RunState.FINISHED.value))
+    found: dict[str, StoredTrial] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+        tags, metrics = run.data.tags, run.data.metrics
+        key = tags.get(n.TAG_TRIAL_KEY)
+        status_name = tags.get(n.TAG_STATUS)
+        if key is None or status_name is None:
+            continue  # later runs replace earlier ones: the latest measurement of a key wins
+        steps = metrics.get(n.METRIC_STEPS_TO_RESULT)
+        found[key] = StoredTrial(
+            run_id=run.info.run_id, trial_key=key, status=TrialStatus(status_name),
+            steps_to_result=int(steps) if steps is not None else None,
+            steps_trained=int(metrics.get(n.METRIC_STEPS_TRAINED, 0)),
+            best_validation_error=metrics.get(n.METRIC_BEST_VALIDATION_ERROR),
+            seconds_per_step=metrics.get(n.METRIC_SECONDS_PER_STEP), pack_size=metrics.get(n.METRIC_PACK_SIZE),
+            device=run.data.params.get(n.PARAM_DEVICE),
+        )
+    return found
+
+
+def neighbour_best_point(client: StoreClient, experiment_id: str,
+                         spec: StudySpec) -> tuple[int, dict[str, float]] | None:
+    """(batch size, best metaparameters) of the finished study on the same curve (curves.CurveId) at the
+    nearest batch size, if any. Used only to order trials (promising ones first): it changes the cost,
+    never the result."""
+    curve = CurveId.of(spec)
+    runs = search_all(client, experiment_id, filter_string(
+        tags={n.TAG_KIND: n.KIND_STUDY, **curve.search_tags()}, status=RunState.FINISHED.value))
+    candidates = []
+    for run in runs:
+        if n.METRIC_STEPS_TO_RESULT not in run.data.metrics:
+            continue
+        try:
+            batch_size = int(run.data.tags[n.TAG_BATCH_SIZE])
+            if CurveId.from_tags(run.data.tags) != curve:
+                continue
+        except (KeyError, ValueError):
+            continue
+        point = {k[len(n.PARAM_BEST_PREFIX):]: float(v) for k, v in run.data.params.items()
+                 if k.startswith(n.PARAM_BEST_PREFIX)}
+        if point and batch_size > 0:
+            candidates.append((abs(math.log2(batch_size) - math.log2(spec.batch_size)), batch_size, point))
+    if not candidates:
+        return None
+    _, batch_size, point = min(candidates, key=lambda c: (c[0], c[1]))
+    return batch_size, point
+
+
+def study_trial_outcomes(client: StoreClient, run_id: str) -> list[TrialOutcome]:
+    """The trials of a finished study run: from its tag edps.trial_outcomes, else (a study written before
+    the tag, or with too many trials for one) from its ``trials.csv`` artifact; empty when it has neither."""
+    decoded = decode_trial_outcomes(client.get_run(run_id).data.tags.get(n.TAG_TRIAL_OUTCOMES))
+    if decoded is not None:
+        return decoded
+    with tempfile.TemporaryDirectory(prefix="edps-trials-") as scratch:
+        try:
+            path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=scratch)
+            rows = list(csv.DictReader(Path(path).read_text().splitlines()))
+        except (MlflowException, OSError):
+            return []
+    outcomes = []
+    for row in rows:
+        try:
+            steps = row.get("steps_to_result") or ""
+            outcomes.append(TrialOutcome(int(row["trial_index"]), TrialStatus(row["status"]),
+                                         int(float(steps)) if steps else None, int(float(row["steps_trained"] or 0))))
+        except (KeyError, ValueError):
+            return []  # not a trials table of ours: the study gets no bootstrap
+    return outcomes

@@ -1,0 +1,179 @@
+"""A store error as the one line a user sees: the store, without secrets, and the cause; for a store that is
+locked (and by which process), read-only or full, what to do."""
+
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import get_tracking_uri
+
+from edps_mlflow.errors import EdpsError
+from edps_mlflow.uris import explain_store_error, redact_uri, sqlite_path
+
+
+def describe_store_error(uri: str, error: BaseException) -> str:
+    """The one line for a store error: the store (without secrets) and the cause: locked (by whom),
+    read-only or full when it is one of those, else the error's first line."""
+    trouble = store_trouble(error)
+    if trouble is not None:
+        return trouble_line(uri, trouble, error)
+    message = getattr(error, "message", None) or str(error) or type(error).__name__
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    # Redacted before it is cut: a cut through a password would leave its start unrecognised.
+    first = redact_uri(first, str(uri))
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"tracking store {redact_uri(str(uri))}: {explain_store_error(first)}"
+
+
+def uri_error(uri: str, error: BaseException) -> EdpsError:
+    return EdpsError(describe_store_error(uri, error))
+
+
+_STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "psycopg2", "psycopg")
+
+
+def store_error_line(error: BaseException, tracking_uri: str | None = None) -> str | None:
+    """The one line for an error raised by the tracking store or its client libraries, or for a file that
+    could not be written because its disk is full or read-only (the store's artifacts); None for others."""
+    if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES and not is_disk_error(error):
+        return None
+    return describe_store_error(tracking_uri or get_tracking_uri(), error)
+
+
+@contextmanager
+def store_errors(client: Any) -> Iterator[None]:
+    """An MLflow error inside the block becomes the one line the user sees."""
+    try:
+        yield
+    except MlflowException as error:
+        raise uri_error(str(client.tracking_uri), error) from None
+
+
+class StoreTrouble(Enum):
+    LOCKED = "locked"  # another process holds the write lock past the busy timeout
+    READ_ONLY = "read-only"
+    FULL = "full"  # the disk (or the quota) of the database or of an artifact
+
+
+# Where each is written: sqlite's messages, the OS's (artifacts, journals), PostgreSQL's read-only server.
+_TROUBLE_MARKERS = {
+    StoreTrouble.LOCKED: ("database is locked", "database table is locked"),
+    StoreTrouble.READ_ONLY: ("attempt to write a readonly database", "read-only file system",
+                             "read-only transaction"),
+    StoreTrouble.FULL: ("database or disk is full", "no space left on device", "disk quota exceeded"),
+}
+_TROUBLE_ERRNOS = {errno.ENOSPC: StoreTrouble.FULL, errno.EDQUOT: StoreTrouble.FULL,
+                   errno.EROFS: StoreTrouble.READ_ONLY}
+
+
+def is_disk_error(error: BaseException) -> bool:
+    """An OSError of a full or read-only disk (an artifact, a journal that could not be written)."""
+    return isinstance(error, OSError) and error.errno in _TROUBLE_ERRNOS
+
+
+def store_trouble(error: BaseException) -> StoreTrouble | None:
+    """Locked, read-only or full, when ``error`` (or an error it was raised from) says so: MLflow wraps
+    SQLAlchemy's error, which wraps sqlite's, and SQLAlchemy's first line may be a hint about autoflush."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _TROUBLE_ERRNOS:
+            return _TROUBLE_ERRNOS[current.errno]
+        text = str(current).lower()
+        for trouble, markers in _TROUBLE_MARKERS.items():
+            if any(marker in text for marker in markers):
+                return trouble
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def trouble_line(uri: str, trouble: StoreTrouble, error: BaseException | None = None, waited: str = "") -> str:
+    """The one line for a locked, read-only or full store: the cause, the store, and what to do."""
+    store = redact_uri(str(uri))
+    path = sqlite_path(str(uri))
+    if isinstance(error, OSError):  # a file of the store: an artifact (its folder), a journal
+        where = str(error.filename) if error.filename else "its files"
+    else:
+        where = str(path) if path is not None else "it"
+    if trouble is StoreTrouble.LOCKED:
+        holders = lock_holders(path.resolve()) if path is not None else []
+        stopped = [pid for pid in holders if _is_stopped(pid)]
+        who = (f"{'process' if len(holders) == 1 else 'processes'} "
+               f"{', '.join(_process_description(pid) for pid in holders)}" if holders else "another process")
+        advice = (f"resume it (`kill -CONT {' '.join(map(str, stopped))}`) or end it" if stopped else
+                  "wait for it to finish or end it")
+        return (f"tracking store {store} is locked: {who} holds its write lock and did not release it "
+                f"{f'within {waited}' if waited else 'while this process waited and tried again'}; {advice}, "
+                "then run the same command again")
+    if trouble is StoreTrouble.READ_ONLY:
+        return (f"tracking store {store} is read-only: {where} cannot be written ({_cause(error, trouble)}); make "
+                f"it writable (its folder too), or set MLFLOW_TRACKING_URI to a writable store, then run the same "
+                "command again")
+    return (f"tracking store {store}: no space left on the disk that holds {where} ({_cause(error, trouble)}); "
+            "free space there (or raise the quota), then run the same command again")
+
+
+def _cause(error: BaseException | None, trouble: StoreTrouble) -> str:
+    """The words of the error that say it (sqlite's, or the OS's), else the trouble's name."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).lower() if error is not None else ""
+    return next((marker for marker in _TROUBLE_MARKERS[trouble] if marker in text), trouble.value)
+
+
+# sqlite's locks are fcntl byte-range locks (os_unix.c): PENDING at 1 GiB, RESERVED after it, then 510 bytes
+# that readers share and the EXCLUSIVE writer takes whole. A write lock there stops writers (and readers,
+# while PENDING or EXCLUSIVE); a read lock there is a reader, which keeps a writer from committing.
+_PENDING_BYTE = 0x40000000
+_LAST_LOCK_BYTE = _PENDING_BYTE + 2 + 510 - 1
+
+
+def lock_holders(path: Path) -> list[int]:
+    """The processes (other than this one) that hold sqlite's write lock on the database file ``path``, else
+    those that hold its read lock; read from /proc/locks, so Linux only ([] elsewhere, or in WAL mode)."""
+    try:
+        stat = path.stat()
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    writers: set[int] = set()
+    readers: set[int] = set()
+    for line in lines:
+        fields = line.split()
+        # "1: POSIX  ADVISORY  WRITE 2155 fe:00:2171355 1073741824 1073742335"; "->" marks a waiter.
+        if len(fields) != 8 or fields[1] != "POSIX" or fields[5] != device:
+            continue
+        kind, pid, start = fields[3], int(fields[4]), int(fields[6])
+        end = _LAST_LOCK_BYTE if fields[7] == "EOF" else int(fields[7])
+        if pid == os.getpid() or end < _PENDING_BYTE or start > _LAST_LOCK_BYTE:
+            continue
+        (writers if kind == "WRITE" else readers).add(pid)
+    return sorted(writers or readers)
+
+
+def _process_description(pid: int) -> str:
+    """``1234 (python -m edps_mlflow.cli study ..., stopped)``: its command line, cut and without secrets."""
+    try:
+        words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+    except OSError:
+        return str(pid)
+    command = redact_uri(" ".join(" ".join(words).split()))  # one line, whatever the arguments hold
+    command = command if len(command) <= 100 else command[:100] + "..."
+    return f"{pid} ({command}{', stopped' if _is_stopped(pid) else ''})"
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (Ctrl-Z, SIGSTOP) or held by a debugger."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
