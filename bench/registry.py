@@ -495,8 +495,7 @@ def prepare_store(uri: str) -> tuple[int, str]:
     """The store's schema and the experiment with its study index run, made by the project as any command
     makes them; their ids."""
     from edps_mlflow.store.client import open_store
-    from edps_mlflow.store.write.experiment import resolve_experiment
-    from edps_mlflow.store.write.index import index_run_id
+    from edps_mlflow.store.experiment import index_run_id, resolve_experiment
 
     client = open_store(uri)
     experiment_id = resolve_experiment(client, EXPERIMENT)

@@ -15,14 +15,13 @@ from edps_mlflow.names import (EXPERIMENT_TAG_CHECKED_UNTIL, EXPERIMENT_TAG_CREA
                                KIND_TRIAL)
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, open_store
+from edps_mlflow.store.experiment import complete_index, record_doctor_check
 from edps_mlflow.store.ownership.claim import mark_dead
 from edps_mlflow.store.ownership.lease import expired_reason, lease_seconds
 from edps_mlflow.store.read.doctor import (RunFacts, doctor_read, experiments, index_is_complete,
                                            unindexed_study_runs)
 from edps_mlflow.store.read.runs import expired
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.store.write.experiment import record_doctor_check
-from edps_mlflow.store.write.index import complete_index
 
 # The runs of problems a check remembers for the next (an experiment tag holds their ids); with more, the next
 # check reads every run again.

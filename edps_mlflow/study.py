@@ -50,8 +50,8 @@ from edps_mlflow.results import (
 )
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
 from edps_mlflow.store.client import StoreClient, connect, open_store, ui_link
+from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.store.write.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload

@@ -42,8 +42,8 @@ from edps_mlflow.resources import refuse_missing_device
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.store.client import open_store, ui_link
+from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.store.write.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.write.sweep import SweepTracker, create_sweep_run
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload

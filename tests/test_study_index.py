@@ -21,7 +21,7 @@ from edps_mlflow.store.index import RunDataView, RunInfoView, RunView, entry_of
 from edps_mlflow.store.ownership.lease import OwnedRun
 from edps_mlflow.store.read.doctor import CLOCK_MARGIN_MS, doctor_read
 from edps_mlflow.store.read.runs import keyed_runs, study_runs, trial_runs_finished
-from edps_mlflow.store.write.experiment import resolve_experiment
+from edps_mlflow.store.experiment import resolve_experiment
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from conftest import run_edps
 

@@ -123,7 +123,7 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
     started = time.perf_counter()
     client = connect(task.tracking_uri)
     done = latest_finished_study(client, task.experiment_id, task.spec.study_key,
-                                          task.spec.full_trials(task.full_trials))
+                                 task.spec.full_trials(task.full_trials))
     if done is not None:
         return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
     # Here, not at the top: the study loads torch (over a second), which the sweep's parent, planning and

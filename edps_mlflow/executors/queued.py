@@ -201,8 +201,7 @@ class _JobQueue:
             yield_run(sweep.client, run_id, rival.run_id, keep_kind=False)
 
         rules = ClaimRules(kind=KIND_STUDY, key=key, label=label, on_live=OnLive.WATCH, finished=lambda: (
-            latest_finished_study(sweep.client, sweep.experiment_id, key,
-                                           spec.full_trials(self.options.full_trials))))
+            latest_finished_study(sweep.client, sweep.experiment_id, key, spec.full_trials(self.options.full_trials))))
         try:
             claimed = claim(sweep.client, sweep.experiment_id, rules, create, self.out, give_way)
         except EdpsError as error:
@@ -243,7 +242,7 @@ class _JobQueue:
                 mark_dead(sweep.client, [run.run_id], expired_reason(self.lease))
         self.running.remove(entry)
         done = latest_finished_study(sweep.client, sweep.experiment_id, entry.spec.study_key,
-                                              entry.spec.full_trials(self.options.full_trials))
+                                     entry.spec.full_trials(self.options.full_trials))
         if entry.job is not None:
             self._keep_log(entry)
         if done is not None:

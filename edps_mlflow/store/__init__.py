@@ -1,13 +1,13 @@
-"""The tracking store: the one part of training that talks to MLflow (and imports no torch).
+"""The tracking store: the one part of training that talks to MLflow (and imports no torch). From the bottom up:
 
-    client.py     a client that survives blips; open_store and connect; paged searches; batched writes
     trouble.py    a store error as one line: locked (by whom), read-only, full
     sqlite.py     a sqlite store built safely and checked before use; plugin.py hands that to MLflow
-    logs.py       MLflow's log records to the command's log file
+    client.py     a client that survives blips; open_store and connect; paged searches; batched writes
     index.py      the study index: every study run of an experiment without a search of its trial runs
     read/         what commands read: a study's trials, study and sweep runs, status rows, doctor's facts
-    write/        what they write: experiments, index entries, study and trial runs, sweep runs
+    experiment.py an experiment, made with its study index; the index's entries; doctor's marks
     ownership/    who owns a study or sweep run: leases, heartbeats, the claim
+    write/        what a study and a sweep leave: the study run and its trial runs, the sweep run
 
 This file imports nothing: MLflow loads plugin.py while it imports itself.
 """

@@ -39,15 +39,8 @@ _T = TypeVar("_T")
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
-    """The URI given, else what MLflow resolves now (the environment, else its default local store),
-    made explicit so that worker processes and other machines write to the same store."""
+    """The URI given, else what MLflow resolves now, made explicit for worker processes and other machines."""
     return tracking_uri or get_tracking_uri()
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether a store error is worth another try (a blip), not a real answer."""
-    text = str(error).lower()
-    return any(marker in text for marker in _TRANSIENT_MARKERS)
 
 
 def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
@@ -57,7 +50,7 @@ def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
             with store_call():  # a SIGTERM waits for the call's end: no transaction left open
                 return action()
         except (MlflowException, OSError) as error:
-            if attempt == attempts - 1 or not is_transient(error):
+            if attempt == attempts - 1 or not any(marker in str(error).lower() for marker in _TRANSIENT_MARKERS):
                 raise
             time.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
@@ -73,8 +66,7 @@ class StoreClient:
         self.attempts = attempts
 
     def without_retries(self) -> StoreClient:
-        """The same client, each call tried once: for best-effort writes after the store failed (an abort),
-        which must not wait out the retries once more per run."""
+        """The same client, each call tried once: for best-effort writes after the store failed (an abort)."""
         return StoreClient(self.tracking_uri, attempts=1, client=self._client)
 
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
@@ -150,9 +142,8 @@ _reached_databases: set[str] = set()
 
 
 def require_database(uri: str) -> None:
-    """For a database store: one connection made within :data:`DATABASE_CONNECT_SECONDS`, else one line. MLflow's
-    own first connection tries 10 times over about 100 s, each bounded only by the driver (minutes on a filtered
-    port)."""
+    """For a database store: one connection made within :data:`DATABASE_CONNECT_SECONDS`, else one line (MLflow's
+    own first connection tries for about 100 s, and minutes on a port that drops packets)."""
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
     if scheme not in _DATABASE_SCHEMES or uri in _reached_databases:
         return
@@ -193,9 +184,8 @@ def require_database(uri: str) -> None:
 
 # ---- searches and writes ---------------------------------------------------------------------------------
 def search_all(client: StoreClient, experiment_id: str, conditions: str) -> list[Run]:
-    """Every run matching ``conditions`` (built by ``filters.filter_string``), page by page."""
-    return every_page(lambda size, token: client.search_runs(
-        [experiment_id], filter_string=conditions, max_results=size, page_token=token))
+    """Every active run of the experiment matching ``conditions`` (``filters.filter_string``), page by page."""
+    return searcher(client, [experiment_id])(conditions)
 
 
 def every_experiment(client: StoreClient) -> list[Any]:
@@ -224,13 +214,12 @@ def display_value(value: Any) -> str:
 
 def log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = None,
               tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None, step: int = 0) -> None:
-    """Params, tags and metrics of one run in as few requests as MLflow's limits allow (usually one): 1,000
-    metrics, 100 params and 100 tags per call."""
+    """Params, tags and metrics of one run in as few requests as MLflow's limits allow (usually one)."""
     timestamp = int(time.time() * 1000)
     metric_list = [Metric(k, float(v), timestamp, step) for k, v in (metrics or {}).items()]
     param_list = [Param(k, display_value(v)) for k, v in (params or {}).items()]
     tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-    while metric_list or param_list or tag_list:
+    while metric_list or param_list or tag_list:  # at most 1,000 metrics, 100 params and 100 tags per call
         client.log_batch(run_id, metrics=metric_list[:1000], params=param_list[:100], tags=tag_list[:100])
         metric_list, param_list, tag_list = metric_list[1000:], param_list[100:], tag_list[100:]
 

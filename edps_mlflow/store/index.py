@@ -8,7 +8,7 @@ every study reads the index run, then by id the runs whose entry says RUNNING, a
 (:func:`study_runs`). What keeps it true, whatever process is killed at whatever moment:
 
 - An entry is written when its run is created (RUNNING) and after each change of its state that this
-  project makes, from the run as the store holds it then (write/index.py). A study run never leaves
+  project makes, from the run as the store holds it then (experiment.py). A study run never leaves
   FINISHED, FAILED or KILLED, so an entry in one of these states is final and is trusted; one that says
   RUNNING may be stale and its run is read from the store. A run killed before its first entry is RUNNING:
   readers find it among the RUNNING runs, and whoever marks it FAILED writes its entry.

@@ -29,10 +29,10 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.experiment import index_study_run
 from edps_mlflow.store.ownership.lease import LEASE_VARIABLE, OwnedRun, expired_reason, heartbeat_tags, lease_seconds
 from edps_mlflow.store.read.runs import LeasedRun, expired_runs, get_leased, keyed_runs
 from edps_mlflow.store.trouble import describe_store_error
-from edps_mlflow.store.write.index import index_study_run
 
 # Between a new run's two looks for an earlier run of its key: longer than a process is descheduled between
 # taking its start time and writing its run, on a loaded machine.
@@ -122,7 +122,9 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
         if rules.on_live is OnLive.WATCH:
             return Claim(busy=rival)
         if rules.on_live is OnLive.REFUSE:
-            raise EdpsError(describe_live(rules.label, rival, lease))
+            raise EdpsError(f"{rules.label} is being run by the live run {rival.run_id} (heartbeat "
+                            f"{time.time() - rival.renewed:.0f} s ago, lease {lease:g} s); not starting a duplicate: "
+                            "pass --wait to wait for it")
         wait_for(client, rival.run_id, lease, out, rules.label)
 
 
@@ -149,11 +151,6 @@ def earlier_live_rival(client: StoreClient, experiment_id: str, kind: str, key: 
         return None
     rivals = [r for r in live_runs(runs, lease) if r.run_id != mine and r.order < own.order]
     return rivals[0] if rivals else None
-
-
-def describe_live(label: str, run: LeasedRun, lease: float) -> str:
-    return (f"{label} is being run by the live run {run.run_id} (heartbeat {time.time() - run.renewed:.0f} s ago, "
-            f"lease {lease:g} s); not starting a duplicate: pass --wait to wait for it")
 
 
 def wait_for(client: StoreClient, run_id: str, lease: float, out: TextIO, label: str) -> LeasedRun:

@@ -20,7 +20,7 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient
-from edps_mlflow.store.write.index import index_study_run
+from edps_mlflow.store.experiment import index_study_run
 
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0

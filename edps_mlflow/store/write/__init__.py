@@ -1,1 +1,1 @@
-"""What commands write to the store; every write of a run goes through one of these modules."""
+"""What a study and a sweep leave in the store: their runs, written only while this process owns them."""

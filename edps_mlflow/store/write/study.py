@@ -29,10 +29,9 @@ from edps_mlflow.pruning import method_info
 from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, RunState, ScoreSource, StudyOutcome, TrialOutcome,
                                   TrialResult, TrialStatus, encode_trial_outcomes, trial_steps_lower_bound)
 from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.experiment import create_run, index_study_run
 from edps_mlflow.store.index import MAX_TAG_VALUE
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
-from edps_mlflow.store.write.experiment import create_run
-from edps_mlflow.store.write.index import index_study_run
 from edps_mlflow.uris import redact_uri
 
 if TYPE_CHECKING:

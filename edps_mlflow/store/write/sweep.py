@@ -16,9 +16,9 @@ from typing import Any
 from edps_mlflow import __version__
 from edps_mlflow import names as n
 from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.experiment import create_run
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.store.write.experiment import create_run
 
 
 def create_sweep_run(client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
