@@ -410,15 +410,16 @@ class Advancing(Protocol):
 
 
 class Pace(Protocol):
-    """Keeps processes that interleave shares of one study's chunks in step: without it a process whose
-    chunks end early runs whole rounds ahead of the others, past a best step another process is about
-    to find."""
+    """Keeps processes that interleave shares of one study's chunks in step, advance by advance: without it
+    a process runs ahead of the others (its chunks end early, or it has the cores), past a best step another
+    process is about to find. A share's place is its furthest-behind step and its turn there (how many of
+    its chunks at that step it has advanced)."""
 
-    def publish(self, step: int | None) -> None:
-        """This share's furthest-behind step (None: the share is done)."""
+    def publish(self, step: int | None, turn: int) -> None:
+        """This share's place (``step`` None: the share is done)."""
 
-    def wait_for(self, step: int) -> None:
-        """Return once every other share is at ``step`` or beyond."""
+    def wait_for(self, step: int, turn: int) -> None:
+        """Return once every other share has reached this place or passed it."""
 
 
 def interleave(runs: Sequence[Advancing], bound: StepBound, pace: Pace | None = None) -> None:
@@ -427,20 +428,24 @@ def interleave(runs: Sequence[Advancing], bound: StepBound, pace: Pace | None = 
     it, whatever the order: the study costs about what proving its minimum costs. Among runs at the same
     step the lowest training loss at the last check goes first (the likeliest to reach, which spares the
     others that round's interval), then the given order (the study's trial order, which alone decides the
-    first round). A single run is plain depth-first training. With a ``pace``, no round starts before
-    every other share has finished the one before."""
+    first round). A single run is plain depth-first training. With a ``pace``, no share starts its n-th
+    chunk of a round before every other share has finished its (n-1)-th (or the round): a best step found
+    in one process stops the others' trials after the one interval each was training, not after their
+    whole round."""
+    turn, turn_step = 0, -1
     while True:
         pending = [(run.step, run.last_loss, position) for position, run in enumerate(runs) if not run.done]
         if not pending:
             break
         step, _, position = min(pending)
         if pace is not None:
-            pace.publish(step)
+            turn, turn_step = (turn + 1 if step == turn_step else 0), step
+            pace.publish(step, turn)
             if step < bound.limit():  # stopping a trial the bound rules out needs no waiting
-                pace.wait_for(step)
+                pace.wait_for(step, turn)
         runs[position].advance(bound)
     if pace is not None:
-        pace.publish(None)
+        pace.publish(None, 0)
 
 
 def train_trials(workload: Workload, data: DataSplits, setups: Sequence[TrialSetup],

@@ -141,22 +141,24 @@ def train_share(job: TrainingJob, share: Sequence[Sequence[int]], data: DataSpli
 
 
 class SharedPace:
-    """A Pace over shared memory: one slot per breadth-first share with its furthest-behind step.
+    """A Pace over shared memory: one slot per breadth-first share with its place, step * TURNS + turn.
 
     Every share is taken by a worker of its own as the pool starts (a worker takes its next task only
     when its share is done, and a share waits only for shares behind it), so the wait always ends."""
 
     DONE = 2**62
-    POLL_SECONDS = 0.002  # a round is at least a few steps (milliseconds each)
+    TURNS = 2**20  # more than the chunks of any share, so that places order as (step, turn) do
+    POLL_SECONDS = 0.002  # an advance is at least a few steps (milliseconds each)
 
     def __init__(self, steps: Any, slot: int) -> None:
         self.steps, self.slot = steps, slot
 
-    def publish(self, step: int | None) -> None:
-        self.steps[self.slot] = self.DONE if step is None else step
+    def publish(self, step: int | None, turn: int) -> None:
+        self.steps[self.slot] = self.DONE if step is None else step * self.TURNS + turn
 
-    def wait_for(self, step: int) -> None:
-        while min(v for i, v in enumerate(self.steps[:]) if i != self.slot) < step:
+    def wait_for(self, step: int, turn: int) -> None:
+        place = step * self.TURNS + turn
+        while min(v for i, v in enumerate(self.steps[:]) if i != self.slot) < place:
             time.sleep(self.POLL_SECONDS)
 
 
