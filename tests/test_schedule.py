@@ -119,7 +119,7 @@ def test_trial_steps_lower_bound():
 
 
 def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(monkeypatch):
-    from edps_mlflow import study
+    from edps_mlflow import resources, study
     from edps_mlflow.config import Schedule
     from edps_mlflow.resources import held_bytes_per_trial
 
@@ -127,7 +127,7 @@ def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(
     schedule, held, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert (schedule, warning) == (Schedule.BREADTH_FIRST, None)
     assert held == held_bytes_per_trial(6090, optimizer_buffers=1, sparse=True, train_size=1618)
-    monkeypatch.setattr(study, "breadth_first_fits", lambda held_bytes, device: False)
+    monkeypatch.setattr(resources, "breadth_first_fits", lambda held_bytes, device: False)
     schedule, _, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning
 
