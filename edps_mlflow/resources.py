@@ -6,6 +6,7 @@ the measurements). No torch at import: the launcher reads :data:`ALLOCATOR_ENVIR
 from __future__ import annotations
 
 import os
+import platform
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,7 +59,6 @@ def check_device_name(requested: str | None, indexed: bool = True) -> None:
 
 
 def device_type(device: str) -> str:
-    """``cpu`` or ``cuda``: the kind of a resolved device (``cuda:1`` -> ``cuda``)."""
     return device.split(":")[0]
 
 
@@ -85,9 +85,7 @@ def resolve_device(requested: str | None) -> "torch.device":
     import torch
 
     gpus = cuda_devices(requested)
-    if requested is None:
-        return torch.device("cuda" if gpus else "cpu")
-    return torch.device(requested)
+    return torch.device(requested if requested is not None else "cuda" if gpus else "cpu")
 
 
 def describe_device(device: str, threads: int) -> str:
@@ -103,8 +101,6 @@ def describe_device(device: str, threads: int) -> str:
 
 
 def _processor_model() -> str:
-    import platform
-
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
@@ -180,7 +176,6 @@ def available_memory(device: str) -> int:
 
 
 def breadth_first_fits(held_bytes: int, device: str) -> bool:
-    """Whether ``held_bytes`` of trials kept alive at once fit the budget on ``device``."""
     return held_bytes <= HELD_TRIALS_MEMORY_FRACTION * available_memory(device)
 
 
