@@ -19,14 +19,13 @@ from typing import Any, Callable, TextIO
 
 import pandas as pd
 
-from edps_mlflow import names as n
 from edps_mlflow import adaptive
+from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
-from edps_mlflow.resources import refuse_missing_device
 from edps_mlflow.results import TrialOutcome
 from edps_mlflow.store.client import ui_link
 from edps_mlflow.store.ownership.claim import clear_expired
@@ -43,6 +42,7 @@ from edps_mlflow.sweep import (
     finished_sweep,
     open_sweep,
     plan_studies,
+    prepare,
     sweep_progress,
 )
 from edps_mlflow.uris import redact_uri
@@ -213,14 +213,7 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
     """Run (or resume, or replay) an adaptive sweep; print and record why it stopped."""
     out = out or sys.stdout
     started = time.monotonic()
-    workload = get_workload(spec.workload)
-    workload.require_data(options.data_dir)
-    refuse_missing_device(options.device, indexed=False)  # cuda without a CUDA device: before any work
-    if spec.grid.protocol.data_fingerprint is None:
-        fingerprint = workload.data_fingerprint(options.data_dir)
-        protocol = replace(spec.grid.protocol, data_fingerprint=fingerprint)
-        spec = replace(spec, grid=replace(spec.grid, protocol=protocol))
-    get_executor(options.executor)().check(spec.grid, options)
+    spec = replace(spec, grid=prepare(spec.grid, options))
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete

@@ -1,8 +1,5 @@
-"""What our runs are called and how they describe themselves: run names, the study run's description, the
-experiment's description, the identifying tags of a study run, and the provenance tags of every run.
-
-Names are read in the MLflow UI's run list, which shows about 20 characters, so they put what varies first.
-No mlflow, no torch: plain strings from specs and outcomes.
+"""What our runs are called and how they describe themselves: run names, descriptions, a study run's
+identifying tags and every run's provenance tags; plain strings from specs and outcomes (no mlflow, no torch).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialSt
 from edps_mlflow.workloads import get_workload
 
 
-# Run names put what varies first, so that they still read when the UI truncates them.
+# The UI's run list shows about 20 characters of a name: names put what varies first, in short words.
 _SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_learning_rate_factor": "end",
           "beta2": "b2", "weight_decay": "wd", "warmup_steps": "warmup"}
 
@@ -32,9 +29,8 @@ def study_run_name(spec: StudySpec) -> str:
 
 
 def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
-    """``t001 reached@400 lr=0.1 bs=16 sp=0.9 snip``: the UI's run-name column shows about 20 characters, so
-    the name leads with what tells a study's trials apart (the index) and how it ended (the reached trial
-    stays findable by ``reached``), then its metaparameters, then the study (the same for every sibling)."""
+    """``t001 reached@400 lr=0.1 bs=16 sp=0.9 snip``: the index and how it ended (the reached trial stays
+    findable by ``reached``), then its metaparameters, then the study (the same for every sibling)."""
     values = " ".join(f"{_SHORT.get(k, k)}={v:.3g}" for k, v in trial.metaparameters.items())
     study = f"bs={trial.study.batch_size} {pruning_words(trial.study)}"
     probed = "probed" if trial.study.probes else None
@@ -56,11 +52,9 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
     return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
             f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
-            f"earlier runs). "
-            f"Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
-            f"{spec.check_interval} steps; "
-            f"cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` lists them all."
-            + (f"\n\n{probed.sentence()}" if probed else ""))
+            f"earlier runs). Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
+            f"{spec.check_interval} steps; cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` "
+            f"lists them all." + (f"\n\n{probed.sentence()}" if probed else ""))
 
 
 EXPERIMENT_DESCRIPTION = (
@@ -86,9 +80,7 @@ def provenance_tags(launched_by_mlflow: bool = False) -> dict[str, str]:
 
 def pruned_by(spec: StudySpec) -> str:
     """`` (pruned by snip: weights and biases)``, or nothing for the dense network."""
-    if spec.sparsity == 0.0:
-        return ""
-    return f" (pruned by {spec.pruning}: {method_info(spec.pruning).prunes.value})"
+    return f" (pruned by {spec.pruning}: {method_info(spec.pruning).prunes.value})" if spec.sparsity > 0 else ""
 
 
 def pruning_params(spec: StudySpec) -> dict[str, str]:

@@ -40,11 +40,10 @@ class _Line:
 class StudyProgress(_Line):
     """Tracks chunks, steps and the best validation error."""
 
-    def __init__(self, total_trials: int, to_train: int, stream: TextIO | None = None,
-                 log_interval: float = 10.0, on_trial: Callable[[str, int | None], None] | None = None,
+    def __init__(self, to_train: int, stream: TextIO | None = None, log_interval: float = 10.0,
+                 on_trial: Callable[[str, int | None], None] | None = None,
                  on_steps: Callable[[int, int], None] | None = None, steps_interval: float = 1.0) -> None:
         super().__init__(stream or sys.stdout, 0.2, log_interval)
-        self.total_trials = total_trials
         self.to_train = to_train
         self.finished = 0
         self.training: dict[int, int] = {}  # trial index -> latest step
@@ -148,8 +147,8 @@ class SweepProgress(_Line):
     finished trials. The estimate of a study still to train is its trials x :func:`guess_steps_to_result`
     (sqrt(2) times its furthest step once its trials passed that guess): rough, refined as studies finish."""
 
-    def __init__(self, total: int, done: int, trials_to_train: int, workers: int, out: TextIO,
-                 interval: float = 30.0, studies: Sequence[SweepStudy] = ()) -> None:
+    def __init__(self, total: int, done: int, trials_to_train: int, out: TextIO, interval: float = 30.0,
+                 studies: Sequence[SweepStudy] = ()) -> None:
         super().__init__(out, 0.5, interval)
         self.total, self.done, self.trials_to_train = total, done, trials_to_train
         self.running = 0

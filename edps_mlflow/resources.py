@@ -1,14 +1,12 @@
 """Where training runs and with how much: devices, cores, workers and threads, packing, memory layout,
-numerics and the process environment of training processes. One module owns every such rule
-(``docs/performance.md`` has the measurements behind the numbers).
-
-Nothing here imports torch at module level: the launcher reads :data:`ALLOCATOR_ENVIRONMENT` before
-torch may be imported at all.
+numerics and the environment of training processes, every such rule in one place (docs/performance.md has
+the measurements). No torch at import: the launcher reads :data:`ALLOCATOR_ENVIRONMENT` before torch loads.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,24 +18,22 @@ from edps_mlflow.workloads import InputLayout
 if TYPE_CHECKING:
     import torch
 
-# glibc's allocator maps and unmaps every large activation of a step (1.5-1.9x slower at batch >= 128
-# on CPU); these settings stop that. glibc reads them when a process starts, so whatever launches a
-# training process sets them in its environment (the `edps` launcher re-executes itself with them).
+# Stop glibc mapping and unmapping every large activation of a step. It reads them when a process starts, so
+# whatever launches a training process sets them (the `edps` launcher re-executes itself with them).
 ALLOCATOR_ENVIRONMENT: dict[str, str] = {
     "MALLOC_MMAP_THRESHOLD_": "4294967296",
     "MALLOC_TRIM_THRESHOLD_": "68719476736",
     "MALLOC_TOP_PAD_": "1073741824",
 }
 
-# Channels-last pays from batch 32 on (1.2-1.8x on CPU at batch >= 16, a loss at tiny batches).
-CHANNELS_LAST_FROM_BATCH = 32
+CHANNELS_LAST_FROM_BATCH = 32  # a loss at tiny batches
 
 
 def training_environment_missing(environment: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """The variables a training process must start with that ``environment`` lacks."""
     missing = {k: v for k, v in ALLOCATOR_ENVIRONMENT.items() if k not in environment}
     if "OMP_NUM_THREADS" not in environment:
-        # Read when torch is imported; the real per-process count is set by configure_threads.
+        # Read when torch is imported; configure_training_process sets the real count.
         missing["OMP_NUM_THREADS"] = "1"
     return missing
 
@@ -54,11 +50,8 @@ _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
 def check_device_name(requested: str | None, indexed: bool = True) -> None:
-    """Refuse a device that is not ``cpu``, ``cuda`` or (``indexed``: a study's device) ``cuda:N``; ``None``
-    means "cuda when available". Checks the name only (no torch): specs call it when they are built.
-
-    A sweep's device is not indexed: the sweep spreads its studies over every GPU itself.
-    """
+    """Refuse a device that is not ``cpu``, ``cuda`` or (``indexed``: a study's; a sweep spreads its studies
+    over every GPU itself) ``cuda:N``; ``None`` means "cuda when available". The name only, without torch."""
     if requested is None:
         return
     match = _DEVICE.fullmatch(requested)
@@ -67,35 +60,25 @@ def check_device_name(requested: str | None, indexed: bool = True) -> None:
 
 
 def device_type(device: str) -> str:
-    """``cpu`` or ``cuda``: the kind of a resolved device (``cuda:1`` -> ``cuda``)."""
     return device.split(":")[0]
 
 
 def cuda_devices(requested: str | None, indexed: bool = True) -> int:
-    """The one CUDA check: how many CUDA devices a run asked to train on ``requested`` may use. ``cpu``: 0;
-    ``None``: however many there are (0: it trains on the CPU); ``cuda`` or ``cuda:N``: however many
-    there are, and an EdpsError when there is none or no device N."""
+    """The one CUDA check: how many CUDA devices a run on ``requested`` may use (``cpu``: 0; ``None``: however
+    many there are); an EdpsError when ``cuda`` or ``cuda:N`` is asked for and there is none or no device N."""
     check_device_name(requested, indexed)
-    if requested is not None and device_type(requested) == "cpu":
+    if requested == "cpu":  # cpu:N was refused
         return 0
     count = gpu_count()
     if requested is None:
         return count
     if count == 0:
         raise EdpsError(f"device {requested} requested but no CUDA device is available")
-    match = _DEVICE.fullmatch(requested)
-    assert match is not None
-    if match[2] is not None and int(match[2]) >= count:
+    index = requested.partition(":")[2]
+    if index and int(index) >= count:
         raise EdpsError(f"device {requested} requested but there {'is' if count == 1 else 'are'} only {count} "
                         f"CUDA device{'s' if count != 1 else ''}")
     return count
-
-
-def refuse_missing_device(requested: str | None, indexed: bool = True) -> None:
-    """cuda_devices' refusals before any work, without loading torch (a second) when no device was asked
-    for: then there is nothing to refuse."""
-    if requested is not None:
-        cuda_devices(requested, indexed)
 
 
 def resolve_device(requested: str | None) -> "torch.device":
@@ -103,14 +86,12 @@ def resolve_device(requested: str | None) -> "torch.device":
     import torch
 
     gpus = cuda_devices(requested)
-    if requested is None:
-        return torch.device("cuda" if gpus else "cpu")
-    return torch.device(requested)
+    return torch.device(requested if requested is not None else "cuda" if gpus else "cpu")
 
 
 def describe_device(device: str, threads: int) -> str:
-    """The device a training time was measured on, for people and for the time-to-result analysis:
-    ``cuda:0 (NVIDIA H200)``, or ``cpu (<processor model>, 1 thread)``; a CPU's speed depends on its threads."""
+    """The device a training time was measured on: ``cuda:0 (NVIDIA H200)``, or ``cpu (<processor model>, 1
+    thread)`` (a CPU's speed depends on its threads)."""
     import torch
 
     kind = torch.device(device)
@@ -121,9 +102,6 @@ def describe_device(device: str, threads: int) -> str:
 
 
 def _processor_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform says, else "unknown model"."""
-    import platform
-
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
@@ -141,23 +119,21 @@ def gpu_count() -> int:
 
 
 def configure_training_process(device_type: str, threads: int, allow_tf32: bool = False) -> None:
-    """Set up this process for training: on CPU its thread count and flushed denormals; everywhere
-    full FP32 numerics unless TF32 is allowed.
-
-    Two single-thread processes beat one two-thread process at every batch size on CPU, and a run that
-    fits its data can slow 1.5x on denormal gradients; flushing them is free.
-    """
+    """On CPU the thread count and flushed denormals (denormal gradients slow a run; flushing is free); FP32
+    matmuls and convolutions unless TF32 is allowed (PyTorch allows TF32 convolutions on Ampere and later by
+    default; the original measurements ran in full FP32)."""
     import torch
 
     if device_type == "cpu":
         torch.set_num_threads(threads)
         torch.set_flush_denormal(True)
-    set_full_precision(allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
 
 
 def choose_pack_size(device_type: str, batch_size: int, trials: int) -> int:
-    """How many trials to train in lockstep. On a CPU packing only pays up to batch ~4; on a GPU it
-    removes most of the launch overhead at small and medium batches."""
+    """How many trials to train in lockstep: on a CPU packing pays up to batch ~4; on a GPU it removes most
+    of the launch overhead at small and medium batches."""
     if device_type == "cpu":
         wanted = 32 if batch_size <= 4 else 1
     else:
@@ -166,14 +142,12 @@ def choose_pack_size(device_type: str, batch_size: int, trials: int) -> int:
 
 
 def uses_channels_last(input_layout: InputLayout, batch_size: int) -> bool:
-    """Channels-last on the single-trial fast path: for images (a memory format of 4-D tensors), from
-    batch 32 on."""
+    """Channels-last (a memory format of 4-D tensors) on the single-trial path: for images, from batch 32."""
     return input_layout is InputLayout.IMAGES and batch_size >= CHANNELS_LAST_FROM_BATCH
 
 
-# Breadth-first scheduling keeps every trial of a study alive between its turns; what they hold may
-# take at most this share of the memory free when the study starts (the rest is for the data, the
-# activations of a step and the other processes of the machine).
+# The share of the free memory that the trials a breadth-first study keeps alive may hold (the rest is for
+# the data, a step's activations and the machine's other processes).
 HELD_TRIALS_MEMORY_FRACTION = 0.25
 
 
@@ -186,7 +160,7 @@ def held_bytes_per_trial(parameter_count: int, optimizer: str, sparse: bool, tra
 
 
 def available_memory(device: str) -> int:
-    """Bytes free for training on ``device``: the GPU's free memory, or the RAM the kernel calls available."""
+    """Bytes free on ``device``: the GPU's free memory, or the RAM the kernel calls available."""
     if device.startswith("cuda"):
         import torch
 
@@ -202,7 +176,6 @@ def available_memory(device: str) -> int:
 
 
 def breadth_first_fits(held_bytes: int, device: str) -> bool:
-    """Whether ``held_bytes`` of trials kept alive at once fit the budget on ``device``."""
     return held_bytes <= HELD_TRIALS_MEMORY_FRACTION * available_memory(device)
 
 
@@ -213,7 +186,6 @@ class WorkerLayout:
     workers: int  # training processes (1: train in this process)
     threads: int  # CPU threads per training process
     pack_size: int  # trials per chunk, trained in lockstep
-    chunks: int
 
 
 def study_layout(device_type: str, batch_size: int, trials_to_train: int, workers: int | None = None,
@@ -223,9 +195,8 @@ def study_layout(device_type: str, batch_size: int, trials_to_train: int, worker
     pack = pack_size or choose_pack_size(device_type, batch_size, max(1, trials_to_train))
     chunks = -(-trials_to_train // pack)
     cores = available_cores()
-    count = 1 if device_type != "cpu" else (workers or max(1, min(cores, chunks)))
-    count = min(count, max(1, chunks))
-    return WorkerLayout(workers=count, threads=threads or max(1, cores // count), pack_size=pack, chunks=chunks)
+    count = min(workers or cores, max(1, chunks)) if device_type == "cpu" else 1
+    return WorkerLayout(workers=count, threads=threads or max(1, cores // count), pack_size=pack)
 
 
 @dataclass(frozen=True)
@@ -243,12 +214,3 @@ def sweep_layout(device: str | None, workers: int | None, pending: int) -> Sweep
     cores = available_cores()
     count = max(1, min(workers or cores, max(1, pending)))
     return SweepLayout(("cpu",) * count, max(1, cores // count))
-
-
-def set_full_precision(allow_tf32: bool = False) -> None:
-    """FP32 matmuls and convolutions unless TF32 is asked for (PyTorch allows TF32 convolutions on
-    Ampere and later GPUs by default; the original measurements ran in full FP32)."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32

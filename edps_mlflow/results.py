@@ -1,13 +1,6 @@
-"""Plain records of what was measured, and the two rules every part of the project shares.
-
-Nothing here imports torch or MLflow: the engine produces these records, the tracking layer stores
-them, the registry reads them back, and the sweep reports them.
-
-The rules, each written once:
-- :func:`training_limit`: under exact early stopping no trial trains past the best reached step
-  minus one check interval, since it could then only tie or lose;
-- :func:`best_reached_step`: a study's steps-to-result is the minimum over its reached trials;
-- :func:`trial_steps_lower_bound`: the fewest trial-steps any exact method could have spent.
+"""Plain records of what was measured (the engine makes them, the tracking layer stores them, the registry
+reads them back), and the rules of a study's result, each written once: :func:`best_reached_step`,
+:func:`training_limit` and :func:`trial_steps_lower_bound`. No torch, no MLflow.
 """
 
 from __future__ import annotations
@@ -16,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from edps_mlflow.config import TrialSpec
 
@@ -53,9 +48,8 @@ class ScoreSource(str, Enum):
 
 @dataclass(frozen=True)
 class PruningRecord:
-    """How one trial was pruned at initialisation: the method, what it may prune, where its scores came from,
-    the seconds this trial spent on them (computing; or waiting for and loading them), and for cached scores
-    the seconds their computation took less those: the time the cache saved this trial."""
+    """How one trial was pruned at initialisation; ``seconds``: spent on its scores here (computing, or waiting
+    for and loading them); ``seconds_saved``: for cached scores, what computing them took less that."""
 
     method: str
     prunes: str
@@ -102,7 +96,6 @@ class TrialResult:
 
     @property
     def seconds_per_step(self) -> float | None:
-        """Measured training seconds per step (None: it trained no step)."""
         return self.train_seconds / self.steps_trained if self.steps_trained > 0 else None
 
     @classmethod
@@ -113,7 +106,7 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """A trial of a study as the study records it: trained here, or reused from the store."""
+    """A trial of a study: trained here, or reused from the store."""
 
     trial: TrialSpec
     status: TrialStatus
@@ -124,8 +117,7 @@ class TrialRecord:
     reused: bool
     seconds: float = 0.0
     probe_seconds: float = 0.0
-    # Its measured training seconds per step, the trials that shared those steps (TrialResult) and the device
-    # they were measured on; None when unknown (no step trained, or reused from a run that did not record them).
+    # As TrialResult measured them, and the device; None when unknown (no step trained, or an older run).
     seconds_per_step: float | None = None
     pack_size: float | None = None
     device: str | None = None
@@ -133,15 +125,14 @@ class TrialRecord:
 
 @dataclass(frozen=True)
 class ProbedTrials:
-    """Which trials of a study carried its probes (``mode``: ``all`` or ``best``, as ProbeTrials), and
-    the run that holds the probes along the best trial's whole run (None when no trial reached the goal)."""
+    """Which trials carried the probes (``mode``: ``all`` or ``best``) and the run that holds them along the
+    best trial's whole run (None when no trial reached the goal)."""
 
     mode: str
     best_trial_index: int | None
     best_probe_run_id: str | None
-    reused: bool = False  # the best trial's probed run came from the store (an earlier study measured it)
-    seconds: float = 0.0  # training and probing the best trial again
-    probe_seconds: float = 0.0  # of which in the probes
+    reused: bool = False  # an earlier study's probed run
+    probe_seconds: float = 0.0  # in the probes of the best trial's run trained again
 
     def sentence(self) -> str:
         if self.best_probe_run_id is None:
@@ -186,7 +177,7 @@ class StudyOutcome:
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """One trial of a finished study as readers need it (the bootstrap, the adaptive sweep)."""
+    """One trial of a finished study, as readers need it."""
 
     trial_index: int
     status: TrialStatus
@@ -194,9 +185,8 @@ class TrialOutcome:
     steps_trained: int
 
 
-# A study run's trials in one line (tag edps.trial_outcomes), so that readers need not download its
-# trials.csv: ``v1 0:r140@120 1:s120 2:n5000``, each trial's index, status (its letter), steps trained and,
-# when it reached the goal, its steps-to-result. The leading version lets the format change later.
+# A study run's trials in one tag (edps.trial_outcomes), so that readers need not download its trials.csv:
+# ``v1 0:r140@120 1:s120 2:n5000``: index, status letter, steps trained and, if reached, steps-to-result.
 TRIAL_OUTCOMES_FORMAT = "v1"
 _STATUS_LETTERS = {TrialStatus.REACHED: "r", TrialStatus.NOT_REACHED: "n", TrialStatus.DIVERGED: "d",
                    TrialStatus.SUPERSEDED: "s"}
@@ -211,34 +201,23 @@ def encode_trial_outcomes(outcomes: Iterable[TrialOutcome]) -> str:
     return " ".join(parts)
 
 
-# One trial of the format, and a whole text of it (checked whole before its trials are read, so that a text
-# in another format is refused, never half-read). A number has at most 18 digits: what a 64-bit integer
-# holds, far beyond any index or step count; a longer one is not a trial's.
+# A text is checked whole before its trials are read, so that one in another format is refused, never
+# half-read. At most 18 digits: a 64-bit integer holds them, and no index or step count is longer.
 _NUMBER = "[0-9]{1,18}"
 _OUTCOME = rf"({_NUMBER}):([{''.join(_LETTER_STATUSES)}])({_NUMBER})(?:@({_NUMBER}))?"
 _OUTCOMES_TEXT = re.compile(rf"{TRIAL_OUTCOMES_FORMAT}(?: {_OUTCOME})*")
 _OUTCOME_PARTS = re.compile(_OUTCOME)
 
 
-def trial_outcome_texts(text: str | None) -> list[tuple[str, str, str, str]] | None:
-    """Each trial of :func:`encode_trial_outcomes` as the text of its fields: (index, status letter, steps
-    trained, steps-to-result or ""). None when ``text`` is absent or not in that format."""
-    if not is_trial_outcomes_text(text):
-        return None
-    return _OUTCOME_PARTS.findall(text)
-
-
-def is_trial_outcomes_text(text: str | None) -> bool:
-    """Whether ``text`` is a whole text of :func:`encode_trial_outcomes` (a study's tag, checked before it is read)."""
+def _is_outcomes_text(text: str | None) -> bool:
     return bool(text) and _OUTCOMES_TEXT.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
 class TrialOutcomeColumns:
-    """The trials of many studies' texts of :func:`encode_trial_outcomes`, a column each (numpy arrays), in the
-    texts' order: per text whether it is one (``readable``) and its number of trials (0 when it is not); per
-    trial its index, its status as a code into ``statuses``, its steps trained and its steps-to-result (NaN
-    when it did not reach the goal)."""
+    """The trials of many texts of :func:`encode_trial_outcomes` as numpy columns: per text whether it is
+    ``readable`` and its trial count (0 if not); per trial its index, status (a code into ``statuses``), steps
+    trained and steps-to-result (NaN: not reached)."""
 
     readable: Any
     counts: Any
@@ -249,21 +228,15 @@ class TrialOutcomeColumns:
     steps_to_result: Any
 
 
-# The status letters in code order, and each byte's code (only the letters' are read).
-_CODE_LETTERS = tuple(sorted(_LETTER_STATUSES))
+_CODE_LETTERS = tuple(sorted(_LETTER_STATUSES))  # a status's code is its letter's place here
 _SEPARATORS = bytes.maketrans(b":@" + "".join(_CODE_LETTERS).encode("ascii"), b" " * (2 + len(_CODE_LETTERS)))
 
 
 def trial_outcome_columns(texts: Sequence[str | None]) -> TrialOutcomeColumns:
-    """The trials of ``texts`` as columns, converted all at once, not one trial at a time: the bootstrap of a
-    store at the paper's scale reads 150,000 trials. A text that is absent or not wholly in the format is not
-    readable and has no trials (its reader falls back to the study's trials.csv). The readable texts are
-    joined into one byte string; every trial has exactly one letter (its status) and at most one ``@`` (before
-    its steps-to-result), so with those and ``:`` made spaces the numbers are read in one pass, two per trial
-    and a third after each ``@``."""
-    import numpy as np
-
-    readable = np.array([is_trial_outcomes_text(text) for text in texts], dtype=bool)
+    """The trials of ``texts`` converted all at once, not a trial at a time: the analysis reads 150,000 of
+    them. Every trial has one letter and at most one ``@``: with those and ``:`` made spaces, the joined texts
+    are one string of numbers, two per trial and a third after each ``@``."""
+    readable = np.array([_is_outcomes_text(text) for text in texts], dtype=bool)
     texts = [text for text, ok in zip(texts, readable) if ok]
     start = len(TRIAL_OUTCOMES_FORMAT)
     counts = np.zeros(len(readable), dtype=np.int64)
@@ -271,40 +244,33 @@ def trial_outcome_columns(texts: Sequence[str | None]) -> TrialOutcomeColumns:
     joined = " ".join(text[start:] for text in texts).encode("ascii")
     raw = np.frombuffer(joined, dtype=np.uint8)
     letters = np.flatnonzero(raw >= ord("a"))  # digits, ":", "@" and spaces are all below "a"
-    codes = np.zeros(256, dtype=np.int8)
-    for code, letter in enumerate(_CODE_LETTERS):
-        codes[ord(letter)] = code
     reached = np.searchsorted(letters, np.flatnonzero(raw == ord("@"))) - 1  # the trial of each "@"
     numbers_per_trial = np.full(len(letters), 2, dtype=np.int64)
     numbers_per_trial[reached] = 3
     first = np.cumsum(numbers_per_trial) - numbers_per_trial
     numbers = (np.fromstring(joined.translate(_SEPARATORS).decode("ascii"), dtype=np.int64, sep=" ")
                if len(letters) else np.zeros(0, dtype=np.int64))  # every number fits: at most 18 digits
-    if len(numbers) != numbers_per_trial.sum() or len(letters) != counts.sum():
-        raise ValueError("trial outcomes: the numbers read do not match the trials")  # the check above rules it out
     steps_to_result = np.full(len(letters), np.nan)
     steps_to_result[reached] = numbers[first[reached] + 2]
     return TrialOutcomeColumns(readable=readable, counts=counts, trial_index=numbers[first].astype(np.int64),
-                               status_codes=codes[raw[letters]],
+                               status_codes=np.searchsorted(np.frombuffer("".join(_CODE_LETTERS).encode(), np.uint8),
+                                                            raw[letters]).astype(np.int8),
                                statuses=tuple(_LETTER_STATUSES[letter] for letter in _CODE_LETTERS),
                                steps_trained=numbers[first + 1].astype(float), steps_to_result=steps_to_result)
 
 
 def trial_outcome_fields(text: str | None) -> list[tuple[int, str, int | None, int]] | None:
-    """Each trial of :func:`encode_trial_outcomes` as (index, status value, steps-to-result or None, steps
-    trained), converted one trial at a time (a reader of thousands of studies converts
-    :func:`trial_outcome_texts` a column at a time instead). None when ``text`` is absent or not in that
-    format."""
-    texts = trial_outcome_texts(text)
-    if texts is None:
+    """Each trial of ``text`` as (index, status value, steps-to-result or None, steps trained); None when
+    ``text`` is absent or not wholly in the format."""
+    if not _is_outcomes_text(text):
         return None
     return [(int(index), _LETTER_STATUSES[letter].value, int(reached) if reached else None, int(trained))
-            for index, letter, trained, reached in texts]
+            for index, letter, trained, reached in _OUTCOME_PARTS.findall(text)]
 
 
 def decode_trial_outcomes(text: str | None) -> list[TrialOutcome] | None:
-    """The trials of :func:`encode_trial_outcomes`; None when ``text`` is absent or not in that format
-    (the reader then falls back to the study's trials.csv)."""
+    """The trials of :func:`encode_trial_outcomes`; None when ``text`` is absent or in another format (the
+    reader then falls back to the study's trials.csv)."""
     fields = trial_outcome_fields(text)
     if fields is None:
         return None
@@ -317,9 +283,6 @@ class StudyReport:
 
     study_key: str
     steps_to_result: int | None
-    trials: int
-    trained: int
-    seconds: float
     skipped: bool  # already done in the store: nothing was trained
 
 
@@ -330,47 +293,26 @@ def best_reached_step(outcomes: Iterable[tuple[TrialStatus, int | None]]) -> int
 
 
 def training_limit(max_steps: int, check_interval: int, best_step: int | None, exact_early_stopping: bool = True) -> int:
-    """The last step any trial of a study still needs to train to.
-
-    Without a reached trial (or with full trials), the step cap. Otherwise the best reached step
-    minus one check interval: a trial that has not reached the goal by then could only tie or lose.
-    """
+    """The last step any trial of a study still needs to train to: the best reached step minus one check
+    interval (a trial that has not reached the goal by then could only tie or lose); without a reached trial
+    (or with full trials), the step cap."""
     if not exact_early_stopping or best_step is None:
         return max_steps
     return min(max_steps, best_step - check_interval)
 
 
-def first_check_from(step: int, max_steps: int, check_interval: int) -> int:
-    """The first check step at or after ``step`` (checks: every ``check_interval`` steps and at the cap)."""
-    if step <= 0:
-        return 0
-    return min(max_steps, -(-step // check_interval) * check_interval)
-
-
 def trial_steps_lower_bound(records: dict[int, TrialRecord]) -> int:
     """The fewest trial-steps in which any exact method could have trained the study's trained (not reused)
-    trials, given what they showed.
-
-    Every trial must train until it reaches the goal, fails (diverges or hits the cap), or passes the best
-    step minus one check interval (the first check from there); the best trial must train to the best step
-    itself. A superseded trial had not ended before the first check from that limit.
-    """
+    trials: each until it reaches the goal, fails, or reaches the first check from the training limit (where
+    a superseded trial stopped); the best trial to the best step itself."""
     if not records:
         return 0
     spec = next(iter(records.values())).trial.study
     best = best_reached_step((r.status, r.steps_to_result) for r in records.values())
-    stop = first_check_from(training_limit(spec.max_steps, spec.check_interval, best), spec.max_steps,
-                            spec.check_interval)
+    limit = training_limit(spec.max_steps, spec.check_interval, best)
+    # The first check at or after the limit (checks: every check interval and at the cap).
+    stop = min(spec.max_steps, -(-limit // spec.check_interval) * spec.check_interval) if limit > 0 else 0
     reached = [r for r in records.values() if r.status is TrialStatus.REACHED]
     best_index = min(reached, key=lambda r: (r.steps_to_result, r.trial.index)).trial.index if reached else None
-    total = 0
-    for index, record in records.items():
-        if record.reused:
-            continue
-        if index == best_index:
-            total += record.steps_trained
-        elif record.status is TrialStatus.SUPERSEDED:
-            total += stop
-        else:
-            total += min(record.steps_trained, stop)
-    return total
+    return sum(r.steps_trained if i == best_index else stop if r.status is TrialStatus.SUPERSEDED
+               else min(r.steps_trained, stop) for i, r in records.items() if not r.reused)

@@ -15,27 +15,17 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from edps_mlflow import resources
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.fingerprint import splits_fingerprint
+from edps_mlflow.data.splits import DataSplits
+from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.names import KIND_STUDY
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning.cache import default_score_cache
 from edps_mlflow.pruning.mask import Mask
-from edps_mlflow.names import KIND_STUDY
-from edps_mlflow.store.ownership.claim import ClaimRules, LauncherRun, OnLive, claim, launcher_run, yield_run
-from edps_mlflow.store.ownership.lease import abort_guard
-from edps_mlflow.store.read.runs import LeasedRun, latest_finished_study
-from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
-from edps_mlflow.resources import (
-    WorkerLayout,
-    breadth_first_fits,
-    describe_device,
-    held_bytes_per_trial,
-    resolve_device,
-    study_layout,
-    uses_channels_last,
-)
 from edps_mlflow.results import (
     Check,
     ProbedTrials,
@@ -48,9 +38,12 @@ from edps_mlflow.results import (
     pruning_summary,
     training_limit,
 )
-from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
 from edps_mlflow.store.client import StoreClient, connect, open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
+from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, launcher_run, yield_run
+from edps_mlflow.store.ownership.lease import abort_guard
+from edps_mlflow.store.read.runs import LeasedRun, latest_finished_study
+from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
@@ -73,15 +66,12 @@ class ExecutionOptions:
     tracking_uri: str | None = None
     parent_run_id: str | None = None
     sweep_key: str | None = None
-    # A live run of the same study elsewhere: wait for it (True; a sweep always waits) or stop.
-    wait: bool = False
+    wait: bool = False  # for a live run of the same study elsewhere (a sweep always waits), else stop
     # Use the run that `mlflow run` made for this process (MLFLOW_RUN_ID) as the study run. False in a
     # sweep's worker processes, which inherit the sweep's own MLFLOW_RUN_ID under `mlflow run -e sweep`.
     adopt_launcher_run: bool = True
     threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
-    # Steps between full validation passes that draw each trial's validation-error curve (None: the
-    # workload's default; see curve_interval_for).
-    curve_interval: int | None = None
+    curve_interval: int | None = None  # steps between full validation passes (None: see curve_interval_for)
     system_metrics: bool = False  # CPU/memory/GPU of the machine on the study run (MLflow's monitor)
     schedule: Schedule = Schedule.BREADTH_FIRST
 
@@ -99,23 +89,17 @@ class StudyPlan:
     trials: list[TrialSpec]
     reused: dict[int, StoredTrial]
     to_train: list[TrialSpec]
-    trial_order: str
-    layout: WorkerLayout
+    layout: resources.WorkerLayout
     schedule: Schedule
     run_settings: dict[str, Any] = field(repr=False)
+    device_description: str  # where the training times are measured (resources.describe_device)
     warning: str | None = None
-    # The device the trials' training time is measured on (resources.describe_device).
-    device_description: str = ""
     model_size: tuple[int, int] = (0, 0)  # (parameters, bytes) of the network, for the time-to-result analysis
 
     @property
     def chunks(self) -> list[list[int]]:
         pack = self.layout.pack_size
         return [[t.index for t in self.to_train[i:i + pack]] for i in range(0, len(self.to_train), pack)]
-
-    @property
-    def best_known(self) -> int | None:
-        return best_reached_step((s.status, s.steps_to_result) for s in self.reused.values())
 
 
 def order_trials(trials: list[TrialSpec], workload: Workload, neighbour: dict[str, float] | None) -> list[TrialSpec]:
@@ -133,23 +117,17 @@ def plan_reuse(trials: list[TrialSpec], stored: dict[str, StoredTrial], full_tri
     """Which trials need no training: finished outcomes that running again could not change."""
     candidates = {t.index: stored[t.trial_key] for t in trials if t.trial_key in stored}
     best = best_reached_step((s.status, s.steps_to_result) for s in candidates.values())
-    reuse = {}
-    for index, stored_trial in candidates.items():
-        if stored_trial.status is not TrialStatus.SUPERSEDED:
-            reuse[index] = stored_trial
-        elif not full_trials and best is not None:
-            # A superseded trial stopped at the bound of its own study; it stays superseded if
-            # that bound is no looser than the best reached step we already know of.
-            spec = trials[0].study
-            if stored_trial.steps_trained >= training_limit(spec.max_steps, spec.check_interval, best):
-                reuse[index] = stored_trial
-    return reuse
+    if full_trials or best is None:
+        return {i: s for i, s in candidates.items() if s.status is not TrialStatus.SUPERSEDED}
+    # A superseded trial stopped at the bound of its own study; it stays superseded if that bound is no
+    # looser than the best reached step we already know of.
+    limit = training_limit(trials[0].study.max_steps, trials[0].study.check_interval, best)
+    return {i: s for i, s in candidates.items() if s.status is not TrialStatus.SUPERSEDED or s.steps_trained >= limit}
 
 
-# A validation split this small costs little to evaluate whole: every check draws a curve point.
+# A validation split this small costs little to evaluate whole: every check draws a curve point. Otherwise
+# one check in ten is a full pass, a small fraction of the training time.
 SMALL_VALIDATION = 1000
-# Otherwise one check in this many is a full pass: ~10 curve points per 100 checks, and with a full pass
-# costing about as much as 100 training steps at batch 16, a small fraction of the training time.
 CURVE_EVERY_CHECKS = 10
 
 
@@ -171,7 +149,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
         allowed_errors=workload.goal_bound(spec.goal_error, validation_size), data_seed=spec.seed,
         early_abort_evaluation=options.early_abort_evaluation,
         curve_interval=curve_interval_for(spec, validation_size, options.curve_interval),
-        channels_last=uses_channels_last(workload.input_layout, spec.batch_size), probes=spec.probes,
+        channels_last=resources.uses_channels_last(workload.input_layout, spec.batch_size), probes=spec.probes,
         probe_interval=spec.probe_interval)
 
 
@@ -187,16 +165,16 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
     to_train = order_trials([t for t in trials if t.index not in reused], workload,
                             neighbour[1] if neighbour else None)
     trial_order = f"nearest to the best trial at batch size {neighbour[0]}" if neighbour else "sobol"
-    layout = study_layout(device.split(":")[0], spec.batch_size, len(to_train), options.workers, options.threads,
-                          options.pack_size)
+    layout = resources.study_layout(resources.device_type(device), spec.batch_size, len(to_train), options.workers,
+                                    options.threads, options.pack_size)
     schedule, held, warning = choose_schedule(spec, workload, len(to_train), options.schedule, device, train_size)
     run_settings = {"full_trials": options.full_trials, "device": device, "workers": layout.workers,
                     "threads_per_worker": layout.threads, "pack_size": layout.pack_size,
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
                     "schedule": schedule.value, "held_bytes_per_trial": held, "allow_tf32": spec.allow_tf32,
                     "curve_interval": curve_interval}
-    return StudyPlan(trials, reused, to_train, trial_order, layout, schedule, run_settings, warning,
-                     device_description=describe_device(device, layout.threads), model_size=model_size(workload))
+    return StudyPlan(trials, reused, to_train, layout, schedule, run_settings,
+                     resources.describe_device(device, layout.threads), warning, model_size(workload))
 
 
 def model_size(workload: Workload) -> tuple[int, int]:
@@ -211,8 +189,8 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
     """The schedule, the bytes each trial holds between its turns, and a warning when breadth-first would
     not fit the memory budget (resources.breadth_first_fits) and the study falls back to depth-first."""
     parameters = sum(p.numel() for p in workload.build_model().parameters())
-    held = held_bytes_per_trial(parameters, spec.optimizer, spec.sparsity > 0, train_size)
-    if wanted is Schedule.BREADTH_FIRST and not breadth_first_fits(held * trials_to_train, device):
+    held = resources.held_bytes_per_trial(parameters, spec.optimizer, spec.sparsity > 0, train_size)
+    if wanted is Schedule.BREADTH_FIRST and not resources.breadth_first_fits(held * trials_to_train, device):
         return Schedule.DEPTH_FIRST, held, (
             f"warning: {trials_to_train} trials x {held} bytes held at once do not fit the memory budget on "
             f"{device}; training depth-first (same result, likely more trial-steps)")
@@ -229,9 +207,42 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     """
     out = out or sys.stdout
     started = time.perf_counter()
+    spec, workload, device, data = _checked_inputs(spec, options)
+    # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
+    options = replace(options, full_trials=spec.full_trials(options.full_trials))
+    settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
+    claimed = _claim(spec, options, out, started)
+    if isinstance(claimed, StudyOutcome):
+        return claimed
+    tracker = claimed
+    with abort_guard(tracker.owned, lambda: list(tracker.trial_runs.values()), tracker.close):
+        tracker.start_heartbeat()
+        if options.system_metrics:
+            tracker.start_system_metrics()
+        plan = plan_study(spec, workload, tracker, options, device, data.train_size, settings.curve_interval)
+        tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
+        tracker.log_datasets(workload.dataset, {
+            "training": (data.train_images.numpy(), data.train_labels.numpy()),
+            "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
+        _print_plan(spec, plan, tracker, device, options.full_trials, out)
+        records, pruned = _train(spec, plan, data, settings, device, options, tracker, out, on_trial, on_steps)
+        outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
+                                            time.perf_counter() - started)
+        probed = probed_trials(spec, outcome, workload, data, device, options, tracker, out, plan.device_description)
+        scores = pruning_summary(pruned.values())
+        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size,
+                               scores)
+        tracker.finish_study()
+    _print_outcome(spec, outcome, scores if pruned else None, probed, tracker, out)
+    return outcome
+
+
+def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySpec, Workload, str, DataSplits]:
+    """The workload, the device and the data, each refused in one line when unusable; the spec with the
+    data's fingerprint."""
     workload = get_workload(spec.workload)
     workload.search_space(spec.optimizer.value)
-    device = resolve_device(options.device)
+    device = str(resources.resolve_device(options.device))
     data = workload.load_data(options.data_dir)
     fingerprint = splits_fingerprint(data)
     if spec.data_fingerprint is None:
@@ -242,89 +253,51 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
-    # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
-    options = replace(options, full_trials=spec.full_trials(options.full_trials))
-    settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
+    return spec, workload, device, data
+
+
+def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: float) -> StudyTracker | StudyOutcome:
+    """Our study run, live; or, when the study is already done, the outcome of its finished run.
+
+    Never a second live run of one key (claim): a live run elsewhere stops us with one line, or
+    we wait for it (``options.wait``); of two runs created at the same moment the later one gives way. A
+    run a sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
+    it is not used it gives up its kind, as a run that gave way does.
+    """
     # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
     # starting against an unreachable store does.
-    client = (connect(options.tracking_uri) if options.parent_run_id else
-              open_store(options.tracking_uri, writes=True))
+    client: StoreClient = (connect(options.tracking_uri) if options.parent_run_id else
+                           open_store(options.tracking_uri, writes=True))
     with store_errors(client):
         launcher = launcher_run(client, spec.study_key) if options.adopt_launcher_run else None
         # Under `mlflow run` the study goes to the experiment of the run it made for us.
         experiment_id = resolve_experiment(client, launcher.experiment_name if launcher else
                                            experiment_name_for(spec.workload, options.experiment),
                                            EXPERIMENT_DESCRIPTION)
-        claimed = _claim(spec, options, client, experiment_id, launcher, out)
-    if isinstance(claimed, LeasedRun):
-        print(f"study already done: steps_to_result = {claimed.steps_to_result} in the finished study run "
-              f"{claimed.run_id}; nothing to train", file=out, flush=True)
-        return StudyOutcome(claimed.run_id, experiment_id, claimed.steps_to_result, {}, 0, 0, 0,
-                            time.perf_counter() - started)
-    tracker = claimed
-    with abort_guard(tracker.owned, lambda: list(tracker.trial_runs.values()), tracker.close):
-        tracker.start_heartbeat()
-        if options.system_metrics:
-            tracker.start_system_metrics()
-        plan = plan_study(spec, workload, tracker, options, str(device), data.train_size, settings.curve_interval)
-        tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
-        tracker.log_datasets(workload.dataset, {
-            "training": (data.train_images.numpy(), data.train_labels.numpy()),
-            "validation": (data.validation_images.numpy(), data.validation_labels.numpy())})
-        _print_plan(spec, plan, tracker, str(device), options.full_trials, out)
-        records, pruned = _train(spec, plan, data, settings, str(device), options, tracker, out, on_trial, on_steps)
-        outcome = StudyOutcome.from_records(records, tracker.study_run_id, tracker.experiment_id,
-                                            time.perf_counter() - started)
-        probed = None
-        if spec.probes_best_only:
-            probed = probe_best_trial(spec, outcome, workload, data, str(device), options, tracker, out,
-                                      plan.device_description)
-        elif spec.probes:
-            best = outcome.best_record()
-            probed = ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
-        scores = pruning_summary(pruned.values())
-        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size,
-                               scores)
-        tracker.finish_study()
-    _print_outcome(outcome, out)
-    if pruned and spec.sparsity > 0:
-        print(f"pruning scores ({spec.pruning}): {scores['computed']} computed, {scores['cached']} from the score "
-              f"cache, {scores['seconds']:.1f} s spent, {scores['seconds_saved']:.1f} s saved", file=out, flush=True)
-    if probed is not None:
-        print(probed.sentence(), file=out, flush=True)
-    print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)
-    return outcome
+        label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
+                f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
+        rules = ClaimRules(
+            kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
+            finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
+            clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
+        # The run `mlflow run` made for us is used by the first run we make, and given up (its kind removed,
+        # so that MLflow's FINISHED on exit does not count as a study) if that one gives way.
+        unused_launcher = [launcher.run_id] if launcher is not None else []
 
+        def create(token: str | None) -> str:
+            return create_study_run(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
+                                    unused_launcher.pop() if unused_launcher else None)
 
-def _claim(spec: StudySpec, options: ExecutionOptions, client: StoreClient, experiment_id: str,
-           launcher: LauncherRun | None, out: TextIO) -> StudyTracker | LeasedRun:
-    """Our study run, live; or the finished study run of this key when the study is already done.
+        def give_way(run_id: str, rival: LeasedRun) -> None:
+            yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
 
-    Never a second live run of one key (ownership.claim): a live run elsewhere stops us with one line, or
-    we wait for it (``options.wait``); of two runs created at the same moment the later one gives way. A
-    run a sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
-    it is not used it gives up its kind, as a run that gave way does.
-    """
-    label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
-            f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
-    rules = ClaimRules(
-        kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
-        finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
-        clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
-    # The run `mlflow run` made for us is used by the first run we make, and given up (its kind removed,
-    # so that MLflow's FINISHED on exit does not count as a study) if that one gives way.
-    unused_launcher = [launcher.run_id] if launcher is not None else []
-
-    def create(token: str | None) -> str:
-        return create_study_run(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
-                                unused_launcher.pop() if unused_launcher else None)
-
-    def give_way(run_id: str, rival: LeasedRun) -> None:
-        yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
-
-    claimed = claim(client, experiment_id, rules, create, out, give_way)
+        claimed = claim(client, experiment_id, rules, create, out, give_way)
     if claimed.done is not None:
-        return claimed.done
+        done = claimed.done
+        print(f"study already done: steps_to_result = {done.steps_to_result} in the finished study run "
+              f"{done.run_id}; nothing to train", file=out, flush=True)
+        return StudyOutcome(done.run_id, experiment_id, done.steps_to_result, {}, 0, 0, 0,
+                            time.perf_counter() - started)
     assert claimed.owned is not None  # a study never watches (OnLive.WATCH)
     return StudyTracker(client, experiment_id, claimed.owned, options.sweep_key)
 
@@ -364,21 +337,22 @@ class _Recorder:
                                      result.steps_trained)
 
 
-def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings, device: str,
+def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineSettings, device: str,
            options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
            on_trial: Callable[[str, int | None], None] | None = None,
            on_steps: Callable[[int, int], None] | None = None
            ) -> tuple[dict[int, TrialRecord], dict[int, PruningRecord]]:
     """Train the plan's chunks here or in worker processes; every trial's record, reused ones included, and
     how each trial trained here was pruned."""
-    progress = StudyProgress(len(plan.trials), len(plan.to_train), stream=out, log_interval=options.log_interval,
-                             on_trial=on_trial, on_steps=on_steps)
+    progress = StudyProgress(len(plan.to_train), stream=out, log_interval=options.log_interval, on_trial=on_trial,
+                             on_steps=on_steps)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
     job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
                       exact_early_stopping=not options.full_trials, schedule=plan.schedule,
                       score_cache=default_score_cache())
-    best_known = plan.best_known if not options.full_trials else None
+    best_known = None if options.full_trials else best_reached_step((s.status, s.steps_to_result)
+                                                                    for s in plan.reused.values())
     if plan.chunks and plan.layout.workers == 1:
         bound = LocalStepBound(settings.max_steps, settings.check_interval, not options.full_trials, best_known)
         train_inline(job, plan.chunks, data.to(device), bound, recorder)
@@ -395,23 +369,28 @@ def _train(spec: StudySpec, plan: StudyPlan, data: Any, settings: EngineSettings
     return records, dict(recorder.pruning)
 
 
-def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: Any, device: str,
-                     options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
-                     device_description: str) -> ProbedTrials:
-    """Train the study's best trial again, with the probes, along its whole run (to its goal), as a
-    trial run nested under the study run; or find that run in the store.
+def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: DataSplits, device: str,
+                  options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
+                  device_description: str) -> ProbedTrials | None:
+    """Which trials carried the probes. A study that probes its best trial only trains it again, with the
+    probes, to its goal, as a trial run nested under the study run (or finds that run in the store).
 
     The probed run is the trial of the all-trials study with the same key (``spec.probe_spec``), so either
     study reuses the other's. Probes never touch the training state, so the run follows the same
     trajectory and reaches the goal at the same step; a different step is reported, not hidden.
     """
     best = outcome.best_record()
+    if not spec.probes:
+        return None
+    if not spec.probes_best_only:
+        return ProbedTrials("all", best.trial.index if best else None, best.run_id if best else None)
     if best is None:
         print("probes: no trial reached the goal, so there is no best trial to probe", file=out, flush=True)
         return ProbedTrials("best", None, None)
-    started = time.perf_counter()
     probe_spec = spec.probe_spec
-    trial = TrialSpec(probe_spec, best.trial.index, best.trial.metaparameters)
+    points = workload.search_space(spec.optimizer.value).points(spec.trials)
+    trials = [TrialSpec(probe_spec, index, point) for index, point in enumerate(points)]
+    trial = trials[best.trial.index]
     stored = finished_trials(tracker.client, tracker.experiment_id, probe_spec).get(trial.trial_key)
     if stored is not None and stored.status is best.status:
         print(f"probes: the best trial (trial {trial.index}) was already probed along its run: run "
@@ -419,24 +398,17 @@ def probe_best_trial(spec: StudySpec, outcome: StudyOutcome, workload: Workload,
         return ProbedTrials("best", trial.index, stored.run_id, reused=True)
     print(f"probes: training the best trial (trial {trial.index}) again with {', '.join(probe_spec.probes)} "
           f"every {probe_spec.probe_interval} steps, to its goal", file=out, flush=True)
-    settings = engine_settings(probe_spec, workload, data.validation_size, options)
-    layout = study_layout(device.split(":")[0], spec.batch_size, 1, 1, options.threads, 1)
-    progress = StudyProgress(1, 1, stream=out, log_interval=options.log_interval)
-    recorder = _Recorder(tracker, {trial.index: trial}, progress, device_description)
-    space = workload.search_space(spec.optimizer.value)
-    job = TrainingJob(spec=probe_spec, points=tuple(space.points(spec.trials)), settings=settings,
-                      data_dir=options.data_dir, device=device, threads=layout.threads, exact_early_stopping=False,
-                      schedule=Schedule.DEPTH_FIRST, score_cache=default_score_cache())
-    train_inline(job, [[trial.index]], data.to(device),
-                 LocalStepBound(settings.max_steps, settings.check_interval, False, None), recorder)
-    progress.close()
-    record = recorder.records[trial.index]
+    # Alone, in this process, to its own end.
+    plan = StudyPlan(trials, {}, [trial], resources.WorkerLayout(1, options.threads or resources.available_cores(), 1),
+                     Schedule.DEPTH_FIRST, {}, device_description)
+    records, _ = _train(probe_spec, plan, data, engine_settings(probe_spec, workload, data.validation_size, options),
+                        device, replace(options, full_trials=True), tracker, out)
+    record = records[trial.index]
     if (record.status, record.steps_to_result) != (best.status, best.steps_to_result):
         print(f"warning: the probed run of trial {trial.index} ended {record.status.value} at "
               f"{record.steps_to_result} steps, the unprobed run {best.status.value} at {best.steps_to_result} "
               f"(the device is not deterministic?)", file=out, flush=True)
-    return ProbedTrials("best", trial.index, record.run_id, seconds=time.perf_counter() - started,
-                        probe_seconds=record.probe_seconds)
+    return ProbedTrials("best", trial.index, record.run_id, probe_seconds=record.probe_seconds)
 
 
 def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device: str, full_trials: bool,
@@ -453,11 +425,14 @@ def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device:
     print(f"training {len(plan.to_train)} trials on {device} in {len(plan.chunks)} chunks of up to "
           f"{layout.pack_size}, {layout.workers} worker(s) x {layout.threads} thread(s), "
           f"{'full trials' if full_trials else 'exact early stopping'}, {plan.schedule.value.replace('_', '-')} "
-          f"({plan.run_settings['held_bytes_per_trial']} bytes held per trial), trial order: {plan.trial_order}",
-          file=out, flush=True)
+          f"({plan.run_settings['held_bytes_per_trial']} bytes held per trial), trial order: "
+          f"{plan.run_settings['trial_order']}", file=out, flush=True)
 
 
-def _print_outcome(outcome: StudyOutcome, out: TextIO) -> None:
+def _print_outcome(spec: StudySpec, outcome: StudyOutcome, scores: dict[str, Any] | None,
+                   probed: ProbedTrials | None, tracker: StudyTracker, out: TextIO) -> None:
+    """The result, what the pruning scores cost (``scores``: when any trial was pruned here), the probes and
+    the study run's page."""
     counts = ", ".join(f"{status.value} {outcome.count(status)}" for status in TrialStatus)
     best = outcome.best_record()
     if best is None:
@@ -468,3 +443,9 @@ def _print_outcome(outcome: StudyOutcome, out: TextIO) -> None:
     print(f"{head}\n{counts}; reused {outcome.reused}, trained {outcome.trained} "
           f"({outcome.trial_steps} trial-steps) in {outcome.seconds:.1f} s; study run {outcome.study_run_id}",
           file=out, flush=True)
+    if scores is not None and spec.sparsity > 0:
+        print(f"pruning scores ({spec.pruning}): {scores['computed']} computed, {scores['cached']} from the score "
+              f"cache, {scores['seconds']:.1f} s spent, {scores['seconds_saved']:.1f} s saved", file=out, flush=True)
+    if probed is not None:
+        print(probed.sentence(), file=out, flush=True)
+    print(ui_link(str(tracker.client.tracking_uri), tracker.experiment_id, tracker.study_run_id), file=out, flush=True)

@@ -1,20 +1,11 @@
-"""A sweep: the grid of studies batch sizes x sparsities x optimizers of one workload.
+"""A sweep: the grid of studies batch sizes x sparsities x optimizers x pruning methods of one workload.
 
     edps sweep --workload digits-simple-cnn --batch-sizes 2..1024 --sparsities 0,0.5,0.9
     edps sweep ... --executor ray --ray-address auto
 
-The tracking store is the registry. Before launching, the sweep looks up every study key: a
-FINISHED study run (in the same early-stopping mode) means done; finished trial runs without one
-mean partly done (those trials are reused, not retrained); the rest is to do. Runs whose lease
-expired (their process is dead) are marked FAILED; a study that was cut short starts a new study
-run that reuses its finished trials. A live run is never duplicated (store/ownership): a second sweep of
-the same key stops or waits (``--wait``), and a study that another live process is training is
-waited for. Killing a sweep at any moment and starting it again finishes the grid with nothing
-finished trained twice.
-
-An executor (executors/) runs the studies that are not done: ``local`` (worker processes on this machine),
-``ray`` (Ray tasks on a cluster) or ``mlflow-project`` (each study a run of the MLproject, submitted
-through MLflow Projects to its local or Kubernetes backend).
+The tracking store is the registry: the sweep plans every study as done, partly done (its finished trials
+are reused) or to do, and an executor (executors/) runs the rest, so that a killed sweep started again
+finishes the grid with nothing finished trained twice (docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -32,19 +23,20 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import Executor, SweepRun, study_label
 from edps_mlflow.names import KIND_SWEEP
+from edps_mlflow.process_settings import launcher_run_id
+from edps_mlflow.progress import SweepProgress, SweepStudy
+from edps_mlflow.pruning import DEFAULT_METHOD
+from edps_mlflow.resources import cuda_devices
+from edps_mlflow.store.client import open_store, ui_link
+from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, clear_expired, launcher_run, yield_run
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
 from edps_mlflow.store.read.runs import LeasedRun, planned_trial_counts, study_runs, study_views, sweep_runs
-from edps_mlflow.process_settings import launcher_run_id
-from edps_mlflow.pruning import DEFAULT_METHOD
-from edps_mlflow.progress import SweepProgress, SweepStudy
-from edps_mlflow.resources import refuse_missing_device
-# The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
-from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-from edps_mlflow.store.client import open_store, ui_link
-from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.sweep import SweepTracker, create_sweep_run
+
+# The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
 
@@ -65,19 +57,16 @@ class PlannedStudy:
 
 def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool,
                views: list[Any] | None = None) -> list[PlannedStudy]:
-    """Each study of the grid: done (a finished study run in the same early-stopping mode), partly done
-    (finished trials to reuse) or to do."""
     return plan_studies(client, experiment_id, spec.workload, spec.studies(), full_trials, views)
 
 
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
                  full_trials: bool, views: list[Any] | None = None) -> list[PlannedStudy]:
-    """Each of ``studies`` (of one workload): done, partly done or to do (see :func:`plan_sweep`). ``views``:
-    the experiment's study runs as study_views read them a moment ago, instead of a new read."""
+    """Each of ``studies``: done (a finished study run in the same early-stopping mode), partly done (finished
+    trials to reuse) or to do. ``views``: the experiment's study runs (study_views) just read."""
     stored = study_runs(client, experiment_id, workload, lease_seconds(), views)
     finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
-    # Finished trials are counted only for the studies that have a study run but are not done (a few):
-    # a study without any run has no trial runs of its key (they are made under its study run).
+    # Only a study with a study run has trial runs (they are made under it): count those not done (a few).
     started = {s.study_key for s in stored}
     trial_counts = planned_trial_counts(client, experiment_id, stored, [
         s.study_key for s in studies
@@ -96,16 +85,23 @@ def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[S
     return plan
 
 
+def prepare(spec: SweepSpec, options: SweepOptions) -> SweepSpec:
+    """Refuse missing data, a missing device or what the executor lacks, before any work; the grid with
+    its data's fingerprint, which its keys need (cached per file set: no reload next time)."""
+    workload = get_workload(spec.workload)
+    workload.require_data(options.data_dir)
+    if options.device is not None:  # no device asked for: nothing to refuse, and torch stays unloaded
+        cuda_devices(options.device, indexed=False)
+    if spec.protocol.data_fingerprint is None:
+        spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
+    get_executor(options.executor)().check(spec, options)
+    return spec
+
+
 def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None) -> dict[str, int | None]:
     """Plan against the registry, run what is missing, return study_key -> steps_to_result."""
     out = out or sys.stdout
-    workload = get_workload(spec.workload)
-    workload.require_data(options.data_dir)
-    refuse_missing_device(options.device, indexed=False)  # cuda without a CUDA device: before any work
-    if spec.protocol.data_fingerprint is None:
-        # The keys of the grid need the data's fingerprint (cached per file set: no reload next time).
-        spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
-    get_executor(options.executor)().check(spec, options)
+    spec = prepare(spec, options)
     complete = _already_complete(spec, options, out)
     if complete is not None:
         return complete
@@ -126,11 +122,11 @@ class FinishedSweep:
     client: Any
     experiment_id: str
     runs: list[LeasedRun]
-    studies: list[Any]  # the experiment's study runs, as study_views read them to find the sweep runs
+    studies: list[Any]  # the experiment's study runs (study_views), read to find the sweep runs
 
 
 def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
-    """The sweep runs of ``sweep_key`` when there are some and all have finished; None otherwise, and when
+    """The sweep runs of ``sweep_key`` when there are some and all have finished; None otherwise, or when
     `mlflow run` made a run for this command (that run must become the sweep run)."""
     if launcher_run_id():
         return None
@@ -147,9 +143,8 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
 
 
 def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
-    """The results of a sweep whose run finished and whose every study is done: a rerun then trains
-    nothing and leaves the finished sweep run (its duration, summary and description) as it was.
-    None when there is anything to do, or when `mlflow run` made a run for this command."""
+    """The results of a sweep whose run finished and whose every study is done, leaving that run as it was;
+    None when there is anything to do (or `mlflow run` made a run for this command)."""
     done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
     if done is None:
         return None
@@ -166,11 +161,10 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
 
 def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
                name: str | None = None) -> SweepRun:
-    """The sweep's run, live and ours (ownership.claim): the earlier run of this sweep when its owner is gone
-    (a resume), else a new one. A live sweep of the same key elsewhere stops us with one line, or is waited
-    for. ``key`` and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
+    """The sweep's run, live and ours (claim): its earlier run when that owner is gone (a resume),
+    else a new one; a live sweep of the key elsewhere stops us with one line, or is waited for. ``key`` and
+    ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
     client = open_store(writes=True)
-    tracking_uri = client.tracking_uri
     key = key or spec.sweep_key
     name = name or f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
@@ -195,7 +189,7 @@ def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | N
     assert claimed.owned is not None  # a sweep is never done before it is claimed, and never watches
     tracker = SweepTracker(client, experiment_id, claimed.owned)
     tracker.start_heartbeat()
-    return SweepRun(client, tracking_uri, experiment_name, experiment_id, tracker, key, spec.workload)
+    return SweepRun(client, client.tracking_uri, experiment_name, experiment_id, tracker, key)
 
 
 def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) -> list[PlannedStudy]:
@@ -222,8 +216,8 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 
 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
-    """The sweep run's description: the grid and its steps-to-result, one Markdown table per optimizer and
-    pruning method (the dense column, pruned by none, is in each)."""
+    """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method
+    (the dense column in each)."""
     p = spec.protocol
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
@@ -241,24 +235,21 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     return "\n\n".join(parts)
 
 
-def _trials_to_train(plan: list[PlannedStudy]) -> int:
-    """Trials the sweep still has to train (finished ones of partly done studies are reused)."""
-    return sum(max(0, p.spec.trials - p.finished_trials) for p in plan if p.state is not PlanState.DONE)
-
-
 def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
     """The progress line of the plan's studies still to train, with the results of those already done."""
     pending = [p for p in plan if p.state is not PlanState.DONE]
     studies = [SweepStudy(study_label(p.spec), f"{p.spec.workload} {CurveId.of(p.spec).label()}",
                           p.spec.batch_size, 0 if p.state is PlanState.DONE else p.spec.trials - p.finished_trials,
                           p.spec.max_steps, p.steps_to_result) for p in plan]
-    return SweepProgress(len(plan), len(plan) - len(pending), _trials_to_train(plan), 1, out, interval, studies)
+    # Finished trials of partly done studies are reused, not trained.
+    trials = sum(max(0, p.spec.trials - p.finished_trials) for p in pending)
+    return SweepProgress(len(plan), len(plan) - len(pending), trials, out, interval, studies)
 
 
 def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
              out: TextIO, executor: Executor | None = None) -> None:
-    """Run the pending studies on the chosen executor (executors/; ``executor``: an instance the caller holds
-    a session of), as studies of ``sweep``; one line naming the studies that failed once the others are done."""
+    """Run the pending studies on the chosen executor (``executor``: an instance the caller holds a session
+    of); one line naming the studies that failed once the others are done."""
     # Large batches first: they dominate the cost, so starting them early shortens the tail.
     pending = sorted(pending, key=lambda s: -s.batch_size)
     executor = executor if executor is not None else get_executor(options.executor)()

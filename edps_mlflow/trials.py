@@ -33,12 +33,9 @@ class TrialSetup:
 
 def prepare_trial(workload: Workload, data: DataSplits, trial: TrialSpec,
                   score_cache: ScoreCache | None = None) -> TrialSetup:
-    """Initialise with the trial's own seed (the workload's initialisation), prune at initialisation, and mask
-    the initial weights.
-
-    ``data`` may be on any device; the scores are computed where the data are. With ``score_cache`` (and the
-    study's data fingerprint set), costly scores are computed once per initialisation and kept there.
-    """
+    """Initialise with the trial's own seed, prune at initialisation, and mask the initial weights. The scores
+    are computed where ``data`` are; with ``score_cache`` (and the data's fingerprint) costly ones once per
+    initialisation."""
     model = workload.build_model()
     workload.initialise(model, torch.Generator().manual_seed(trial.init_seed))
     model.to(data.train_images.device)

@@ -18,7 +18,7 @@ def _sweep() -> SweepProgress:
     """Batch size 1,024 already done (80 steps), 256, 64 and 16 to train with 32 trials each."""
     studies = [SweepStudy("bs=1024", CURVE, 1024, 0, 5000, 80)]
     studies += [SweepStudy(f"bs={b}", CURVE, b, 32, 5000) for b in (256, 64, 16)]
-    progress = SweepProgress(4, 1, 96, 1, io.StringIO(), studies=studies)
+    progress = SweepProgress(4, 1, 96, io.StringIO(), studies=studies)
     progress.started = time.monotonic() - 100.0  # 100 s into the sweep: a known rate
     return progress
 
@@ -52,7 +52,7 @@ def test_sweep_line_moves_with_the_running_trials_steps_while_no_trial_finishes(
     assert _minutes_left(second) < _minutes_left(first)
     assert progress.trials_done == 0 and "| trials 0/96 |" in second  # no trial has finished
     # The study finishes at 200 steps: the smaller batch sizes are guessed from it, the nearest result.
-    progress.finished_study(StudyReport("k256", 200, 32, 32, 1.0, skipped=False), "bs=256")
+    progress.finished_study(StudyReport("k256", 200, skipped=False), "bs=256")
     third = progress.line()
     assert "studies 2/4 done, 0 running" in third and "at step" not in third
     assert "trial-steps 6,400, ~38,400 to go (est.)" in third  # 32 x 400 + 32 x 800
@@ -61,21 +61,21 @@ def test_sweep_line_moves_with_the_running_trials_steps_while_no_trial_finishes(
 
 def test_sweep_line_without_a_result_yet_says_when_the_estimate_comes() -> None:
     studies = [SweepStudy(f"bs={b}", CURVE, b, 8, 1000) for b in (256, 16)]
-    progress = SweepProgress(2, 0, 16, 1, io.StringIO(), studies=studies)
+    progress = SweepProgress(2, 0, 16, io.StringIO(), studies=studies)
     progress.study_steps("bs=256", 800, 100)
     line = progress.line()
     assert "bs=256 at step 100" in line and "trial-steps 800 |" in line and "after the first result" in line
 
 
 def test_executors_without_steps_fall_back_to_finished_trials() -> None:
-    progress = SweepProgress(2, 0, 16, 1, io.StringIO(), studies=[SweepStudy("bs=16", CURVE, 16, 16, 1000)])
+    progress = SweepProgress(2, 0, 16, io.StringIO(), studies=[SweepStudy("bs=16", CURVE, 16, 16, 1000)])
     progress.trials_done = 4  # as the MLflow Projects executor counts them from the store
     assert "trials 4/16" in progress.line() and "trial-steps" not in progress.line()
 
 
 def test_study_progress_reports_trial_steps_throttled_and_at_every_finished_trial() -> None:
     heard: list[tuple[int, int]] = []
-    progress = StudyProgress(3, 3, stream=io.StringIO(), on_steps=lambda s, f: heard.append((s, f)),
+    progress = StudyProgress(3, stream=io.StringIO(), on_steps=lambda s, f: heard.append((s, f)),
                              steps_interval=1000.0)
     for index in range(3):
         progress.trial_started(index)

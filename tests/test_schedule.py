@@ -171,14 +171,14 @@ def test_paced_workers_stop_within_an_interval_when_the_best_trials_worker_falls
 
 
 def test_breadth_first_falls_back_to_depth_first_when_held_trials_would_not_fit(monkeypatch):
-    from edps_mlflow import study
+    from edps_mlflow import resources, study
     from edps_mlflow.resources import held_bytes_per_trial
 
     spec = study_spec(optimizer="momentum", sparsity=0.5)
     schedule, held, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert (schedule, warning) == (Schedule.BREADTH_FIRST, None)
     assert held == held_bytes_per_trial(6090, optimizer="momentum", sparse=True, train_size=1618)
-    monkeypatch.setattr(study, "breadth_first_fits", lambda held_bytes, device: False)
+    monkeypatch.setattr(resources, "breadth_first_fits", lambda held_bytes, device: False)
     schedule, _, warning = study.choose_schedule(spec, DIGITS, 8, Schedule.BREADTH_FIRST, "cpu", 1618)
     assert schedule is Schedule.DEPTH_FIRST and "depth-first" in warning
 

@@ -3,12 +3,9 @@
     executor = get_executor("ray")                    # the class, imported when asked for
     failures = executor().run(studies, sweep, options, progress, out)
 
-A new executor is one module with a class that implements the protocol and one line in ``EXECUTORS``
-(docs/architecture.md, "Adding an executor"); a batch scheduler (SLURM, Kubernetes jobs) is most easily a
-``JobBackend`` of the queued-job executor (``executors/queued.py``), as MLflow Projects is.
-
-This module imports nothing heavy: the command line validates ``--executor`` against ``EXECUTORS`` before
-torch or MLflow are imported.
+A new executor is one module and one line in ``EXECUTORS`` (docs/architecture.md); a batch scheduler is
+most easily a ``JobBackend`` of ``executors/queued.py``. Nothing heavy is imported here: the command line
+checks ``--executor`` before torch or MLflow load.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ def check_executor_name(name: str) -> None:
 
 
 def get_executor(name: str) -> type:
-    """The class registered as ``name`` (an ``executors.base.Executor``; the registry imports no executor, so
-    that the sweep's spec can check a name without the sweep's machinery)."""
+    """The class registered as ``name`` (an ``executors.base.Executor``), imported now."""
     check_executor_name(name)
     module, _, attribute = EXECUTORS[name].partition(":")
     return getattr(importlib.import_module(module), attribute)

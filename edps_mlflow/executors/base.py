@@ -1,15 +1,13 @@
 """The executor protocol, and what every executor is given: the sweep's run and the studies to run.
 
-An executor runs the pending studies of a sweep, each exactly once in the store however often it is
-asked: every study it starts goes through ``study.run_study`` (or, for a queued job, the ``main`` entry
-point, which calls it), whose claim (``ownership.claim``) finds a study done, waits for a live run of it
-elsewhere, or makes the study's run. So an executor may be killed, rerun or run twice at once.
+Every study an executor starts goes through ``study.run_study`` (a queued job: through the ``main`` entry
+point, which calls it), whose claim finds the study done, waits for a live run of it elsewhere, or makes its
+run: so an executor may be killed, rerun or run twice at once, and each study is measured once.
 """
 
 from __future__ import annotations
 
 import io
-import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TextIO
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TextIO
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
 from edps_mlflow.progress import SweepProgress
+from edps_mlflow.resources import available_cores
 from edps_mlflow.results import StudyReport
 from edps_mlflow.store.client import connect
 from edps_mlflow.store.ownership.lease import LeaseLost
@@ -37,7 +36,6 @@ class SweepRun:
     experiment_id: str
     tracker: "SweepTracker"
     key: str  # the sweep key its studies carry (the grid's, or an adaptive sweep's)
-    workload: str
 
     @property
     def run_id(self) -> str:
@@ -56,30 +54,21 @@ class Executor(Protocol):
 
     def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
             out: TextIO) -> list[str]:
-        """Run every study (large batch sizes first is the caller's order); the failures, one line each.
-        An executor that cannot go on raises an ``EdpsError`` instead. It calls ``sweep.require_ours()``
-        between studies, so that a sweep stalled past its lease stops starting work."""
+        """Run every study (in the caller's order); the failures, one line each, or an ``EdpsError`` when it
+        cannot go on. Between studies it calls ``sweep.require_ours()``: a sweep stalled past its lease stops."""
 
-    # Optional: ``session(options, out)``, a context manager held around every ``run`` of one sweep (an adaptive
-    # sweep calls ``run`` once a round), for what is worth starting once per sweep rather than once per
-    # ``run`` (Ray's local instance and its workers, which import torch again when restarted). Without it,
-    # each ``run`` stands alone; see ``executor_session``.
+    # Optional: ``workers(options)``, how many studies run at once (default: --workers, else the cores), and
+    # ``session(options, out)``, a context manager held around every ``run`` of one sweep (an adaptive sweep
+    # runs one a round), for what is worth starting once per sweep (Ray's local instance and its workers).
 
 
 def executor_workers(executor: Any, options: "SweepOptions") -> int:
-    """How many studies the executor runs at once: its ``workers(options)`` where it has one (local and Ray:
-    one per GPU, else ``--workers`` or one per core), else ``--workers``, else this machine's cores (for a
-    job queue, pass ``--workers``)."""
+    """How many studies the executor runs at once (its ``workers(options)`` where it has one)."""
     workers = getattr(executor, "workers", None)
-    if workers is not None:
-        return int(workers(options))
-    from edps_mlflow.resources import available_cores
-
-    return options.workers or available_cores()
+    return int(workers(options)) if workers is not None else options.workers or available_cores()
 
 
 def executor_session(executor: Any, options: "SweepOptions", out: TextIO) -> AbstractContextManager[None]:
-    """The executor's ``session(options, out)`` where it has one, else nothing to hold."""
     session = getattr(executor, "session", None)
     return session(options, out) if session is not None else nullcontext()
 
@@ -114,20 +103,15 @@ def study_tasks(studies: list[StudySpec], sweep: SweepRun, options: "SweepOption
 
 def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None,
                    on_steps: Callable[[int, int], None] | None = None) -> StudyReport:
-    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice.
-    ``on_trial(status, steps_to_result)`` hears of each trial that ends, ``on_steps(trial_steps,
-    furthest_step)`` of the steps trained (the local executor's progress).
-
-    A study whose process was stalled past its lease (``LeaseLost``) has been taken over by another
-    process: the task then waits for that run, as for any live run of its key, and reports its result."""
-    started = time.perf_counter()
+    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice. ``on_trial`` and
+    ``on_steps``: as run_study's (the local executor's progress). A study stalled past its lease
+    (``LeaseLost``) was taken over by another process: the task then waits for that run and reports it."""
     client = connect(task.tracking_uri)
     done = latest_finished_study(client, task.experiment_id, task.spec.study_key,
                                  task.spec.full_trials(task.full_trials))
     if done is not None:
-        return StudyReport(done.key, done.steps_to_result, task.spec.trials, 0, 0.0, skipped=True)
-    # Here, not at the top: the study loads torch (over a second), which the sweep's parent, planning and
-    # dispatching, never needs; the processes that train import it with their first study.
+        return StudyReport(done.key, done.steps_to_result, skipped=True)
+    # Here, not at the top: the study loads torch (over a second), which the sweep's parent never needs.
     from edps_mlflow.study import ExecutionOptions, run_study
 
     # A live run of this study elsewhere (another sweep, a lone study) is waited for, never duplicated.
@@ -140,5 +124,4 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
         outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial, on_steps=on_steps)
     except LeaseLost:
         outcome = run_study(task.spec, options, out=io.StringIO())
-    return StudyReport(task.spec.study_key, outcome.steps_to_result, len(outcome.records) or task.spec.trials,
-                       outcome.trained, time.perf_counter() - started, skipped=not outcome.records)
+    return StudyReport(task.spec.study_key, outcome.steps_to_result, skipped=not outcome.records)

@@ -1,18 +1,15 @@
 """The ``mlflow-project`` executor: each pending study a run of the MLproject's ``main`` entry point,
-submitted through MLflow Projects (mlproject.py) to its local backend (an ``mlflow run`` process per study)
-or to Kubernetes (a job per study), scheduled by the queued-job executor (queued.py).
+submitted through MLflow Projects to its local backend (an ``mlflow run`` process per study) or to
+Kubernetes (a job per study), scheduled by the queued-job executor.
 
     edps sweep --executor mlflow-project --workers 2 --batch-sizes 16,64
-
-MLflow Projects makes each study's run when it submits it (``makes_runs``); ``mlflow run`` starts its
-process in a session of its own, so a killed sweep leaves it training and a resumed sweep watches it.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.executors.base import SweepRun
@@ -30,9 +27,7 @@ from edps_mlflow.mlproject import (
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import available_cores
 from edps_mlflow.store.client import resolve_tracking_uri
-
-if TYPE_CHECKING:
-    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 
 
 class MlflowProjectsBackend:
@@ -71,9 +66,9 @@ class MlflowProjectsBackend:
 class MlflowProjectExecutor:
     """Studies as MLflow Projects runs, at most ``--workers`` at once."""
 
-    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+    def check(self, spec: SweepSpec, options: SweepOptions) -> None:
         """The project, the tools of the backend and environment manager, and on Kubernetes the job MLflow
-        would submit, checked before any work."""
+        would submit."""
         project = project_directory()
         launch = options.project
         tracking_uri = resolve_tracking_uri()
@@ -87,7 +82,7 @@ class MlflowProjectExecutor:
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
 
-    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: SweepOptions, progress: SweepProgress,
             out: TextIO) -> list[str]:
         backend = MlflowProjectsBackend(options.project, sweep.tracking_uri, sweep.experiment_id)
         return QueuedExecutor(backend).run(studies, sweep, options, progress, out)

@@ -1,24 +1,11 @@
 """The queued-job executor: each pending study of a sweep a job of a batch system, at most ``workers`` at once,
-over a small submission protocol (``JobBackend``: submit, and per job its state, log tail and cancel).
-MLflow Projects implements it (``executors/mlflow_project.py``); a SLURM or Kubernetes-jobs backend is the
-same protocol (docs/architecture.md, "Adding an executor").
+over a small submission protocol (``JobBackend``: submit; per job its state, log tail and cancel). MLflow
+Projects implements it (``executors/mlflow_project.py``); a SLURM backend would be the same protocol.
 
-One study run per study key, as with the other executors, through the one claim (``ownership.claim``):
-
-- Before submitting a study the executor claims it: done (skipped), or a live run of it elsewhere (another
-  sweep, a lone study, or a job this sweep submitted before it was killed): that run is watched, in one of
-  the ``workers`` places, instead of a new submission.
-- The study's run exists before its job starts: the backend makes it when it submits (MLflow Projects), or
-  the executor makes it first and hands its id to the job (``JobBackend.makes_runs``). Either way the
-  executor tags it as the study's run (kind, key, parent, heartbeat, ``edps.submitted_by``) at once and
-  renews its heartbeat while the job is alive, so the run is live before the job's entry point starts; the
-  entry point adopts the run (``MLFLOW_RUN_ID``) and beats itself. A killed sweep leaves its jobs training,
-  and a resumed sweep watches them.
-- Of two runs of one key made at the same moment the later gives way (and its job is cancelled).
-- A job that ends without a finished study is reported with its run id and the last lines of its log, and
-  the sweep goes on with the others; the sweep then ends with one line naming the failures.
-
-This module imports no mlflow: it reads through store/read and writes through store/ownership and store/write.
+Before submitting a study the executor claims it (``claim``): done (skipped), or live elsewhere
+(watched in one of the places instead). The study's run exists, tagged and kept live, before its job starts;
+the job's entry point adopts it. A job that ends without a finished study is reported with the last lines
+of its log, and the sweep goes on (docs/executors.md has the whole protocol).
 """
 
 from __future__ import annotations
@@ -28,25 +15,31 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors.base import SweepRun, study_label
+from edps_mlflow.mlproject import study_parameters
 from edps_mlflow.names import KIND_STUDY
 from edps_mlflow.progress import SweepProgress
+from edps_mlflow.resources import available_cores
 from edps_mlflow.results import RunState, StudyReport
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, live_runs, mark_dead, yield_run
 from edps_mlflow.store.ownership.lease import expired_reason, lease_seconds, renew_heartbeat
-from edps_mlflow.store.read.runs import (LeasedRun, get_leased, keyed_runs, latest_finished_study, running_trial_runs,
-                                         trial_runs_finished)
+from edps_mlflow.store.read.runs import (
+    LeasedRun,
+    get_leased,
+    keyed_runs,
+    latest_finished_study,
+    running_trial_runs,
+    trial_runs_finished,
+)
 from edps_mlflow.store.write.study import claim_submitted_run, create_submitted_run, log_launch_log
-
-if TYPE_CHECKING:
-    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 
 POLL_SECONDS = 1.0
-TRIAL_COUNT_SECONDS = 5.0  # between looks at the store for the trials the running studies finished
+TRIAL_COUNT_SECONDS = 5.0  # between reads of the trials the running studies finished
 LOG_TAIL_LINES = 20
 
 
@@ -57,8 +50,7 @@ class Job(Protocol):
     log_path: Path | None  # its output on this machine, when it has one here
 
     def state(self) -> RunState:
-        """RUNNING (or queued) until the job ends, then FINISHED, FAILED or KILLED; one line (``EdpsError``)
-        when the batch system cannot be asked."""
+        """RUNNING (or queued) until the job ends, then FINISHED, FAILED or KILLED (EdpsError: cannot ask)."""
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         """The last lines of its output, or where to find it."""
@@ -67,7 +59,7 @@ class Job(Protocol):
         """Stop it (nothing when it already ended)."""
 
     def describe_end(self) -> str:
-        """How it ended, for a line to the user (``exit code 1``)."""
+        """How it ended (``exit code 1``)."""
 
 
 class JobBackend(Protocol):
@@ -79,29 +71,27 @@ class JobBackend(Protocol):
     makes_runs: bool
 
     def describe(self) -> str:
-        """Where the studies go, for the line that says so (``MLflow Projects, local backend``)."""
+        """Where the studies go (``MLflow Projects, local backend``)."""
 
     def submit(self, study: StudySpec, parameters: dict[str, str], run_id: str | None, log_path: Path) -> Job:
-        """Submit one study; ``parameters`` are the ``main`` entry point's (mlproject.study_parameters),
-        ``run_id`` the run to adopt when ``makes_runs`` is False. One line (``EdpsError``) when it fails."""
+        """Submit one study with the ``main`` entry point's ``parameters``, adopting ``run_id`` when
+        ``makes_runs`` is False; an EdpsError when it fails."""
 
     def study_workers(self, places: int) -> int | None:
         """Training processes per study when ``places`` studies run at once (None: the job sizes its own)."""
 
     def close(self) -> None:
-        """Remove what the backend staged for its jobs (it has submitted them all)."""
+        """Remove what the backend staged for its jobs (all submitted)."""
 
 
 @dataclass
 class _Running:
-    """A study in one of the places: a job we submitted (``job``), or a live run of another process that we
-    watch (``job`` None)."""
+    """A study in one of the places: a job we submitted, or (``job`` None) another process's live run we watch."""
 
     spec: StudySpec
     label: str
     run_id: str
     job: Job | None
-    started: float
 
 
 class QueuedExecutor:
@@ -110,43 +100,37 @@ class QueuedExecutor:
     def __init__(self, backend: JobBackend) -> None:
         self.backend = backend
 
-    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+    def check(self, spec: SweepSpec, options: SweepOptions) -> None:
         pass
 
-    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: SweepOptions, progress: SweepProgress,
             out: TextIO) -> list[str]:
-        from edps_mlflow.resources import available_cores
-
-        workers = options.workers or available_cores()
-        progress.workers = min(workers, len(studies))
-        queue = _JobQueue(self.backend, sweep, options, workers, progress, out)
         try:
-            return queue.run(studies)
+            return _JobQueue(self.backend, sweep, options, progress, out).run(studies)
         finally:
             self.backend.close()
 
 
 class _JobQueue:
-    def __init__(self, backend: JobBackend, sweep: SweepRun, options: "SweepOptions", workers: int,
-                 progress: SweepProgress, out: TextIO) -> None:
-        self.backend, self.sweep, self.options, self.workers = backend, sweep, options, workers
-        self.progress, self.out = progress, out
-        self.study_workers = backend.study_workers(progress.workers)
+    def __init__(self, backend: JobBackend, sweep: SweepRun, options: SweepOptions, progress: SweepProgress,
+                 out: TextIO) -> None:
+        self.backend, self.sweep, self.options, self.progress, self.out = backend, sweep, options, progress, out
+        self.workers = options.workers or available_cores()
+        self.study_workers: int | None = None
         self.lease = lease_seconds()
         self.running: list[_Running] = []
-        # study run id -> (study key, trial runs it finished, read for the last time): the progress count
-        self._runs_counted: dict[str, tuple[str, int, bool]] = {}
+        # study run id -> (trial runs it finished, read for the last time): the progress count
+        self._runs_counted: dict[str, tuple[int, bool]] = {}
         self.failures: list[str] = []
         self.submitted_keys: set[str] = set()
         self.logs = Path(tempfile.mkdtemp(prefix=f"edps-sweep-{sweep.run_id[:8]}-logs-"))
 
     def run(self, pending: list[StudySpec]) -> list[str]:
         """Run every pending study; the failures, one line each."""
+        self.study_workers = self.backend.study_workers(min(self.workers, len(pending)))
         queue = deque(pending)
         print(f"submitting studies to {self.backend.describe()}, at most {self.workers} at once; their logs in "
               f"{self.logs}", file=self.out, flush=True)
-        keys = {s.study_key for s in pending}
-        baseline = self._trial_counts()
         last_beat = last_count = time.monotonic()
         try:
             while queue or self.running:
@@ -160,8 +144,7 @@ class _JobQueue:
                 for entry in list(self.running):
                     self._poll(entry, queue)
                 if now - last_count >= TRIAL_COUNT_SECONDS:
-                    counts = self._trial_counts()
-                    self.progress.trials_done = sum(max(0, counts.get(k, 0) - baseline.get(k, 0)) for k in keys)
+                    self.progress.trials_done = self._trials_finished()
                     last_count = now
                 self.progress.render()
                 if queue or self.running:
@@ -171,10 +154,7 @@ class _JobQueue:
             raise
         return self.failures
 
-    # ---- one study -----------------------------------------------------------------------------
     def _start(self, spec: StudySpec) -> None:
-        from edps_mlflow.mlproject import study_parameters
-
         sweep, key, label = self.sweep, spec.study_key, study_label(spec)
         log_path = self.logs / f"{key[:12]}.log"
         parameters = study_parameters(spec, sweep.run_id, sweep.key, self.options.data_dir, self.options.full_trials,
@@ -201,15 +181,15 @@ class _JobQueue:
             yield_run(sweep.client, run_id, rival.run_id, keep_kind=False)
 
         rules = ClaimRules(kind=KIND_STUDY, key=key, label=label, on_live=OnLive.WATCH, finished=lambda: (
-            latest_finished_study(sweep.client, sweep.experiment_id, key, spec.full_trials(self.options.full_trials))))
+            latest_finished_study(sweep.client, sweep.experiment_id, key,
+                                           spec.full_trials(self.options.full_trials))))
         try:
             claimed = claim(sweep.client, sweep.experiment_id, rules, create, self.out, give_way)
         except EdpsError as error:
             self._fail(f"{label}: submission failed: {error}", running=False)
             return
         if claimed.done is not None:
-            self.progress.finished_study(StudyReport(key, claimed.done.steps_to_result, spec.trials, 0, 0.0, True),
-                                         label)
+            self.progress.finished_study(StudyReport(key, claimed.done.steps_to_result, True), label)
             return
         if claimed.busy is not None:
             self._watch(spec, claimed.busy.run_id)
@@ -219,18 +199,18 @@ class _JobQueue:
         self.submitted_keys.add(key)
         print(f"{label}: submitted as run {run_id}; log {log_path}" if jobs[run_id].log_path
               else f"{label}: submitted as run {run_id}", file=self.out, flush=True)
-        self.running.append(_Running(spec, label, run_id, jobs[run_id], time.monotonic()))
+        self.running.append(_Running(spec, label, run_id, jobs[run_id]))
         self.progress.started_study()
 
     def _watch(self, spec: StudySpec, run_id: str) -> None:
         label = study_label(spec)
         print(f"{label}: the live run {run_id} of another process is training it: waiting for it", file=self.out,
               flush=True)
-        self.running.append(_Running(spec, label, run_id, None, time.monotonic()))
+        self.running.append(_Running(spec, label, run_id, None))
         self.progress.started_study()
 
     def _poll(self, entry: _Running, queue: deque[StudySpec]) -> None:
-        sweep = self.sweep
+        sweep, key = self.sweep, entry.spec.study_key
         if entry.job is not None:
             if entry.job.state() is RunState.RUNNING:
                 return
@@ -241,28 +221,28 @@ class _JobQueue:
             if run.state is RunState.RUNNING:
                 mark_dead(sweep.client, [run.run_id], expired_reason(self.lease))
         self.running.remove(entry)
-        done = latest_finished_study(sweep.client, sweep.experiment_id, entry.spec.study_key,
-                                     entry.spec.full_trials(self.options.full_trials))
+        done = latest_finished_study(sweep.client, sweep.experiment_id, key,
+                                              entry.spec.full_trials(self.options.full_trials))
         if entry.job is not None:
             self._keep_log(entry)
         if done is not None:
-            report = StudyReport(entry.spec.study_key, done.steps_to_result, entry.spec.trials, entry.spec.trials,
-                                 time.monotonic() - entry.started, False)
-            self.progress.finished_study(report, entry.label)
-            return
-        if entry.job is None:
+            self.progress.finished_study(StudyReport(key, done.steps_to_result, False), entry.label)
+        elif entry.job is None and key not in self.submitted_keys:
+            # The process we waited for ended without the study: it is ours to run now.
+            print(f"{entry.label}: the run {entry.run_id} ended without finishing the study: submitting it",
+                  file=self.out, flush=True)
             self.progress.running = max(0, self.progress.running - 1)
-            if entry.spec.study_key not in self.submitted_keys:
-                # The process we waited for ended without the study: it is ours to run now.
-                print(f"{entry.label}: the run {entry.run_id} ended without finishing the study: submitting it",
-                      file=self.out, flush=True)
-                queue.appendleft(entry.spec)
-                return
-            self._fail(f"{entry.label}: run {entry.run_id} ended without finishing the study", running=False)
-            return
-        run = get_leased(sweep.client, entry.run_id)
-        if run.state is RunState.RUNNING:
-            mark_dead(sweep.client, [entry.run_id], f"its submitted run ended ({entry.job.describe_end()}) "
+            queue.appendleft(entry.spec)
+        elif entry.job is None:
+            self._fail(f"{entry.label}: run {entry.run_id} ended without finishing the study")
+        else:
+            self._job_ended(entry, entry.job)
+
+    def _job_ended(self, entry: _Running, job: Job) -> None:
+        """A job ended without a finished study: taken over by another process, or failed."""
+        sweep = self.sweep
+        if get_leased(sweep.client, entry.run_id).state is RunState.RUNNING:
+            mark_dead(sweep.client, [entry.run_id], f"its submitted run ended ({job.describe_end()}) "
                                                     f"without finishing the study")
         live = live_runs(keyed_runs(sweep.client, sweep.experiment_id, KIND_STUDY, entry.spec.study_key),
                          self.lease)
@@ -272,13 +252,13 @@ class _JobQueue:
             self.progress.running = max(0, self.progress.running - 1)
             self._watch(entry.spec, live[0].run_id)
             return
-        tail = entry.job.log_tail()
+        tail = job.log_tail()
         lines = "\n".join(f"    {line}" for line in tail)
-        self._fail(f"{entry.label}: submitted run {entry.run_id} failed ({entry.job.describe_end()})"
+        self._fail(f"{entry.label}: submitted run {entry.run_id} failed ({job.describe_end()})"
                    + (f"; the last lines of its log:\n{lines}" if tail else ""))
 
     def _fail(self, text: str, running: bool = True) -> None:
-        """Report a study that ended without its result (``running``: it held a place until now)."""
+        """A study ended without its result (``running``: it held a place until now)."""
         self.failures.append(text.splitlines()[0])
         if not running:
             self.progress.running += 1  # failed_study counts it out again
@@ -294,10 +274,9 @@ class _JobQueue:
         except Exception:  # noqa: BLE001 - the log stays on disk; the sweep goes on
             pass
 
-    # ---- all of them ---------------------------------------------------------------------------
     def _renew(self) -> None:
-        """Keep the submitted runs live while their job is: the entry point beats on its own only once it
-        has started, seconds (or, building an environment or waiting in a queue, minutes) later."""
+        """Keep the submitted runs live while their job is: the entry point beats only once it has started,
+        seconds (or, building an environment or waiting in a queue, minutes) later."""
         for entry in self.running:
             if entry.job is not None and entry.job.state() is RunState.RUNNING:
                 try:
@@ -321,23 +300,18 @@ class _JobQueue:
             except Exception:  # noqa: BLE001 - interrupted: leave what cannot be written to the lease
                 pass
 
-    def _trial_counts(self) -> dict[str, int]:
-        """study key -> trial runs finished by the study runs this sweep has run or watched: each run's own
-        count (METRIC_TRIAL_RUNS_FINISHED), read while it runs and once after it ended, in one search by id
-        (a cost that follows the running studies, not the store's trial runs)."""
+    def _trials_finished(self) -> int:
+        """Trial runs finished by the study runs this sweep has run or watched: each run's own count, read while
+        it runs and once after, in one search by id (a cost that follows the running studies, not the store)."""
         counted = self._runs_counted
         for entry in self.running:
-            counted.setdefault(entry.run_id, (entry.spec.study_key, 0, False))
+            counted.setdefault(entry.run_id, (0, False))
         running = {entry.run_id for entry in self.running}
-        open_ids = [run_id for run_id, (_, _, final) in counted.items() if not final]
+        open_ids = [run_id for run_id, (_, final) in counted.items() if not final]
         try:
             counts = trial_runs_finished(self.sweep.client, self.sweep.experiment_id, open_ids)
-        except Exception:  # noqa: BLE001 - progress only
-            return {}
+        except Exception:  # noqa: BLE001 - progress only: the last count stands
+            return self.progress.trials_done
         for run_id in open_ids:
-            key, last, _ = counted[run_id]
-            counted[run_id] = (key, counts.get(run_id, last), run_id not in running)
-        totals: dict[str, int] = {}
-        for key, count, _ in counted.values():
-            totals[key] = totals.get(key, 0) + count
-        return totals
+            counted[run_id] = (counts.get(run_id, counted[run_id][0]), run_id not in running)
+        return sum(count for count, _ in counted.values())

@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.executors.base import (
-    SweepRun,
-    run_study_task,
-    study_label,
-    study_tasks,
-)
+from edps_mlflow.executors.base import SweepRun, run_study_task, study_label, study_tasks
 from edps_mlflow.process_settings import request_settings
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import ALLOCATOR_ENVIRONMENT, available_cores, cuda_devices
+from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import MODULES_ENV
-
-if TYPE_CHECKING:
-    from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 
 
 class RayExecutor:
@@ -33,20 +26,19 @@ class RayExecutor:
         self._in_session = False  # within session(): one Ray instance for every run()
 
     @staticmethod
-    def workers(options: "SweepOptions") -> int:
-        """How many studies run at once: one per GPU of this machine, else ``--workers`` or one per core."""
+    def workers(options: SweepOptions) -> int:
+        """One per GPU of this machine, else ``--workers`` or one per core."""
         return _layout(options)[1]
 
-    def check(self, spec: "SweepSpec", options: "SweepOptions") -> None:
+    def check(self, spec: SweepSpec, options: SweepOptions) -> None:
         try:
             import ray  # noqa: F401
         except ImportError:
             raise EdpsError("the ray executor needs Ray: pip install 'edps-mlflow[ray]'") from None
 
     @contextlib.contextmanager
-    def session(self, options: "SweepOptions", out: TextIO) -> Iterator[None]:
-        """Ray started (or reached) once for every run() inside, and shut down after: an adaptive sweep's
-        rounds share one local instance and its workers instead of starting them again each round."""
+    def session(self, options: SweepOptions, out: TextIO) -> Iterator[None]:
+        """Ray started (or reached) once for every run() inside (an adaptive sweep's rounds), shut down after."""
         import ray
 
         self._start(options, out)
@@ -57,38 +49,31 @@ class RayExecutor:
             self._in_session = False
             ray.shutdown()
 
-    def run(self, studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", progress: SweepProgress,
+    def run(self, studies: list[StudySpec], sweep: SweepRun, options: SweepOptions, progress: SweepProgress,
             out: TextIO) -> list[str]:
         import ray
 
-        gpus, workers, threads = _layout(options)
-        progress.workers = workers
-        tasks = study_tasks(studies, sweep, options, threads)
-        labels = {s.study_key: study_label(s) for s in studies}
         if not self._in_session:
-            self._start(options, out)
-        try:
-            remote = ray.remote(num_gpus=1.0 if gpus else 0.0, num_cpus=1.0, max_retries=3)(run_study_task)
-            pending = {remote.remote(task): task for task in tasks}
-            for _ in tasks:
-                progress.started_study()
-            while pending:
-                sweep.require_ours()
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-                if not ready:
-                    progress.render()
-                    continue
-                for reference in ready:
-                    pending.pop(reference)
-                    report = ray.get(reference)
-                    progress.finished_study(report, labels[report.study_key])
-        finally:
-            if not self._in_session:
-                ray.shutdown()
+            with self.session(options, out):
+                return self.run(studies, sweep, options, progress, out)
+        gpus, _, threads = _layout(options)
+        labels = {s.study_key: study_label(s) for s in studies}
+        remote = ray.remote(num_gpus=1.0 if gpus else 0.0, num_cpus=1.0, max_retries=3)(run_study_task)
+        pending = [remote.remote(task) for task in study_tasks(studies, sweep, options, threads)]
+        for _ in pending:
+            progress.started_study()
+        while pending:
+            sweep.require_ours()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            if not ready:
+                progress.render()
+            for reference in ready:
+                report = ray.get(reference)
+                progress.finished_study(report, labels[report.study_key])
         return []
 
     @staticmethod
-    def _start(options: "SweepOptions", out: TextIO) -> None:
+    def _start(options: SweepOptions, out: TextIO) -> None:
         import ray
 
         _, workers, _ = _layout(options)
@@ -113,7 +98,7 @@ class RayExecutor:
         print(f"ray: {where}", file=out, flush=True)
 
 
-def _layout(options: "SweepOptions") -> tuple[int, int, int]:
+def _layout(options: SweepOptions) -> tuple[int, int, int]:
     """(GPUs, studies at once, CPU threads per study)."""
     gpus = cuda_devices(options.device, indexed=False)
     workers = gpus or options.workers or available_cores()
