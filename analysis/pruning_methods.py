@@ -1,21 +1,13 @@
 """Pruning methods compared at each sparsity (``edps-analyze compare-pruning``, and a section of the report): is
-the cost of sparsity the sparsity's, or the method's?
+the cost of sparsity the sparsity's, or the method's? Every pruned curve is set beside the dense curve of its
+(workload, optimizer, protocol), which is every method's reference:
 
-Within one (workload, optimizer, protocol), every pruned curve (a sparsity > 0 and a method) is set beside the
-dense curve (sparsity 0, pruned by none: one curve for every method):
-
-- :func:`pruning_comparison`, per batch size: the method's steps-to-result, the dense steps, their ratio
-  (steps relative to dense), and both curves normalised by their own first (smallest batch size) point;
-- :func:`pruning_summary`, per curve: S_min and B_crit with their 95% intervals (the fit table's, with what they
-  rest on: over studies with a single reaching trial they say little, and no overlap is claimed from them), the
-  dense curve's, the geometric mean and the range of the ratio to dense over the batch sizes both measured, and
-  the shape test: the ratio divided by its value at the smallest common batch size (the quotient of the two
-  normalised curves) stays within the regime tolerance at every common batch size ("same shape"), or "differs" at
-  the largest deviation; whether B_crit's interval overlaps the dense one's; and, for a method whose shuffle was
-  measured, the geometric mean of its steps over its shuffle's (Frankle et al.'s check: about 1 when only the
-  per-tensor densities matter).
-
-Pandas and the fit table only: no MLflow, no training.
+- :func:`pruning_comparison`, per batch size: its steps, the dense steps, their ratio, both curves normalised
+  by their first point;
+- :func:`pruning_summary`, per curve: S_min and B_crit with their intervals beside the dense curve's (no overlap
+  is judged from intervals that rest on one reaching trial per study), the ratio to dense over the batch sizes
+  both measured, the shape test (the ratio over its first value stays within the tolerance: "same shape"),
+  and its steps over its shuffle's (Frankle et al.'s check: about 1 when only the per-tensor densities matter).
 """
 
 from __future__ import annotations
@@ -25,15 +17,15 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.regimes import BASIS_COLUMNS, curve_columns, interval_basis_warning, with_curve_axes
+from analysis.bootstrap import BASIS_COLUMNS, interval_basis_warning
+from analysis.regimes import curve_columns, fit_of, matching, with_curve_axes
 from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
 
 SUMMARY_COLUMNS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high")
 
 
 def _family(table: pd.DataFrame) -> list[str]:
-    """The columns a pruned curve shares with its dense reference: the curve axes but sparsity and method,
-    and the protocol."""
+    """The columns a pruned curve shares with its dense reference."""
     return [c for c in curve_columns(table) if c not in ("sparsity", "pruning")]
 
 
@@ -68,39 +60,20 @@ def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fit_of(fits: pd.DataFrame | None, head: dict, sparsity: float, pruning: str) -> dict:
-    if fits is None or not len(fits):
-        return {}
-    fits = with_curve_axes(fits)
-    match = pd.Series(True, index=fits.index)
-    for column, value in {**head, "sparsity": sparsity, "pruning": pruning}.items():
-        if column not in fits.columns:
-            continue
-        if isinstance(value, float) and math.isnan(value):
-            match &= fits[column].isna()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            match &= np.isclose(pd.to_numeric(fits[column], errors="coerce").astype(float), float(value))
-        else:
-            match &= fits[column].astype(str) == str(value)
-    if not match.any():
-        return {}
-    row = fits[match].iloc[0]
-    return {c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in fits.columns}
+    row = fit_of(fits, {**head, "sparsity": sparsity, "pruning": pruning})
+    return {} if row is None else {c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in row.index}
 
 
 def _number(value: object) -> float:
     try:
-        number = float(value)  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return math.nan
-    return number
 
 
 def _overlap(a: dict, b: dict) -> bool | None:
-    low_a, high_a = _number(a.get("b_crit_low")), _number(a.get("b_crit_high"))
-    low_b, high_b = _number(b.get("b_crit_low")), _number(b.get("b_crit_high"))
-    if any(math.isnan(v) for v in (low_a, high_a, low_b, high_b)):
-        return None
-    return bool(low_a <= high_b and low_b <= high_a)
+    low_a, high_a, low_b, high_b = (_number(fit.get(f"b_crit_{end}")) for fit in (a, b) for end in ("low", "high"))
+    return None if any(map(math.isnan, (low_a, high_a, low_b, high_b))) else bool(low_a <= high_b and low_b <= high_a)
 
 
 def _geometric_mean(values: pd.Series) -> float:
@@ -109,18 +82,19 @@ def _geometric_mean(values: pd.Series) -> float:
 
 
 def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, tolerance: float = 0.2) -> pd.DataFrame:
-    """Per pruned curve: its fit beside the dense one's, its steps relative to dense, the shape test, and its
-    steps relative to its own shuffle (see the module's docstring)."""
+    """Per pruned curve: the comparisons of the module's docstring."""
     table = with_curve_axes(table)
     family = _family(table)
     comparison = pruning_comparison(table)
+    dense = table[table["sparsity"] == 0.0]
+    dense_method = str(dense["pruning"].iloc[0]) if len(dense) else "snip"  # StudySpec spells the dense study so
     rows = []
     for key, group in comparison.groupby([*family, "sparsity", "pruning"], sort=True, dropna=False):
         head = dict(zip(family, key[:len(family)]))
         sparsity, pruning = key[len(family)], key[len(family) + 1]
         both = group.dropna(subset=["steps_to_result", "dense_steps_to_result"]).sort_values("batch_size")
         ratio = both["relative_to_dense"]
-        fit, dense_fit = _fit_of(fits, head, sparsity, pruning), _fit_of(fits, head, 0.0, _dense_method(table, head))
+        fit, dense_fit = _fit_of(fits, head, sparsity, pruning), _fit_of(fits, head, 0.0, dense_method)
         row = {**head, "sparsity": sparsity, "pruning": pruning,
                "points": int(group["steps_to_result"].notna().sum()), "common_batch_sizes": len(both),
                **fit, **{f"dense_{c}": v for c, v in dense_fit.items()},
@@ -146,27 +120,16 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
         if little:
             row["b_crit_overlaps_dense"] = None
         row["note"] = "; ".join(little)
-        row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, family, sparsity, pruning)
+        row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, sparsity, pruning)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _dense_method(table: pd.DataFrame, head: dict) -> str:
-    """The method name the dense curve carries (snip: StudySpec spells the dense study so)."""
-    dense = table[table["sparsity"] == 0.0]
-    return str(dense["pruning"].iloc[0]) if len(dense) else "snip"
-
-
-def _relative_to_shuffle(comparison: pd.DataFrame, head: dict, family: list[str], sparsity: float,
-                         pruning: str) -> float:
+def _relative_to_shuffle(comparison: pd.DataFrame, head: dict, sparsity: float, pruning: str) -> float:
     """Geometric mean over common batch sizes of a method's steps over its shuffle's (NaN: not measured)."""
     if pruning.startswith(SHUFFLE_PREFIX):
         return math.nan
-    same = pd.Series(True, index=comparison.index)
-    for column, value in head.items():
-        missing = isinstance(value, float) and math.isnan(value)
-        same &= comparison[column].isna() if missing else comparison[column] == value
-    same &= np.isclose(comparison["sparsity"].astype(float), float(sparsity))
+    same = matching(comparison, {**head, "sparsity": sparsity})
     mine = comparison[same & (comparison["pruning"] == pruning)].set_index("batch_size")["steps_to_result"]
     theirs = comparison[same & (comparison["pruning"] == shuffled(pruning))].set_index("batch_size")["steps_to_result"]
     if theirs.empty:

@@ -1,25 +1,12 @@
-"""``--log-to-mlflow``: the analysis as a run that summarises what it found.
-
-The run (``edps.kind=analysis``) is named after what it analysed and carries:
-- params: the analysis settings (tolerance, bootstrap resamples, seed, experiments);
-- metrics per curve: S_min and B_crit with their interval ends, R^2 of the fit, and the two regime
-  boundaries, under ``fit/<optimizer>/sp<sparsity>[/<pruning>]/...`` (see ``curve_metrics``);
-- a description (shown on the run page) with the fit table;
-- tags with the study runs it used (``edps.analysis.study_runs``, full list in ``used_study_runs.txt``)
-  and the sweep runs they belong to; when they all belong to one sweep of the same experiment, the
-  analysis run is nested under it, so it appears beside the studies it analysed;
-- the tables as CSV artifacts, the figures under ``figures/``, and the report;
-- MLflow's context tags, as a study run has them: the user (``mlflow.user``), the command as typed
-  (``mlflow.source.name``, credentials in URIs redacted) and the git commit of the code
-  (``mlflow.source.git.commit``), with the project's code version (``edps.code_version``,
-  ``edps.git_dirty``).
-Under ``mlflow run -e analyze`` the run that MLflow created is the analysis run; MLflow set its context
-tags, and only the code version is added.
+"""``--log-to-mlflow``: the analysis as a run (``edps.kind=analysis``) beside the studies it analysed: the
+settings as params, each curve's fit as metrics (:func:`curve_metrics`), the fit table as its description, the
+study and sweep runs it used as tags (nested under their sweep when there is one), the tables, figures and
+report as artifacts, and MLflow's context tags as a study run has them (under ``mlflow run -e analyze``, MLflow's
+own run, with its own context tags).
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import tempfile
@@ -28,9 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load import csv_text
+from analysis.csv_io import csv_text
 from analysis.regimes import PROTOCOL_KEYS
+from analysis.report import fit_summary, markdown_table
 from edps_mlflow import names as n
+from edps_mlflow import provenance
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import launcher_run_id
@@ -58,21 +47,18 @@ def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
             curve = f"{row['workload']}/{curve}"
         for column in _FIT_METRICS:
             value = row.get(column)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)) and pd.notna(value):
+            if value is not None and pd.notna(value):
                 metrics[re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{n.METRIC_FIT_PREFIX}{curve}/{column}")] = float(value)
     return metrics
 
 
 def run_name(studies: pd.DataFrame) -> str:
     """What was analysed, the varying part first: ``analysis digits-simple-cnn sgd,momentum 12 studies``."""
-    workloads = ",".join(sorted(studies["workload"].dropna().unique())) if "workload" in studies else "?"
-    optimizers = ",".join(sorted(studies["optimizer"].dropna().unique())) if "optimizer" in studies else "?"
+    workloads, optimizers = (",".join(sorted(studies[c].dropna().unique())) for c in ("workload", "optimizer"))
     return f"analysis {workloads} {optimizers} {len(studies)} studies"
 
 
 def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
-    from analysis.report import markdown_table
-
     return (f"Fits of steps-to-result against batch size (S(B) = S_min (1 + B_crit / B); regime boundaries with a "
             f"{settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% bootstrap intervals). The figures are "
             f"under `figures/`, the whole report in the report artifact.\n\n{markdown_table(summary)}\n")
@@ -81,8 +67,6 @@ def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
 def context_tags(argv: list[str] | None, launched_by_mlflow: bool) -> dict[str, str]:
     """Who ran which code: the code version always; user, command and commit unless ``mlflow run`` made the
     run (it sets its own). ``argv``: the arguments after the program name (None: unknown)."""
-    from edps_mlflow import provenance
-
     code = provenance.code_version()
     tags = {n.TAG_CODE_VERSION: code.label, n.TAG_GIT_DIRTY: str(code.dirty).lower()}
     if launched_by_mlflow:
@@ -114,14 +98,11 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     from mlflow.entities import Metric, Param, RunStatus, RunTag
     from mlflow.tracking import MlflowClient
 
-    from analysis.report import fit_summary
-
-    settings = settings or {}
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    used = [r for r in studies.get("study_run_id", pd.Series(dtype=str)).dropna().astype(str)]
-    sweeps = sorted(set(studies.get("sweep_run_id", pd.Series(dtype=str)).dropna().astype(str)))
+    used = list(studies["study_run_id"].dropna().astype(str))
+    sweeps = sorted(set(studies["sweep_run_id"].dropna().astype(str)))
     tags = {n.TAG_KIND: n.KIND_ANALYSIS, n.TAG_ANALYSIS_STUDY_RUNS: ",".join(used)[:4900],
             n.TAG_ANALYSIS_STUDY_COUNT: str(len(used)), n.TAG_ANALYSIS_SWEEP_RUNS: ",".join(sweeps)[:4900],
             n.MLFLOW_RUN_NAME: run_name(studies), **context_tags(argv, bool(launcher_run_id()))}
@@ -140,12 +121,9 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
                          tags=[RunTag(k, v) for k, v in tags.items()] if start == 0 else [])
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
-            path = Path(scratch) / f"{name}.csv"
-            path.write_text(csv_text(table), encoding="utf-8", newline="")
-            client.log_artifact(run_id, str(path))
-        listing = Path(scratch) / n.ARTIFACT_USED_STUDY_RUNS
-        listing.write_text("\n".join(used) + "\n")
-        client.log_artifact(run_id, str(listing))
+            (Path(scratch) / f"{name}.csv").write_text(csv_text(table), encoding="utf-8", newline="")
+        (Path(scratch) / n.ARTIFACT_USED_STUDY_RUNS).write_text("\n".join(used) + "\n")
+        client.log_artifacts(run_id, scratch)
     for path in files:
         client.log_artifact(run_id, str(path),
                             artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import html
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.bootstrap import BASIS_COLUMNS
+from analysis.regimes import with_curve_axes
+from analysis.timing import TIME_COLUMNS, duration_words
 
 
 def _number(value: object, digits: int = 4) -> str:
@@ -32,10 +35,7 @@ def several_methods(table: pd.DataFrame) -> bool:
 
 
 def steps_grids(table: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (workload, optimizer): batch size down, sparsity (and pruning method, when several) across,
-    steps-to-result in the cells."""
-    from analysis.regimes import with_curve_axes
-
+    """Per (workload, optimizer): steps-to-result, batch size down, sparsity (and method) across."""
     table = with_curve_axes(table)
     grids = {}
     for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
@@ -58,18 +58,14 @@ def _with_interval(row: pd.Series, name: str) -> str:
 
 
 def threshold_words(row: pd.Series | dict) -> str:
-    """The measured threshold critical batch size with Merrill et al.'s bracket (the largest passing and the
-    smallest failing batch size: ``b_crit_threshold`` and ``perfect_scaling_end``) and its 95% interval:
-    ``16 (16..32) [8, 32]``; ``>1024`` when no measured batch size failed."""
-    value = row.get("b_crit_threshold")
+    """The measured threshold critical batch size, with Merrill et al.'s bracket (the largest passing and the
+    smallest failing batch size) and its interval: ``16 (16..32) [8, 32]``; ``>1024`` when none failed."""
+    value, failing = row.get("b_crit_threshold"), row.get("perfect_scaling_end")
     if value is None or pd.isna(value):
         return "-"
-    failing = row.get("perfect_scaling_end")
-    bracket = f"{_number(value)}..{_number(failing)}" if failing is not None and pd.notna(failing) else f">{_number(value)}"
-    low, high = row.get("b_crit_threshold_low"), row.get("b_crit_threshold_high")
-    interval = f" [{_number(low)}, {_number(high)}]" if low is not None and high is not None and pd.notna(low) \
-        and pd.notna(high) else ""
-    return f"{_number(value)} ({bracket}){interval}"
+    value = _number(value)
+    bracket = f"{value}..{_number(failing)}" if failing is not None and pd.notna(failing) else f">{value}"
+    return _with_interval(row, "b_crit_threshold").replace(value, f"{value} ({bracket})", 1)
 
 
 def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
@@ -92,11 +88,7 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
 
 
 def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The time-to-result tables (analysis.timing) for people: the fastest batch size per curve and device
-    count, and every row, numbers rounded, the time to result in the unit its size reads best in (s, min,
-    h, days) beside the seconds per step."""
-    from analysis.timing import TIME_COLUMNS, duration_words
-
+    """The time-to-result tables for people (the fastest batch sizes, every row), each time in a readable unit."""
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
     head = [c for c in keys if c in ("workload", "optimizer", "sparsity")] + \
         [c for c in keys if c not in ("workload", "optimizer", "sparsity") and table[c].nunique(dropna=False) > 1]
@@ -119,15 +111,10 @@ def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFra
 
 
 def interval_basis_text(fits: pd.DataFrame) -> str | None:
-    """What the bootstrap intervals of the report rest on, over every curve, with the counts: how many of the
-    studies resampled had a single reaching trial, how many trials were superseded (exact early stopping),
-    and what would help; None when no interval was computed."""
-    from analysis.regimes import BASIS_COLUMNS
-
+    """What the report's intervals rest on, with the counts, and what would help; None without intervals."""
     if not set(BASIS_COLUMNS) <= set(fits.columns):
         return None
-    counts = [int(pd.to_numeric(fits[c], errors="coerce").fillna(0).sum()) for c in BASIS_COLUMNS]
-    studies, single, superseded = counts
+    studies, single, superseded = (int(pd.to_numeric(fits[c], errors="coerce").fillna(0).sum()) for c in BASIS_COLUMNS)
     if not studies:
         return None
     text = (f"the bootstrap resampled the trials of {studies} studies; {single} of them had a single reaching "
@@ -150,99 +137,68 @@ def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
 
 
 def html_table(frame: pd.DataFrame) -> str:
-    """``frame``'s cells as an HTML table, written as they are (the extra sections' tables, formatted by
-    _number as in Markdown): DataFrame.to_html spends about 0.2 ms a row, and the time table of 1,500 studies
-    has 6,000 rows."""
+    """``frame``'s cells, already formatted as in Markdown, as an HTML table."""
     head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
                      for row in frame.itertuples(index=False, name=None))
     return f"<table border='1' class='dataframe'>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>"
 
 
-def _relative(path: Path, files: list[Path]) -> list[Path]:
-    return [p.relative_to(path.parent) if p.is_relative_to(path.parent) else p for p in files if p.suffix == ".png"]
+def _images(report: Path, title: str, files: list[Path], width: str) -> list[str]:
+    """The PNG ``files`` as the report shows them: Markdown links relative to it, or HTML images inline (the
+    page renders alone, downloaded or in MLflow's artifact viewer, which resolves no relative links)."""
+    pngs = [p for p in files if p.suffix == ".png"]
+    if report.suffix.lower() in (".html", ".htm"):
+        return [f"<img alt='{html.escape(title)}' src='data:image/png;base64,"
+                f"{base64.b64encode(p.read_bytes()).decode('ascii')}' style='max-width:{width}'>" for p in pngs]
+    return [f"![{title}]({p.relative_to(report.parent) if p.is_relative_to(report.parent) else p})" for p in pngs]
 
 
-def _embedded(files: list[Path]) -> list[str]:
-    """PNG figures as data URIs: the HTML report carries its figures, so it renders alone (downloaded, or
-    in MLflow's artifact viewer, which resolves no relative links)."""
-    return [f"data:image/png;base64,{base64.b64encode(p.read_bytes()).decode('ascii')}"
-            for p in files if p.suffix == ".png"]
+def _intro(source: str, tolerance: float) -> str:
+    return (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
+            f"space; boundaries with a {tolerance:.0%} tolerance: perfect_scaling_end is the first measured batch "
+            f"size whose steps exceed ideal linear scaling from the smallest batch size by more than the "
+            f"tolerance (perfect scaling holds below it); maximal_parallelism_start is the first batch size from "
+            f"which steps stay within the tolerance of the largest batch size's. The critical batch size in "
+            f"the threshold form (Zhang et al. 2025): the largest measured batch size whose steps stay within "
+            f"the tolerance of ideal linear scaling, in parentheses the largest passing and smallest failing batch "
+            f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
+            f"B_crit. Brackets: 95% bootstrap intervals over trials.")
 
 
-@dataclass(frozen=True)
-class ReportDraft:
-    """A report's text rendered (its tables, the slow part at the paper's scale: the time table of 1,500
-    studies has 6,000 rows) before its figures exist, so that a command renders it while its figures are
-    drawn (analysis.forked) and then only puts the figures in: ``parts`` are text, each figure slot a key of
-    ``figures`` (a (workload, optimizer)) or the index of an extra section."""
-
-    path: Path
-    parts: tuple[str | tuple[str, str] | int, ...]
-    extra_titles: tuple[str, ...] = ()  # for the extra sections' figures' alt texts
-
-    def write(self, figures: dict[tuple[str, str], list[Path]], extra_files: list[list[Path]] | None = None) -> Path:
-        """The report file, with ``figures`` per (workload, optimizer) and ``extra_files`` per extra section."""
-        html_file = self.path.suffix.lower() in (".html", ".htm")
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-                continue
-            if isinstance(part, int):
-                title, files, width = self.extra_titles[part], (extra_files or [])[part], "80%"
-            else:
-                title, files, width = f"{part[0]}, {part[1]}", figures.get(part, []), "100%"
-            if html_file:
-                out.extend(f"<img alt='{html.escape(title)}' src='{uri}' style='max-width:{width}'>"
-                           for uri in _embedded(files))
-            else:
-                out.extend(f"![{title}]({p})" for p in _relative(self.path, files))
-        self.path.write_text("\n".join(out))
-        return self.path
+Section = tuple[str, pd.DataFrame, list[Path]]  # a title, a table and its figures
 
 
-def draft_report(path: Path, grids: dict, fits: pd.DataFrame, source: str, tolerance: float,
-                 extra: list[tuple[str, pd.DataFrame]] | None = None) -> ReportDraft:
-    """The one-file report's text, its figures to be put in (:class:`ReportDraft`): Markdown (.md), which links
-    them relative to it, or HTML (.html), which embeds them; ``extra``: further sections after the curves, each
-    a title and a table (and, when written, its figures)."""
+def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: pd.DataFrame, source: str,
+                 tolerance: float, figures: dict[tuple[str, str], list[Path]], extra: list[Section] = ()) -> Path:
+    """The one-file report (.md or .html): per (workload, optimizer) its figures, grid and fits; then ``extra``."""
     summary = fit_summary(fits)
-    sections = []
-    for (workload, optimizer), grid in grids.items():
-        sections.append(((workload, optimizer), f"{workload}, {optimizer}", grid,
-                         summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)]))
-    intro = (f"Steps-to-result against batch size, from {source}. Fits: S(B) = S_min (1 + B_crit / B) in log "
-             f"space; boundaries with a {tolerance:.0%} tolerance: perfect_scaling_end is the first measured batch "
-             f"size whose steps exceed ideal linear scaling from the smallest batch size by more than the "
-             f"tolerance (perfect scaling holds below it); maximal_parallelism_start is the first batch size from "
-             f"which steps stay within the tolerance of the largest batch size's. The critical batch size in "
-             f"the threshold form (Zhang et al. 2025): the largest measured batch size whose steps stay within "
-             f"the tolerance of ideal linear scaling, in parentheses the largest passing and smallest failing batch "
-             f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
-             f"B_crit. Brackets: 95% bootstrap intervals over trials.")
-    basis = interval_basis_text(fits)
-    parts: list[str | tuple[str, str] | int] = []
+    intro, basis = _intro(source, tolerance), interval_basis_text(fits)
+    curves = [(f"{workload}, {optimizer}", figures.get((workload, optimizer), []), grid,
+               summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)])
+              for (workload, optimizer), grid in grids.items()]
     if path.suffix.lower() in (".html", ".htm"):
-        parts += ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
-                  "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
-                  "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
-                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
+        parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
+                 "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
+                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+                 "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
         if basis:
             parts.append(f"<p><strong>What the intervals rest on.</strong> {html.escape(basis)}</p>")
-        for key, title, grid, fit in sections:
-            parts += [f"<h2>{html.escape(title)}</h2>", key, "<h3>Steps to result</h3>" + grid.to_html(),
-                      "<h3>Fits</h3>" + fit.to_html(index=False)]
-        for index, (title, table) in enumerate(extra or []):
-            parts += [f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)), index]
+        for title, files, grid, fit in curves:
+            parts += [f"<h2>{html.escape(title)}</h2>", *_images(path, title, files, "100%"),
+                      "<h3>Steps to result</h3>" + grid.to_html(), "<h3>Fits</h3>" + fit.to_html(index=False)]
+        for title, table, files in extra:
+            parts += [f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)),
+                      *_images(path, title, files, "80%")]
         parts.append("</body></html>")
     else:
-        parts += ["# Steps-to-result report", "", intro, ""]
-        if basis:
-            parts += [f"**What the intervals rest on.** {basis}", ""]
-        for key, title, grid, fit in sections:
-            parts += [f"## {title}", "", key, "", "### Steps to result", "", markdown_table(grid, index=True), "",
-                      "### Fits", "", markdown_table(fit), ""]
-        for index, (title, table) in enumerate(extra or []):
-            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", index, ""]
-    return ReportDraft(path, tuple(parts), tuple(title for title, _ in extra or []))
+        parts = ["# Steps-to-result report", "", intro, ""] + ([f"**What the intervals rest on.** {basis}", ""]
+                                                               if basis else [])
+        for title, files, grid, fit in curves:
+            parts += [f"## {title}", "", *_images(path, title, files, "100%"), "", "### Steps to result", "",
+                      markdown_table(grid, index=True), "", "### Fits", "", markdown_table(fit), ""]
+        for title, table, files in extra:
+            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", *_images(path, title, files, "80%"),
+                      ""]
+    path.write_text("\n".join(parts))
+    return path

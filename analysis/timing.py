@@ -1,24 +1,10 @@
-"""Time-to-result: steps-to-result turned into hours on the device the studies were measured on, and a
-projection for data parallelism over N such devices (docs/time-to-result.md states the model in full).
+"""Time to result: steps-to-result in hours on the device the studies were timed on, and projected for data
+parallelism over N such devices (docs/time-to-result.md states the model and its limits):
 
-For a curve (workload, optimizer, sparsity, protocol), at a measured batch size B and N devices:
+    hours_N(B) = S(B) x [ t(ceil(B / N)) + 2 (N - 1) / N x P / bandwidth + 2 (N - 1) x latency ] / 3600
 
-    hours_N(B) = S(B) x [ t(ceil(B / N)) + A_N ] / 3600
-    A_N        = 2 (N - 1) / N x P / bandwidth + 2 (N - 1) x latency       (A_1 = 0)
-
-- S(B): the study's steps-to-result.
-- t(b): training seconds per step at batch b on one measured device: each study's best trial's measured
-  time (checks, evaluation and probes excluded). At a measured batch size it is the measurement itself;
-  between two measured batch sizes, log t is linear in log b (a power law through the two neighbours);
-  below the smallest or above the largest measured batch size there is no projection (the row says so):
-  per-step time there is dominated by fixed overheads or memory limits that no fit of the measured points
-  knows. The slowest device sets the pace, so an uneven split uses ceil(B / N).
-- A_N: a bandwidth-optimal ring all-reduce of the gradients (Patarasuk & Yuan 2009): each device sends and
-  receives 2 (N - 1) / N of the P gradient bytes (every parameter, pruned or not: the dense gradient) in
-  2 (N - 1) messages, each paying the latency once. No overlap of communication with computation.
-
-This module works on the study table only (no MLflow, no torch): the measured seconds, the device and the
-network's size are columns that ``analysis.load`` reads from the study runs.
+with t(b) the best trial's measured seconds per step, interpolated log-log between timed batch sizes and never
+extrapolated, and P the gradient bytes of a ring all-reduce (Patarasuk & Yuan 2009), not overlapped.
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.regimes import curve_columns, curves
 from edps_mlflow.errors import EdpsError
 
 GIGABYTE = 1e9  # bandwidths are in GB/s (10^9 bytes per second), as interconnects are quoted
@@ -52,12 +39,11 @@ class CostModel:
     devices: tuple[int, ...] = DEFAULT_DEVICES
 
     def __post_init__(self) -> None:
-        if isinstance(self.bandwidth, bool) or not isinstance(self.bandwidth, (int, float)) \
-                or not math.isfinite(self.bandwidth) or self.bandwidth <= 0:
-            raise EdpsError(f"bandwidth must be a finite positive number, got {self.bandwidth!r}")
-        if isinstance(self.latency, bool) or not isinstance(self.latency, (int, float)) \
-                or not math.isfinite(self.latency) or self.latency < 0:
-            raise EdpsError(f"latency must be a finite number >= 0, got {self.latency!r}")
+        for name, value, positive in (("bandwidth", self.bandwidth, True), ("latency", self.latency, False)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or (value <= 0 if positive else value < 0):
+                raise EdpsError(f"{name} must be a finite {'positive number' if positive else 'number >= 0'}, "
+                                f"got {value!r}")
         if not self.devices:
             raise EdpsError("name at least one device count")
         for count in self.devices:
@@ -90,8 +76,7 @@ def duration_unit(hours: float) -> tuple[str, float]:
 
 
 def duration_words(hours: float | None) -> str:
-    """A time in hours as people read it, its unit chosen by magnitude: ``0.585 s``, ``12.3 min``, ``5.2 h``,
-    ``3.1 days`` ("-" when there is none). Tables for programs (CSV, JSON) keep the raw ``hours``."""
+    """A time in hours as people read it: ``0.585 s``, ``12.3 min``, ``5.2 h``, ``3.1 days``, or "-"."""
     if hours is None or pd.isna(hours) or not math.isfinite(float(hours)):
         return "-"
     name, per_unit = duration_unit(float(hours))
@@ -100,12 +85,9 @@ def duration_words(hours: float | None) -> str:
 
 def parse_devices(text: str) -> tuple[int, ...]:
     """``"1,2,4,8"`` -> (1, 2, 4, 8); anything else is one EdpsError line."""
-    parts = [part.strip() for part in text.split(",")]
-    counts = []
-    for part in parts:
-        if not re.fullmatch(r"[0-9]{1,9}", part) or int(part) < 1:
-            raise EdpsError(f"--devices must be positive integers separated by commas, got {text!r}")
-        counts.append(int(part))
+    counts = [int(part) if re.fullmatch(r"[0-9]{1,9}", part.strip()) else 0 for part in text.split(",")]
+    if min(counts) < 1:
+        raise EdpsError(f"--devices must be positive integers separated by commas, got {text!r}")
     if len(set(counts)) != len(counts):
         raise EdpsError(f"--devices must name each count once, got {text!r}")
     return tuple(counts)
@@ -138,63 +120,50 @@ def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
                                                                      errors="coerce").notna().sum() == 0:
         raise EdpsError("no study records its training seconds per step (studies run before they were "
                         "recorded, or a CSV without a seconds_per_step column): nothing to turn into time")
-    from analysis.regimes import curve_columns, curves
-
     columns = curve_columns(studies)
-    rows = []
-    for key, curve in curves(studies).items():
-        head = dict(zip(columns, key))
-        seconds = pd.to_numeric(curve["seconds_per_step"], errors="coerce")
-        timed = curve[seconds.notna() & (seconds > 0)]
-        b_timed = timed["batch_size"].to_numpy(dtype=float)
-        t_timed = pd.to_numeric(timed["seconds_per_step"]).to_numpy(dtype=float)
-        parameter_bytes = _one_value(curve.get("model_parameter_bytes", pd.Series(dtype=float)))
-        devices = sorted({str(d) for d in curve.get("device", pd.Series(dtype=object)).dropna()})
-        packs = pd.to_numeric(curve.get("pack_size", pd.Series(dtype=float)), errors="coerce").dropna()
-        curve_notes = []
-        if len(devices) > 1:
-            curve_notes.append(f"timed on {len(devices)} different devices")
-        if len(packs) and packs.max() > 1:
-            curve_notes.append(f"timed in packs of up to {packs.max():.3g} trials: each trial's share of a lockstep "
-                               f"step, which may differ from a lone trial's step either way")
-        largest_pack = float(packs.max()) if len(packs) else None
-        device_names = ", ".join(devices) if devices else None
-        compute_at: dict[int, float | None] = {}  # per-device batch -> seconds per step: a curve asks often
-        for steps, batch in zip(curve["steps_to_result"].to_numpy(), curve["batch_size"].to_numpy()):
-            if steps is None or not np.isfinite(float(steps)):
-                continue
-            batch = int(batch)
-            for count in model.devices:
-                per_device = math.ceil(batch / count)
-                if per_device not in compute_at:
-                    compute_at[per_device] = step_seconds(b_timed, t_timed, per_device)
-                compute = compute_at[per_device]
-                notes = list(curve_notes)
-                allreduce: float | None = model.allreduce_seconds(count, 0.0) if count == 1 else None
-                if count > 1 and parameter_bytes is None:
-                    notes.append("the model's size is not recorded: no projection over devices")
-                elif count > 1:
-                    allreduce = model.allreduce_seconds(count, parameter_bytes)
-                if compute is None:
-                    notes.append(f"per-device batch {per_device} outside the timed batch sizes "
-                                 f"{_range(b_timed)}: not projected")
-                total = compute + allreduce if compute is not None and allreduce is not None else None
-                rows.append({**head, "batch_size": batch, "devices": count, "per_device_batch": per_device,
-                             "steps_to_result": float(steps), "compute_seconds_per_step": compute,
-                             "allreduce_seconds_per_step": allreduce, "seconds_per_step": total,
-                             "hours": float(steps) * total / SECONDS_PER_HOUR if total is not None else None,
-                             "device": device_names, "pack_size": largest_pack, "note": "; ".join(notes)})
+    rows = [row for key, curve in curves(studies).items() for row in _curve_rows(dict(zip(columns, key)), curve, model)]
     if not rows:
         raise EdpsError("no study with a steps-to-result: no time-to-result to compute")
-    table = pd.DataFrame(rows)
-    ordered = list(columns) + [c for c in TIME_COLUMNS if c not in columns]
-    return table[ordered]
+    return pd.DataFrame(rows)[list(columns) + [c for c in TIME_COLUMNS if c not in columns]]
 
 
-def _range(batch_sizes: np.ndarray) -> str:
-    if not len(batch_sizes):
-        return "(none)"
-    return f"{int(batch_sizes.min())}-{int(batch_sizes.max())}"
+def _curve_rows(head: dict, curve: pd.DataFrame, model: CostModel) -> list[dict]:
+    seconds = pd.to_numeric(curve["seconds_per_step"], errors="coerce")
+    timed = curve[seconds.notna() & (seconds > 0)]
+    b_timed = timed["batch_size"].to_numpy(dtype=float)
+    t_timed = pd.to_numeric(timed["seconds_per_step"]).to_numpy(dtype=float)
+    parameter_bytes = _one_value(curve.get("model_parameter_bytes", pd.Series(dtype=float)))
+    devices = sorted({str(d) for d in curve.get("device", pd.Series(dtype=object)).dropna()})
+    packs = pd.to_numeric(curve.get("pack_size", pd.Series(dtype=float)), errors="coerce").dropna()
+    curve_notes = [f"timed on {len(devices)} different devices"] if len(devices) > 1 else []
+    if len(packs) and packs.max() > 1:
+        curve_notes.append(f"timed in packs of up to {packs.max():.3g} trials: each trial's share of a lockstep "
+                           f"step, which may differ from a lone trial's step either way")
+    common = {"device": ", ".join(devices) if devices else None,
+              "pack_size": float(packs.max()) if len(packs) else None}
+    rows = []
+    for steps, batch in zip(curve["steps_to_result"].to_numpy(), curve["batch_size"].to_numpy()):
+        if steps is None or not np.isfinite(float(steps)):
+            continue
+        for count in model.devices:
+            per_device = math.ceil(int(batch) / count)
+            compute, notes = step_seconds(b_timed, t_timed, per_device), list(curve_notes)
+            allreduce: float | None = 0.0 if count == 1 else None
+            if count > 1 and parameter_bytes is None:
+                notes.append("the model's size is not recorded: no projection over devices")
+            elif count > 1:
+                allreduce = model.allreduce_seconds(count, parameter_bytes)
+            if compute is None:
+                timed_range = f"{int(b_timed.min())}-{int(b_timed.max())}" if len(b_timed) else "(none)"
+                notes.append(f"per-device batch {per_device} outside the timed batch sizes {timed_range}: "
+                             "not projected")
+            total = compute + allreduce if compute is not None and allreduce is not None else None
+            rows.append({**head, "batch_size": int(batch), "devices": count, "per_device_batch": per_device,
+                         "steps_to_result": float(steps), "compute_seconds_per_step": compute,
+                         "allreduce_seconds_per_step": allreduce, "seconds_per_step": total,
+                         "hours": float(steps) * total / SECONDS_PER_HOUR if total is not None else None,
+                         **common, "note": "; ".join(notes)})
+    return rows
 
 
 def fastest_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -211,12 +180,10 @@ def fastest_table(table: pd.DataFrame) -> pd.DataFrame:
                          "per_device_batch": None, "speedup_over_one_device": None,
                          "note": "no batch size could be projected"})
             continue
-        best = projected.loc[projected["hours"].idxmin()]
-        note = "the only batch size that could be projected" if len(projected) == 1 else ""
-        if len(projected) > 1 and best["batch_size"] == projected["batch_size"].max():
-            note = "fastest at the largest projected batch size: a larger one may be faster still"
-        elif len(projected) > 1 and best["batch_size"] == projected["batch_size"].min():
-            note = "fastest at the smallest projected batch size: a smaller one may be faster still"
+        best, sizes = projected.loc[projected["hours"].idxmin()], projected["batch_size"]
+        edge = {sizes.min(): ("smallest", "smaller"), sizes.max(): ("largest", "larger")}.get(best["batch_size"])
+        note = ("the only batch size that could be projected" if len(projected) == 1 else "" if edge is None else
+                f"fastest at the {edge[0]} projected batch size: a {edge[1]} one may be faster still")
         rows.append({**head, "batch_size": int(best["batch_size"]), "hours": best["hours"],
                      "steps_to_result": best["steps_to_result"], "per_device_batch": int(best["per_device_batch"]),
                      "speedup_over_one_device": None, "note": note})

@@ -37,7 +37,8 @@ over the smaller's. ``doctor`` is the first check of the experiment (what it rem
 forgotten before each run: it searches the store by tag for runs without their kind or key); ``doctor again``
 is a later check when no run was made since (it reads the runs made since the previous check, and the copies
 carry times in the past). ``import mlflow`` is not a command of ours but the machine's pace: a fresh Python
-importing MLflow, which every command does first.
+importing MLflow, which every command does first. The targets at the largest size: 5 s for every read, 15 s for
+the report (``TARGET_SECONDS``); a run over its target is marked OVER.
 """
 
 from __future__ import annotations
@@ -560,6 +561,14 @@ COMMANDS: dict[str, list[str]] = {
     "analyze fit": [*ANALYZE, "fit", "--experiment", EXPERIMENT],
     "analyze report": [*ANALYZE, "report", "--experiment", EXPERIMENT, "--output", "report.html"],
 }
+# The wall seconds a command may take at 150,000 trial runs: a read (status, a sweep's plan, doctor, table, fit)
+# answers within 5 s; the report, drawn once per sweep, within 15 s. The machine's pace has none.
+TARGET_SECONDS = {"import mlflow": None, "analyze report": 15.0}
+DEFAULT_TARGET_SECONDS = 5.0
+
+
+def target_seconds(name: str) -> float | None:
+    return TARGET_SECONDS.get(name, DEFAULT_TARGET_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -806,17 +815,21 @@ def _print_table(results: dict[tuple[str, int, str], Measured], ratios: dict[tup
                  counts: dict[tuple[str, int], tuple[int, int]], sizes: list[int], commands: list[str]) -> None:
     print("\nwall s / CPU s / max RSS MB of each command in a fresh process (the run of median wall time, the "
           "range of wall times in parentheses); ratio: the median over the runs made in turn on the largest and "
-          "the smallest store of the larger's wall time over the smaller's")
+          "the smallest store of the larger's wall time over the smaller's; target: the most wall seconds a "
+          "command may take at the largest size (OVER: its median run took longer)")
     for backend in sorted({b for b, _ in counts}):
         header = [f"{counts[(backend, s)][0]:,} trial runs ({counts[(backend, s)][1]:,} studies)" for s in sizes
                   if (backend, s) in counts]
         print(f"\n{backend}")
-        print(f"| command | {' | '.join(header)} | ratio |")
-        print("|---|" + "---|" * len(header) + "---|")
+        print(f"| command | {' | '.join(header)} | ratio | target |")
+        print("|---|" + "---|" * len(header) + "---|---|")
         for name in commands:
             cells = [_cell(results.get((backend, s, name))) for s in sizes if (backend, s) in counts]
             ratio = f"{ratios[(backend, name)]:.2f}" if (backend, name) in ratios and len(sizes) > 1 else "-"
-            print(f"| {name} | {' | '.join(cells)} | {ratio} |")
+            target, largest = target_seconds(name), results.get((backend, sizes[-1], name))
+            over = target is not None and largest is not None and (largest.code is None or largest.wall > target)
+            target_cell = "-" if target is None else f"{target:.0f} s" + (" OVER" if over else "")
+            print(f"| {name} | {' | '.join(cells)} | {ratio} | {target_cell} |")
 
 
 if __name__ == "__main__":

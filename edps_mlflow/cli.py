@@ -36,8 +36,7 @@ from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.mlproject import Backend, EnvManager, ProjectLaunch
 from edps_mlflow.optimizers import optimizer_names
 from edps_mlflow.option_hints import OptionHint
-from edps_mlflow.process_settings import (collect_less_often, configure_process, launcher_run_id, log_note,
-                                          skip_shutdown_collection)
+from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note
 from edps_mlflow.pruning import METHODS, parse_methods
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
@@ -427,8 +426,6 @@ def main(argv: list[str] | None = None) -> None:
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     configure_process()
-    if argv is None and not trains:  # the process is the command's, and trains nothing
-        collect_less_often()
     # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED. Ctrl-C
     # (SIGINT) goes through the same handler, which holds the interrupt back until a tracking-store call in
     # flight ends: Python's default raises inside the call, where it can leave a sqlite transaction open
@@ -462,8 +459,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
     finally:
         _restore_library_logs()
-        if argv is None:  # the console entry point: the process ends with the command
-            skip_shutdown_collection()
 
 
 def _restore_library_logs() -> None:

@@ -14,17 +14,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.cli import main
-from analysis.load import read_csv
-from analysis.regimes import (
-    InsufficientData,
-    bootstrap,
-    fit_hyperbola,
-    fit_hyperbolas,
-    fit_table,
-    local_slopes,
-    regime_boundaries,
-    sparsity_comparison,
-)
+from analysis.bootstrap import bootstrap, study_outcomes
+from analysis.csv_io import read_csv
+from analysis.fits import InsufficientData, fit_hyperbola, fit_hyperbolas, local_slopes, regime_boundaries
+from analysis.regimes import fit_table, sparsity_comparison
 
 from conftest import fresh_store, run_edps
 
@@ -167,9 +160,9 @@ def test_a_curve_without_a_finite_minimum_gets_an_interval_that_holds_its_estima
 
 
 def test_a_studys_resampled_best_trial_is_drawn_from_the_distribution_of_drawing_every_trial():
-    """The bootstrap draws the rank of a resample's best trial (regimes._resampled_minima) instead of drawing
+    """The bootstrap draws the rank of a resample's best trial (bootstrap._resampled_minima) instead of drawing
     all its trials: each outcome as often as drawing every trial with replacement gives it."""
-    from analysis.regimes import _resampled_minima
+    from analysis.bootstrap import _resampled_minima
 
     rng = np.random.default_rng(3)
     repeats = 100_000
@@ -204,7 +197,7 @@ def test_the_bootstrap_resamples_every_study_of_a_curve_even_two_of_one_batch_si
     trials = pd.DataFrame(trials + [{"study_key": None, "trial_index": 0, "status": "reached", "steps_to_result": 1.0}])
     # Every study's outcomes read in one pass over the table, as one study's own table gives them (a trial of no
     # study left out).
-    from analysis.regimes import outcomes_by_study, study_outcomes
+    from analysis.bootstrap import outcomes_by_study
 
     together = outcomes_by_study(trials)
     for key, own in trials.groupby("study_key"):
@@ -237,7 +230,8 @@ def test_bootstrap_intervals_cover_the_truth_in_most_repetitions():
             trials[int(b)] = pd.DataFrame({"status": "reached", "steps_to_result": steps})
             minima.append(steps.min())
         estimate = fit_hyperbola(BATCH_SIZES, np.array(minima))
-        intervals = bootstrap(trials, repeats=150, seed=repetition, estimate=estimate)
+        intervals = bootstrap([(b, study_outcomes(t)) for b, t in trials.items()], repeats=150, seed=repetition,
+                              estimate=estimate)
         covered["s_min"] += intervals["s_min"].low <= s_min <= intervals["s_min"].high
         covered["b_crit"] += intervals["b_crit"].low <= b_crit <= intervals["b_crit"].high
     assert covered["s_min"] >= 0.6 * repetitions and covered["b_crit"] >= 0.6 * repetitions, covered

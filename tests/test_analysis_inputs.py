@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.cli import main
-from analysis.filenames import file_stem
-from analysis.load import STUDY_COLUMNS, csv_text, read_csv, spreadsheet_text, unquoted_text, write_csv
+from analysis.plots import file_stem
+from analysis.csv_io import STUDY_COLUMNS, csv_text, read_csv, spreadsheet_text, unquoted_text, write_csv
 from analysis.regimes import fit_table
 from edps_mlflow.results import (TrialOutcome, TrialStatus, decode_trial_outcomes, encode_trial_outcomes,
                                  trial_outcome_columns, trial_outcome_fields)
@@ -450,7 +450,7 @@ def test_many_studies_trials_are_read_into_one_table_as_each_study_wrote_them(st
     then load._trials_frame with categorical keys and statuses): each trial as trial_outcome_fields reads it
     one at a time, and the same outcomes per study for the bootstrap as from a table of plain strings."""
     from analysis.load import _trials_frame
-    from analysis.regimes import outcomes_by_study
+    from analysis.bootstrap import outcomes_by_study
 
     texts = [encode_trial_outcomes([TrialOutcome(*outcome) for outcome in outcomes]) for outcomes in studies]
     keys = [f"study-{number}" for number in range(len(texts))]

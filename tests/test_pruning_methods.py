@@ -344,7 +344,7 @@ def test_a_sweep_spans_methods_with_one_dense_study():
 def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_path):
     import pandas as pd
 
-    from analysis.load import read_csv
+    from analysis.csv_io import read_csv
     from analysis.pruning_methods import intervals_footnote, pruning_comparison, pruning_summary, summary_for_people
     from analysis.regimes import fit_table, with_curve_axes
 

@@ -10,17 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import read_csv
+from analysis.csv_io import read_csv
+from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, regime_boundaries,
+                           threshold_critical_batch)
 from analysis.publish import curve_metrics
-from analysis.regimes import (
-    HyperbolaFit,
-    InsufficientData,
-    fit_hyperbola,
-    fit_table,
-    fitted_threshold,
-    regime_boundaries,
-    threshold_critical_batch,
-)
+from analysis.regimes import fit_table
 from analysis.report import fit_summary
 
 FIXTURES = Path(__file__).parent / "fixtures"

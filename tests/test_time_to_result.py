@@ -206,7 +206,7 @@ def test_time_on_a_real_sweep(tmp_path, capsys):
 def test_a_time_figure_per_workload_and_optimizer_with_a_panel_per_curve(tmp_path, monkeypatch):
     """Two optimizers, each with a dense curve, SNIP at 0.9 and random at 0.9: two figures of three panels, each
     panel titled by its curve, with a line per device count and its fastest batch size starred."""
-    from analysis import forked, plots
+    from analysis import plots
 
     curves = []
     for optimizer in ("momentum", "sgd"):
@@ -214,10 +214,9 @@ def test_a_time_figure_per_workload_and_optimizer_with_a_panel_per_curve(tmp_pat
             curves.append(STUDIES.assign(optimizer=optimizer, sparsity=sparsity, pruning=pruning,
                                          steps_to_result=STUDIES["steps_to_result"] * slower))
     table = time_table(pd.concat(curves, ignore_index=True), MODEL)
-    fastest = fastest_table(table)
     drawn = {}
-    monkeypatch.setattr(forked, "save", lambda writer, figure, paths: drawn.update({paths[0].name: figure}))
-    paths = plots.time_figures(table, fastest, tmp_path, MODEL.describe(), ("png",))
+    monkeypatch.setattr(plots, "_write", lambda figure, paths: drawn.update({paths[0].name: figure}))
+    paths = plots.time_figures(table, tmp_path, MODEL.describe(), ("png",))
     assert [p.name for p in paths] == ["time_w_momentum.png", "time_w_sgd.png"] == sorted(drawn)
     figure = drawn["time_w_sgd.png"]
     assert [axis.get_title() for axis in figure.axes] == ["sparsity 0", "sparsity 0.9 random", "sparsity 0.9 snip"]
