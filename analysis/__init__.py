@@ -1,5 +1,4 @@
-"""Analysis of steps-to-result measurements: regime fits, tables, figures and reports.
-
-Reads the tracking store (``load.py``, the only MLflow reader here) or a CSV into pandas
-DataFrames and never trains. Command line: ``edps-analyze`` (``analysis/cli.py``).
+"""Analysis of steps-to-result measurements: regime fits, tables, figures and reports, from the tracking store
+(``load.py``; ``publish.py`` writes an analysis run) or a CSV, as pandas DataFrames; it never trains.
+Command line: ``edps-analyze`` (``analysis/cli.py``).
 """

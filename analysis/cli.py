@@ -3,9 +3,7 @@
     edps-analyze fit    --experiment edps/digits-simple-cnn --format json
     edps-analyze report --experiment edps/digits-simple-cnn --output report.html --log-to-mlflow
     edps-analyze fit    --csv steps.csv --trials-csv trials.csv
-    edps-analyze time   --experiment 'edps/*' --devices 1,2,4,8
-
-(docs/analysis.md lists every command.)
+    edps-analyze time   --experiment 'edps/*' --devices 1,2,4,8      # docs/analysis.md lists every command
 """
 
 from __future__ import annotations
@@ -354,7 +352,7 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
 
 def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -> None:
     from analysis.publish import log_analysis
-    from edps_mlflow.store.client import connect, ui_link
+    from edps_mlflow.store.client import resolve_tracking_uri, ui_link
 
     # The analysis run goes next to its studies: their experiment when they share one.
     used = list(studies["experiment"].dropna().unique())
@@ -365,11 +363,9 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
     # MLflow prints links when a run ends; standard output stays clean for csv/json consumers.
     with contextlib.redirect_stdout(sys.stderr):
         argv = (click.get_current_context().find_root().obj or {}).get("argv")  # for the run's Source
-        run_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings, argv)
-    client = connect(tracking_uri)
-    experiment_id = client.get_run(run_id).info.experiment_id
+        run_id, experiment_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings, argv)
     click.echo(f"analysis logged to MLflow run {run_id} in experiment {experiment!r}", err=True)
-    click.echo(ui_link(str(client.tracking_uri), experiment_id, run_id), err=True)
+    click.echo(ui_link(resolve_tracking_uri(tracking_uri), experiment_id, run_id), err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

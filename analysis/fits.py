@@ -1,7 +1,6 @@
-"""One curve's points fitted and bounded (docs/fit.md defines each quantity): the hyperbola S(B) = S_min
-(1 + B_crit / B) by least squares in log space (McCandlish et al. 2018), the regime boundaries (Zhang et al.
-2024) and the threshold critical batch size, measured (Zhang et al. 2025; bracketed as Merrill et al. 2025) and
-fitted."""
+"""One curve's points fitted and bounded (docs/fit.md defines each quantity): the hyperbola S(B) = S_min (1 + B_crit
+/ B) by least squares in log space (McCandlish et al. 2018), the regime boundaries (Zhang et al. 2024) and the
+threshold critical batch size, measured (Zhang et al. 2025; bracketed as Merrill et al. 2025) and fitted."""
 
 from __future__ import annotations
 
@@ -63,12 +62,10 @@ FAR_OUT = 50.0  # in log B: a factor e^50, about 5e21
 
 
 def fit_hyperbolas(batch_sizes: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """S_min and B_crit of many curves measured at the same batch sizes (a row of ``steps`` per curve, a value
-    that is not finite and positive a missing point; NaN for a row of fewer than MIN_POINTS points), fitted
-    together by Levenberg-Marquardt in numpy: a bootstrap refits a curve hundreds of times, and scipy's
-    least_squares costs about a millisecond a call. It finds MINPACK's minimum (tested); where there is none
-    (B_crit far beyond the batch sizes) it stops FAR_OUT beyond them, before its exponentials under- or
-    overflow."""
+    """S_min and B_crit of many curves measured at the same batch sizes (a row of ``steps`` per curve; a value not
+    finite and positive is missing; NaN for a row of fewer than MIN_POINTS points), fitted together by
+    Levenberg-Marquardt in numpy (a bootstrap refits a curve hundreds of times). It finds MINPACK's minimum; where
+    there is none (B_crit far beyond the batch sizes) it stops FAR_OUT beyond them."""
     b = np.asarray(batch_sizes, dtype=float)
     order = np.argsort(b, kind="stable")
     b = b[order]

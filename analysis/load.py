@@ -6,7 +6,6 @@ each study run's tag ``edps.trial_outcomes`` (older studies: their ``trials.csv`
 from __future__ import annotations
 
 import fnmatch
-import functools
 import tempfile
 from typing import Any
 
@@ -29,12 +28,12 @@ _TRIAL_OUTCOMES_READ = "edps.trial_outcomes_read"  # attrs of the study table: i
 def _client(tracking_uri: str | None):
     """A client of a store that exists; any trouble reaching it is one line naming it without its credentials."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient, get_tracking_uri
+    from mlflow.tracking import MlflowClient
 
-    from edps_mlflow.store.client import require_database
+    from edps_mlflow.store.client import require_database, resolve_tracking_uri
     from edps_mlflow.store.logs import route_library_logs
 
-    uri = tracking_uri or get_tracking_uri()
+    uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)
     quiet_links_with_credentials(uri)
     route_library_logs()  # MLflow's logged tracebacks to the command's log file, off the terminal
@@ -53,9 +52,8 @@ def _store_error(uri: str, error: BaseException) -> EdpsError:
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(id, name) per name, matched exactly first (a name may hold ``*``), else as a glob pattern; no names:
-    every active experiment that holds a study run, wherever it is (``mlflow run .`` puts them in
-    ``Default``). An unknown name is an error that lists the experiments that exist."""
+    """(id, name) per name, matched exactly first, else as a glob pattern; no names: every active experiment that
+    holds a study run (``mlflow run .`` puts them in ``Default``). An unknown name lists those that exist."""
     everything = _all_experiments(client)
     if not names:
         found = [(e.experiment_id, e.name) for e in _with_studies(client, everything)]
@@ -83,18 +81,14 @@ def _all_experiments(client) -> list:
 
 
 def _with_studies(client, experiments: list) -> list:
-    """The experiments among ``experiments`` that hold at least one study run."""
     from mlflow.exceptions import MlflowException
 
-    ids = [e.experiment_id for e in experiments]
+    from edps_mlflow.store.read.status import with_studies
+
     try:
-        with_studies = set(study_index.experiments_with_studies(
-            _searcher(client, ids), ids,
-            lambda experiment_id: bool(client.search_runs(
-                [experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=1))))
+        return with_studies(client, experiments)
     except MlflowException as error:
         raise _store_error(str(client.tracking_uri), error) from None
-    return [e for e in experiments if e.experiment_id in with_studies]
 
 
 def _names(experiments: list) -> str:
@@ -113,26 +107,20 @@ def _existing(everything: list, with_studies: list | None = None) -> str:
     return text
 
 
-def _paged(client, experiment_ids: list[str], conditions: str, deleted: bool = False, most: int | None = None) -> list:
-    """Every run matching ``conditions`` (edps_mlflow.filters), or the first ``most``; active or deleted runs."""
-    from mlflow.entities import ViewType
+def _searcher(client, experiment_ids: list[str]) -> study_index.Search:
     from mlflow.exceptions import MlflowException
 
-    view = ViewType.DELETED_ONLY if deleted else ViewType.ACTIVE_ONLY
+    from edps_mlflow.store.client import searcher
 
-    def page(size: int, token: str | None):
+    search = searcher(client, experiment_ids)
+
+    def runs(conditions: str, deleted: bool, most: int | None) -> list:
         try:
-            return client.search_runs(experiment_ids, filter_string=conditions, run_view_type=view,
-                                      max_results=size, page_token=token)
+            return search.runs(conditions, deleted, most)
         except MlflowException as error:
             raise _store_error(str(client.tracking_uri), error) from None
 
-    return study_index.every_page(page, most)
-
-
-def _searcher(client, experiment_ids: list[str]) -> study_index.Search:
-    return study_index.Search(tuple(str(experiment_id) for experiment_id in experiment_ids),
-                              functools.partial(_paged, client, experiment_ids))
+    return study_index.Search(search.experiment_ids, runs)
 
 
 def _finished(runs: list) -> list:
@@ -270,8 +258,8 @@ def _metric_rows(client, run_id: str, metric: str, base: dict, **more: Any) -> l
 
 
 def _probed_trial_runs(client, experiment_ids: list[str], metric: str) -> list:
-    conditions = filter_string(tags={n.TAG_KIND: n.KIND_TRIAL}, metrics_above={metric: -1e300})
-    return _paged(client, experiment_ids, conditions)
+    return _searcher(client, experiment_ids)(filter_string(tags={n.TAG_KIND: n.KIND_TRIAL},
+                                                           metrics_above={metric: -1e300}))
 
 
 def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: str | None = None) -> pd.DataFrame:
@@ -299,9 +287,8 @@ def _described(experiments: tuple[str, ...]) -> str:
 
 
 def load_best_trial_probes(experiments: tuple[str, ...], metric: str, tracking_uri: str | None = None) -> pd.DataFrame:
-    """``metric`` along each study's best trial's whole run (its ``edps.best_probe_run`` tag): a row per (study,
-    probe step). A study probed before that tag existed pools its probed trials, cut short by early stopping,
-    and the ``source`` column says so."""
+    """``metric`` along each study's best trial's whole run (tag ``edps.best_probe_run``): a row per (study, probe
+    step); a study probed before that tag pools its probed trials, cut by early stopping (column ``source``)."""
     client = _client(tracking_uri)
     ids = [i for i, _ in _experiments(client, experiments)]
     rows: list[dict[str, Any]] = []

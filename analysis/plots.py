@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 
-from analysis.regimes import (CURVE_KEYS, curve_columns, curves, fit_of, fit_table, is_degenerate,  # noqa: E402
-                              unbounded, with_curve_axes)
+from analysis.regimes import (CURVE_KEYS, curve_columns, curves, fit_of, fit_table, fit_value,  # noqa: E402
+                              is_degenerate, unbounded, with_curve_axes)
 from analysis.report import curve_words, several_methods  # noqa: E402
 from analysis.timing import TIME_COLUMNS, duration_unit  # noqa: E402
 
@@ -112,18 +112,6 @@ def _save(figure: plt.Figure, directory: Path, stem: str, formats: tuple[str, ..
     return paths
 
 
-def _value(row: pd.Series | None, name: str) -> float | None:
-    value = None if row is None else row.get(name)
-    return None if value is None or pd.isna(value) else float(value)
-
-
-def _interval_words(value: float, low: float, high: float) -> str:
-    """``95%: 1.8e-08 .. unbounded``: the interval as the legend says it."""
-    low_open, high_open = unbounded(value, low, high)
-    words = (f"95%: {'unbounded' if low_open else f'{low:.3g}'} .. {'unbounded' if high_open else f'{high:.3g}'}")
-    return words + ("; excludes the estimate" if not low <= value <= high else "")
-
-
 def _edge_arrow(axis: plt.Axes, edge: float, y: float, side: int, text: str, colour: object) -> None:
     """An arrow at the axis edge (``side`` -1: left, +1: right) pointing out, with the value it stands for."""
     axis.annotate(text, xy=(edge, y), xytext=(-side * 30, 0), textcoords="offset points", fontsize=7,
@@ -134,20 +122,21 @@ def _edge_arrow(axis: plt.Axes, edge: float, y: float, side: int, text: str, col
 
 def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
               label_interval: bool, limits: tuple[float, float]) -> list[float]:
-    """The fitted hyperbola, labelled with its values (grey, without them, when it does not apply), and
-    B_crit's interval as a bar at S = 2 S_min; an end beyond the axes is an arrow at the edge. Returns the
-    y values drawn, for the axis limits."""
-    s_min, b_crit = _value(row, "s_min"), _value(row, "b_crit")
+    """The fitted hyperbola (grey when it does not apply) and B_crit's interval as a bar at S = 2 S_min, an end
+    beyond the axes an arrow at the edge; the y values drawn."""
+    s_min, b_crit = fit_value(row, "s_min"), fit_value(row, "b_crit")
     valid = np.isfinite(s) & (s > 0)
     if s_min is None or b_crit is None or not valid.any():
         return []
     grid = np.geomspace(b[valid].min(), b[valid].max(), 200)
     fitted = s_min * (1.0 + b_crit / grid)
-    low, high = _value(row, "b_crit_low"), _value(row, "b_crit_high")
+    low, high = fit_value(row, "b_crit_low"), fit_value(row, "b_crit_high")
     degenerate = is_degenerate(row)
     label = "fit does not apply (see the fit's note)" if degenerate else f"fit: S_min {s_min:.3g}, B_crit {b_crit:.3g}"
-    if not degenerate and low is not None and high is not None:
-        label += f" ({_interval_words(b_crit, low, high)})"
+    if not degenerate and low is not None and high is not None:  # ``95%: 1.8e-08 .. unbounded``
+        low_open, high_open = unbounded(b_crit, low, high)
+        label += (f" (95%: {'unbounded' if low_open else f'{low:.3g}'} .. {'unbounded' if high_open else f'{high:.3g}'}"
+                  + ("; excludes the estimate" if not low <= b_crit <= high else "") + ")")
     axis.plot(grid, fitted, "--", color="0.6" if degenerate else colour, linewidth=1.0, alpha=0.8, label=label)
     if degenerate or low is None or high is None:
         return list(fitted)
@@ -172,11 +161,11 @@ def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row:
 def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
                      label: bool, limits: tuple[float, float]) -> None:
     """The threshold critical batch size: measured, a ring on its point; fitted, a triangle on the fit."""
-    measured = _value(row, "b_crit_threshold")
+    measured = fit_value(row, "b_crit_threshold")
     if measured is not None and measured in b:
         axis.plot([measured], [s[b == measured][0]], "o", markersize=11, markerfacecolor="none", color=colour,
                   label="B_crit threshold, measured (largest within the tolerance)" if label else None)
-    fitted, s_min, b_crit = _value(row, "b_crit_threshold_fit"), _value(row, "s_min"), _value(row, "b_crit")
+    fitted, s_min, b_crit = fit_value(row, "b_crit_threshold_fit"), fit_value(row, "s_min"), fit_value(row, "b_crit")
     if None in (fitted, s_min, b_crit) or is_degenerate(row) or not limits[0] <= fitted <= limits[1]:
         return
     axis.plot([fitted], [s_min * (1.0 + b_crit / fitted)], "^", markersize=6, color=colour,
@@ -187,7 +176,7 @@ def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[
     """The regimes of a curve from its boundaries; a band changes halfway (on the log axis) between the last
     measured batch size of one regime and the first of the next, so each point lies in its own regime's band."""
     left, right = limits
-    end, start = _value(row, "perfect_scaling_end"), _value(row, "maximal_parallelism_start")
+    end, start = fit_value(row, "perfect_scaling_end"), fit_value(row, "maximal_parallelism_start")
 
     def halfway_below(boundary: float) -> float:
         below = b[b < boundary]
@@ -210,9 +199,8 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
 
 def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: float = 0.2,
                fits: pd.DataFrame | None = None) -> plt.Figure:
-    """log2-log2 steps-to-result against batch size, a line per curve, the fits of ``fits`` (else of the fit
-    table without intervals, so that every figure draws the fit its table reports) dashed, the densest
-    curve's regimes shaded; the legend beside the axes, off the data."""
+    """log2-log2 steps-to-result against batch size, a line per curve, the fits of ``fits`` (else of the fit table
+    without intervals, as the table reports them) dashed, the densest curve's regimes shaded."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
     fits = fit_table(group, None, tolerance, repeats=0) if fits is None else fits
     figure, axis = plt.subplots(figsize=(8.4, 4.6))
@@ -360,9 +348,8 @@ def _time_grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
 
 def time_figures(table: pd.DataFrame, directory: Path, cost: str,
                  formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
-    """Time to result against batch size, log-log: a figure per workload and optimizer with a panel per curve,
-    a line per device count, each line's fastest batch size starred. ``table`` comes from analysis.timing;
-    ``cost`` describes the cost model for the title."""
+    """Time to result against batch size, log-log: a figure per workload and optimizer, a panel per curve, a line
+    per device count, the fastest batch size starred; ``cost`` describes the cost model."""
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
     paths: list[Path] = []
     for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True, dropna=False):

@@ -1,13 +1,8 @@
-"""Pruning methods compared at each sparsity (``edps-analyze compare-pruning``, and a section of the report): is
-the cost of sparsity the sparsity's, or the method's? Every pruned curve is set beside the dense curve of its
-(workload, optimizer, protocol), which is every method's reference:
-
-- :func:`pruning_comparison`, per batch size: its steps, the dense steps, their ratio, both curves normalised
-  by their first point;
-- :func:`pruning_summary`, per curve: S_min and B_crit with their intervals beside the dense curve's (no overlap
-  is judged from intervals that rest on one reaching trial per study), the ratio to dense over the batch sizes
-  both measured, the shape test (the ratio over its first value stays within the tolerance: "same shape"),
-  and its steps over its shuffle's (Frankle et al.'s check: about 1 when only the per-tensor densities matter).
+"""Pruning methods compared at each sparsity (``edps-analyze compare-pruning``, a section of the report): is the
+cost of sparsity the sparsity's, or the method's? Every pruned curve is set beside the dense curve of its
+(workload, optimizer, protocol): per batch size (:func:`pruning_comparison`), and per curve
+(:func:`pruning_summary`: S_min and B_crit beside the dense curve's, the ratio to dense, the shape test: the
+ratio over its first value stays within the tolerance; and its steps over its shuffle's, Frankle et al.'s check).
 """
 
 from __future__ import annotations
@@ -82,7 +77,8 @@ def _geometric_mean(values: pd.Series) -> float:
 
 
 def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, tolerance: float = 0.2) -> pd.DataFrame:
-    """Per pruned curve: the comparisons of the module's docstring."""
+    """Per pruned curve: the comparisons of the module's docstring (no overlap of intervals is judged where they
+    rest on one reaching trial per study)."""
     table = with_curve_axes(table)
     family = _family(table)
     comparison = pruning_comparison(table)
@@ -146,12 +142,6 @@ def _interval(row: pd.Series, name: str) -> str:
     return text if math.isnan(low) or math.isnan(high) else f"{text} [{low:.4g}, {high:.4g}]"
 
 
-def _overlap_words(overlap: object, not_judged: bool) -> str:
-    if overlap is None or (isinstance(overlap, float) and math.isnan(overlap)):
-        return NOT_JUDGED if not_judged else "-"
-    return "yes" if overlap else "no"
-
-
 def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with values and intervals as text, one row per pruned curve, the dense curve's fit first."""
     rows = []
@@ -159,12 +149,13 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
     for _, row in summary.iterrows():
         ratio = _number(row.get("relative_to_dense"))
         shuffle = _number(row.get("relative_to_shuffle"))
-        overlap = row.get("b_crit_overlaps_dense")
+        overlap = _number(row.get("b_crit_overlaps_dense"))  # 1, 0, or NaN: not judged
         rows.append({
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
             "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
             "dense B_crit": _interval(row, "dense_b_crit"),
-            "B_crit overlaps dense": _overlap_words(overlap, bool(row.get("note"))),
+            "B_crit overlaps dense": ("yes" if overlap else "no") if not math.isnan(overlap) else
+            NOT_JUDGED if row.get("note") else "-",
             "steps / dense": "-" if math.isnan(ratio) else
             f"{ratio:.3g} ({_number(row['relative_to_dense_low']):.3g}..{_number(row['relative_to_dense_high']):.3g})",
             "shape vs dense": row["shape"],

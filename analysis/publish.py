@@ -1,8 +1,6 @@
-"""``--log-to-mlflow``: the analysis as a run (``edps.kind=analysis``) beside the studies it analysed: the
-settings as params, each curve's fit as metrics (:func:`curve_metrics`), the fit table as its description, the
-study and sweep runs it used as tags (nested under their sweep when there is one), the tables, figures and
-report as artifacts, and MLflow's context tags as a study run has them (under ``mlflow run -e analyze``, MLflow's
-own run, with its own context tags).
+"""``--log-to-mlflow``: the analysis as a run (``edps.kind=analysis``, under its sweep when there is one) beside
+the studies it analysed: settings as params, fits as metrics (:func:`curve_metrics`) and description, the runs
+it used as tags, the tables, figures and report as artifacts, and the context tags a study run has.
 """
 
 from __future__ import annotations
@@ -14,18 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from mlflow.entities import RunStatus
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from analysis.csv_io import csv_text
 from analysis.regimes import PROTOCOL_KEYS
 from analysis.report import fit_summary, markdown_table
 from edps_mlflow import names as n
-from edps_mlflow import provenance
-from edps_mlflow.pruning import DEFAULT_METHOD
+from edps_mlflow.descriptions import provenance_tags
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.process_settings import launcher_run_id
+from edps_mlflow.store.client import log_batch, resolve_tracking_uri
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
-# A fit's columns that become metrics of the analysis run.
 _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
                 "perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold", "b_crit_threshold_low",
                 "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
@@ -58,33 +59,10 @@ def run_name(studies: pd.DataFrame) -> str:
     return f"analysis {workloads} {optimizers} {len(studies)} studies"
 
 
-def _description(summary: pd.DataFrame, settings: dict[str, Any]) -> str:
-    return (f"Fits of steps-to-result against batch size (S(B) = S_min (1 + B_crit / B); regime boundaries with a "
-            f"{settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% bootstrap intervals). The figures are "
-            f"under `figures/`, the whole report in the report artifact.\n\n{markdown_table(summary)}\n")
-
-
-def context_tags(argv: list[str] | None, launched_by_mlflow: bool) -> dict[str, str]:
-    """Who ran which code: the code version always; user, command and commit unless ``mlflow run`` made the
-    run (it sets its own). ``argv``: the arguments after the program name (None: unknown)."""
-    code = provenance.code_version()
-    tags = {n.TAG_CODE_VERSION: code.label, n.TAG_GIT_DIRTY: str(code.dirty).lower()}
-    if launched_by_mlflow:
-        return tags
-    command = " ".join(["edps-analyze", *(shlex.quote(redact_uri(a)) for a in (argv or []))])
-    tags.update({n.MLFLOW_USER: provenance.user(), n.MLFLOW_SOURCE_NAME: command[:500],
-                 n.MLFLOW_SOURCE_TYPE: "LOCAL"})
-    if code.commit:
-        tags[n.MLFLOW_GIT_COMMIT] = code.commit
-    return tags
-
-
 def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                 files: list[Path], settings: dict[str, Any] | None = None, argv: list[str] | None = None) -> str:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import get_tracking_uri
-
-    uri = tracking_uri or get_tracking_uri()
+                 files: list[Path], settings: dict[str, Any] | None = None,
+                 argv: list[str] | None = None) -> tuple[str, str]:
+    uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
     try:
         return _log_analysis(uri, experiment, studies, tables, files, settings or {}, argv)
@@ -94,10 +72,7 @@ def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFram
 
 
 def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  files: list[Path], settings: dict[str, Any], argv: list[str] | None = None) -> str:
-    from mlflow.entities import Metric, Param, RunStatus, RunTag
-    from mlflow.tracking import MlflowClient
-
+                  files: list[Path], settings: dict[str, Any], argv: list[str] | None = None) -> tuple[str, str]:
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
@@ -105,20 +80,22 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     sweeps = sorted(set(studies["sweep_run_id"].dropna().astype(str)))
     tags = {n.TAG_KIND: n.KIND_ANALYSIS, n.TAG_ANALYSIS_STUDY_RUNS: ",".join(used)[:4900],
             n.TAG_ANALYSIS_STUDY_COUNT: str(len(used)), n.TAG_ANALYSIS_SWEEP_RUNS: ",".join(sweeps)[:4900],
-            n.MLFLOW_RUN_NAME: run_name(studies), **context_tags(argv, bool(launcher_run_id()))}
+            n.MLFLOW_RUN_NAME: run_name(studies), **provenance_tags(bool(launcher_run_id()), command=" ".join(
+                ["edps-analyze", *(shlex.quote(redact_uri(a)) for a in (argv or []))])[:500])}
     if "fit" in tables:
-        tags[n.MLFLOW_NOTE] = _description(fit_summary(tables["fit"]), settings)[:20_000]
-    if len(sweeps) == 1 and _run_experiment(client, sweeps[0]) == experiment_id:
-        tags[n.MLFLOW_PARENT_RUN_ID] = sweeps[0]
+        fits = markdown_table(fit_summary(tables["fit"]))
+        tags[n.MLFLOW_NOTE] = (f"Fits of steps-to-result against batch size (S(B) = S_min (1 + B_crit / B); regime "
+                               f"boundaries with a {settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% "
+                               f"bootstrap intervals). The figures are under `figures/`, the whole report in the "
+                               f"report artifact.\n\n{fits}\n")[:20_000]
+    try:
+        if len(sweeps) == 1 and client.get_run(sweeps[0]).info.experiment_id == experiment_id:
+            tags[n.MLFLOW_PARENT_RUN_ID] = sweeps[0]
+    except MlflowException:
+        pass  # its sweep run is gone: not nested
     run_id = launcher_run_id() or client.create_run(experiment_id, tags=tags).info.run_id
-    metrics = curve_metrics(tables["fit"]) if "fit" in tables else {}
-    params = {k: str(v)[:500] for k, v in settings.items()}
-    timestamp = int(pd.Timestamp.now().timestamp() * 1000)
-    metric_list = [Metric(k, v, timestamp, 0) for k, v in metrics.items()]
-    for start in range(0, max(len(metric_list), 1), 1000):
-        client.log_batch(run_id, metrics=metric_list[start:start + 1000],
-                         params=[Param(k, v) for k, v in params.items()] if start == 0 else [],
-                         tags=[RunTag(k, v) for k, v in tags.items()] if start == 0 else [])
+    log_batch(client, run_id, params={k: str(v)[:500] for k, v in settings.items()}, tags=tags,
+              metrics=curve_metrics(tables["fit"]) if "fit" in tables else {})
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
             (Path(scratch) / f"{name}.csv").write_text(csv_text(table), encoding="utf-8", newline="")
@@ -129,13 +106,4 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
                             artifact_path=n.ARTIFACT_FIGURES_DIR if path.suffix in (".png", ".svg") else None)
     if not launcher_run_id():
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
-    return run_id
-
-
-def _run_experiment(client: Any, run_id: str) -> str | None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id).info.experiment_id
-    except MlflowException:
-        return None
+    return run_id, client.get_run(run_id).info.experiment_id

@@ -66,6 +66,12 @@ def fit_of(fits: pd.DataFrame | None, curve: dict) -> pd.Series | None:
     return fits[match].iloc[0] if match.any() else None
 
 
+def fit_value(row: pd.Series | dict | None, name: str) -> float | None:
+    """A number of a fit-table row; None when the row or the value is missing."""
+    value = None if row is None else row.get(name)
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _add_note(row: dict, note: str) -> None:
     row["note"] = f"{row['note']}; {note}" if row["note"] else note
 

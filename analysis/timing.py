@@ -109,11 +109,6 @@ def step_seconds(batch_sizes: np.ndarray, seconds: np.ndarray, batch: float) -> 
     return float(math.exp((1 - weight) * math.log(t[low]) + weight * math.log(t[high])))
 
 
-def _one_value(values: pd.Series) -> float | None:
-    numbers = pd.to_numeric(values, errors="coerce").dropna()
-    return float(numbers.iloc[-1]) if len(numbers) else None
-
-
 def time_table(studies: pd.DataFrame, model: CostModel) -> pd.DataFrame:
     """One row per curve, measured batch size (with a steps-to-result) and device count."""
     if "seconds_per_step" not in studies.columns or pd.to_numeric(studies["seconds_per_step"],
@@ -132,7 +127,8 @@ def _curve_rows(head: dict, curve: pd.DataFrame, model: CostModel) -> list[dict]
     timed = curve[seconds.notna() & (seconds > 0)]
     b_timed = timed["batch_size"].to_numpy(dtype=float)
     t_timed = pd.to_numeric(timed["seconds_per_step"]).to_numpy(dtype=float)
-    parameter_bytes = _one_value(curve.get("model_parameter_bytes", pd.Series(dtype=float)))
+    sizes = pd.to_numeric(curve.get("model_parameter_bytes", pd.Series(dtype=float)), errors="coerce").dropna()
+    parameter_bytes = float(sizes.iloc[-1]) if len(sizes) else None
     devices = sorted({str(d) for d in curve.get("device", pd.Series(dtype=object)).dropna()})
     packs = pd.to_numeric(curve.get("pack_size", pd.Series(dtype=float)), errors="coerce").dropna()
     curve_notes = [f"timed on {len(devices)} different devices"] if len(devices) > 1 else []
@@ -167,9 +163,8 @@ def _curve_rows(head: dict, curve: pd.DataFrame, model: CostModel) -> list[dict]
 
 
 def fastest_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per curve and device count: the measured batch size with the least time-to-result, its hours, and the
-    speed-up over the fastest batch size on one device. A minimum at the edge of the measured batch sizes
-    may lie beyond them; the note says so."""
+    """Per curve and device count: the batch size with the least time-to-result, its hours, and the speed-up over
+    one device; a minimum at the edge of the measured batch sizes may lie beyond them (the note says so)."""
     keys = [c for c in table.columns if c not in TIME_COLUMNS]
     rows = []
     for key, group in table.groupby(keys + ["devices"], sort=True, dropna=False):

@@ -2,9 +2,8 @@
 
 Each curve (curves.CurveId) starts at the largest, cheapest batch sizes of the range and walks down one
 doubling at a time only as far as its question (``--target``, :class:`Goal`) needs; every point is an
-ordinary study with its ordinary key. docs/adaptive.md states the rule, its goals and its stops.
-
-Pure: plain numbers and pandas in, decisions out. No MLflow, no torch, no training.
+ordinary study with its ordinary key. docs/adaptive.md states the rule, its goals and its stops. Pure: plain
+numbers and pandas in, decisions out; no MLflow, no torch, no training.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from enum import Enum
 
 import pandas as pd
 
-from analysis.regimes import fit_table, is_degenerate
+from analysis.regimes import fit_table, fit_value, is_degenerate
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 
@@ -102,9 +101,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """What an adaptive sweep pins (``goal``; ``target``: the factor of the B_crit goal) and when it stops
-    otherwise: at most ``max_studies`` studies or a ``budget``. ``width``: studies per round (the sweep's
-    workers): it changes which batch sizes are measured, so it is part of the key."""
+    """What an adaptive sweep pins (``goal``; ``target``: the B_crit goal's factor) and when it stops otherwise;
+    ``width``: studies per round (the sweep's workers), part of the key: it changes which batch sizes are measured."""
 
     target: float = 2.0
     max_studies: int | None = None
@@ -159,9 +157,8 @@ def start_grid(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """One open question about one curve: how far from the target (doublings), in words, the batch
-    size that would narrow it (None: none left to measure) and, for a walk down, the smallest batch size
-    it is expected to need, below which no free worker measures ahead (None: nothing measured ahead)."""
+    """One open question about one curve: how far from the target (doublings), in words, the batch size that
+    would narrow it (None: none left) and, for a walk down, the smallest it is expected to need (``walk_to``)."""
 
     kind: UncertaintyKind
     excess: float
@@ -202,19 +199,13 @@ def uncertain(states: tuple[CurveState, ...] | list[CurveState]) -> list[str]:
     return [f"{s.curve.label()}: {s.summary()}" for s in states if s.open]
 
 
-def _value(fit: dict, name: str) -> float | None:
-    value = fit.get(name)
-    return None if value is None or pd.isna(value) else float(value)
-
-
 def number(value: object, digits: int = 3) -> str:
     return "-" if value is None or pd.isna(value) else f"{float(value):.{digits}g}"
 
 
 def perfect_doublings(points: pd.DataFrame) -> int:
-    """How many successive doublings, from the smallest measured batch size up, scale perfectly: steps x
-    batch size grows by at most the tolerance (S(2B) 2B <= (1 + TOLERANCE) S(B) B). 0 when the smallest has
-    no result."""
+    """How many successive doublings from the smallest measured batch size up scale perfectly (S(2B) 2B <= (1 +
+    TOLERANCE) S(B) B); 0 when the smallest has no result."""
     measured = sorted(int(b) for b in points["batch_size"])
     results = {int(b): float(v) for b, v in zip(points["batch_size"], points["steps_to_result"]) if pd.notna(v)}
     count = 0
@@ -262,9 +253,8 @@ class _Walk:
 
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
                  candidates: tuple[int, ...], settings: AdaptiveSettings) -> CurveState:
-    """The fit of one curve's measured points (a row per study: its axes, ``batch_size, steps_to_result,
-    study_key``) and what is still open about it for ``settings.goal``; ``trials`` feed the bootstrap,
-    ``candidates`` are the batch sizes the sweep may measure."""
+    """The fit of one curve's points (a row per study: its axes, ``batch_size, steps_to_result, study_key``) and
+    what is still open for ``settings.goal``; ``candidates``: the batch sizes the sweep may measure."""
     walk = _Walk.of(points, candidates)
     fit: dict = {}
     if len(walk.with_result) >= 2:
@@ -276,7 +266,7 @@ def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | No
 def _questions(walk: _Walk, fit: dict, points: pd.DataFrame, candidates: tuple[int, ...],
                settings: AdaptiveSettings) -> list[Uncertainty]:
     """The fit's own questions (none, doubtful, no plateau), then the goal's."""
-    b_crit = _value(fit, "b_crit")
+    b_crit = fit_value(fit, "b_crit")
     if b_crit is None:
         return [walk.below(UncertaintyKind.NO_FIT, f"no fit: {len(walk.with_result)} of {len(walk.measured)} "
                                                    f"measured batch sizes have a result")]
@@ -289,7 +279,8 @@ def _questions(walk: _Walk, fit: dict, points: pd.DataFrame, candidates: tuple[i
         items.append(walk.below(UncertaintyKind.DOUBTFUL_FIT, f"doubtful fit: {fit.get('note')}"))
     # Without a plateau the B_crit goal still has the hyperbola's S_min: at the end of the range it is said,
     # not chased. The boundaries goal asks for it.
-    if _value(fit, "maximal_parallelism_start") is None and (walk.up is not None or settings.goal is Goal.BOUNDARIES):
+    plateau_wanted = walk.up is not None or settings.goal is Goal.BOUNDARIES
+    if fit_value(fit, "maximal_parallelism_start") is None and plateau_wanted:
         items.append(Uncertainty(UncertaintyKind.PLATEAU, UNKNOWN_EXCESS,
                                  f"no plateau yet: steps at {walk.with_result[-1]} are not within {TOLERANCE:.0%} of "
                                  f"the next smaller batch size's" + ("" if walk.up else " (the range ends there)"),
@@ -304,7 +295,7 @@ def _b_crit_questions(walk: _Walk, fit: dict, b_crit: float, candidates: tuple[i
     """B_crit must lie a factor ``target`` inside the measured range at both ends."""
     low_end, high_end = b_crit / target, b_crit * target
     interval = (f"; 95% interval {number(fit.get('b_crit_low'))}..{number(fit.get('b_crit_high'))}"
-                if _value(fit, "b_crit_low") is not None else "")
+                if fit_value(fit, "b_crit_low") is not None else "")
     bottom, top = walk.measured[0], walk.measured[-1]
     if bottom > low_end:
         # As far down as the estimate says: the first batch size at or below B_crit / target.
@@ -328,10 +319,10 @@ def _scaling_questions(walk: _Walk, fit: dict, points: pd.DataFrame, goal: Goal)
         items.append(walk.below(UncertaintyKind.PERFECT_SCALING, f"{perfect} of {PERFECT_DOUBLINGS} doublings from "
                                 f"{walk.measured[0]} up scale perfectly",
                                 walk_to=walk.measured[0] >> (PERFECT_DOUBLINGS - perfect)))
-    if _value(fit, "perfect_scaling_end") is None:
+    if fit_value(fit, "perfect_scaling_end") is None:
         items.append(Uncertainty(UncertaintyKind.PERFECT_SCALING_END, UNKNOWN_EXCESS, f"perfect scaling through the "
                                  f"largest batch size with a result ({walk.with_result[-1]})", walk.up))
-    start = _value(fit, "maximal_parallelism_start")
+    start = fit_value(fit, "maximal_parallelism_start")
     if goal is Goal.BOUNDARIES and start is not None:
         previous = [b for b in walk.with_result if b < start]
         if previous and start > 2 * previous[-1]:  # a gap left by a study without a result

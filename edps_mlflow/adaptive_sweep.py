@@ -3,15 +3,13 @@ down as far as its question needs (adaptive.py has the rule; docs/adaptive.md th
 
     edps sweep --adaptive --workload digits-simple-cnn --sparsities 0,0.5 --target threshold --budget 30m
 
-Every point is an ordinary study dispatched by the sweep's own executor, a round as wide as its workers.
-It keeps no state of its own: the rule is deterministic, so a rerun replays the decisions from the studies
-in the store and trains only what is missing. Each decision goes into the sweep run's
-``adaptive_decisions.csv`` and description.
+Every point is an ordinary study run by the sweep's executor, a round as wide as its workers. It keeps no state
+of its own: the rule is deterministic, so a rerun replays the decisions from the studies in the store and trains
+only what is missing. The decisions go into the sweep run's ``adaptive_decisions.csv`` and description.
 """
 
 from __future__ import annotations
 
-import io
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -33,27 +31,16 @@ from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
 from edps_mlflow.store.read.runs import StoredStudy, study_runs, study_views
 from edps_mlflow.store.read.trials import study_trial_outcomes
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.sweep import (
-    PlanState,
-    SweepOptions,
-    SweepRun,
-    SweepSpec,
-    dispatch,
-    finished_sweep,
-    open_sweep,
-    plan_studies,
-    prepare,
-    sweep_progress,
-)
+from edps_mlflow.sweep import (PlanState, SweepOptions, SweepRun, SweepSpec, dispatch, finished_sweep, open_sweep,
+                               plan_studies, prepare, sweep_progress)
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
 
 
 @dataclass(frozen=True)
 class AdaptiveSweepSpec:
-    """An adaptive sweep: ``grid`` gives the protocol, optimizers, sparsities and the batch-size range
-    (powers of two; the walk starts at its largest and goes down, and may extend it up to the largest batch
-    size that fits the training split); ``settings`` what it pins and when it stops."""
+    """An adaptive sweep: ``grid`` gives the protocol, curves and batch-size range (powers of two, extended up to
+    the training split's size), ``settings`` what it pins and when it stops."""
 
     grid: SweepSpec
     settings: adaptive.AdaptiveSettings
@@ -184,9 +171,8 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
           cache: dict[str, MeasuredStudy], views: list[Any] | None = None) -> dict[str, MeasuredStudy] | None:
-    """The finished runs of ``studies`` with their trials (None when one is not done), from one read of
-    the workload's study runs (the study index, or ``views`` as study_views read them since the
-    last change), not one search per study."""
+    """The finished runs of ``studies`` with their trials (None when one is not done), from one read of the
+    workload's study runs (or ``views``, as study_views read them since the last change)."""
     missing = [study for study in studies if study.study_key not in cache]
     latest: dict[tuple[str, bool], StoredStudy] = {}
     if missing:
@@ -224,8 +210,7 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
 
 
 def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO) -> AdaptiveResult | None:
-    """The answer of an adaptive sweep whose run finished, replayed from the store without training;
-    None when anything is to do (or `mlflow run` made a run for this command)."""
+    """The answer of an adaptive sweep whose run finished, replayed from the store; None when anything is to do."""
     done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
     if done is None:
         return None
@@ -277,11 +262,9 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     with executor_session(executor, options, out):
         result = adapt(spec, measure, lambda: time.monotonic() - started, announce)
     assert result is not None  # measure never gives up
-    buffer = io.StringIO()
-    result.decisions.to_csv(buffer, index=False)
     metrics = {n.METRIC_ADAPTIVE_ROUNDS: result.rounds, n.METRIC_ADAPTIVE_STUDIES: len(result.measured),
                n.METRIC_ADAPTIVE_TRIAL_STEPS: result.trial_steps}
-    sweep.tracker.log_table(n.ARTIFACT_ADAPTIVE_DECISIONS, buffer.getvalue(),
+    sweep.tracker.log_table(n.ARTIFACT_ADAPTIVE_DECISIONS, result.decisions.to_csv(index=False),
                             tags={n.TAG_ADAPTIVE_STOP: result.stop.value}, metrics=metrics)
     with_result = sum(1 for m in result.measured if m.steps_to_result is not None)
     sweep.tracker.finish(len(result.measured), with_result, time.monotonic() - started,

@@ -1,6 +1,5 @@
-"""What our runs are called and how they describe themselves: run names, descriptions, a study run's
-identifying tags and every run's provenance tags; plain strings from specs and outcomes (no mlflow, no torch).
-"""
+"""What our runs are called and how they describe themselves: run names, descriptions, a study run's identifying
+tags and every run's provenance tags; plain strings from specs and outcomes (no mlflow, no torch)."""
 
 from __future__ import annotations
 
@@ -65,13 +64,14 @@ EXPERIMENT_DESCRIPTION = (
     "`tags.edps.kind = 'study'` for the grid. `edps-analyze report --log-to-mlflow` adds an analysis run.")
 
 
-def provenance_tags(launched_by_mlflow: bool = False) -> dict[str, str]:
-    """Who ran what code: MLflow's context tags (user, source, git commit) and the code version. A run
-    that `mlflow run` created already has its own source tags; only the code version is added then."""
+def provenance_tags(launched_by_mlflow: bool = False, command: str | None = None) -> dict[str, str]:
+    """Who ran what code: MLflow's context tags (user, source: ``command``, else this process's command line;
+    git commit) and the code version. A run that `mlflow run` created already has its own source tags; only
+    the code version is added then."""
     code = provenance.code_version()
     tags = {n.TAG_CODE_VERSION: code.label, n.TAG_GIT_DIRTY: str(code.dirty).lower()}
     if not launched_by_mlflow:
-        tags.update({n.MLFLOW_USER: provenance.user(), n.MLFLOW_SOURCE_NAME: provenance.command_line(),
+        tags.update({n.MLFLOW_USER: provenance.user(), n.MLFLOW_SOURCE_NAME: command or provenance.command_line(),
                      n.MLFLOW_SOURCE_TYPE: "LOCAL"})
         if code.commit:
             tags[n.MLFLOW_GIT_COMMIT] = code.commit

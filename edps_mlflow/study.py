@@ -26,23 +26,13 @@ from edps_mlflow.names import KIND_STUDY
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning.cache import default_score_cache
 from edps_mlflow.pruning.mask import Mask
-from edps_mlflow.results import (
-    Check,
-    ProbedTrials,
-    PruningRecord,
-    StudyOutcome,
-    TrialRecord,
-    TrialResult,
-    TrialStatus,
-    best_reached_step,
-    pruning_summary,
-    training_limit,
-)
+from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, StudyOutcome, TrialRecord, TrialResult,
+                                 TrialStatus, best_reached_step, pruning_summary, training_limit)
 from edps_mlflow.store.client import StoreClient, connect, open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
-from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, launcher_run, yield_run
+from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim_launched, launcher_run
 from edps_mlflow.store.ownership.lease import abort_guard
-from edps_mlflow.store.read.runs import LeasedRun, latest_finished_study
+from edps_mlflow.store.read.runs import latest_finished_study
 from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
@@ -62,13 +52,12 @@ class ExecutionOptions:
     experiment: str | None = None
     data_dir: str | None = None
     log_interval: float = 10.0
-    # Set by a sweep: where the study run goes and which stale run of this study it continues.
+    # Set by a sweep: its store, and its run and key, under which the study run goes.
     tracking_uri: str | None = None
     parent_run_id: str | None = None
     sweep_key: str | None = None
     wait: bool = False  # for a live run of the same study elsewhere (a sweep always waits), else stop
-    # Use the run that `mlflow run` made for this process (MLFLOW_RUN_ID) as the study run. False in a
-    # sweep's worker processes, which inherit the sweep's own MLFLOW_RUN_ID under `mlflow run -e sweep`.
+    # The run `mlflow run` made for us (MLFLOW_RUN_ID) as the study run; not in a sweep's workers (they inherit it)
     adopt_launcher_run: bool = True
     threads: int | None = None  # CPU threads per training process (None: the cores split between workers)
     curve_interval: int | None = None  # steps between full validation passes (None: see curve_interval_for)
@@ -200,11 +189,8 @@ def choose_schedule(spec: StudySpec, workload: Workload, trials_to_train: int, w
 def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = None,
               on_trial: Callable[[str, int | None], None] | None = None,
               on_steps: Callable[[int, int], None] | None = None) -> StudyOutcome:
-    """Plan, train and record one study. Bad input fails before the tracking store is touched.
-
-    ``on_trial(status, steps_to_result)`` hears of every trial that ends and ``on_steps(trial_steps,
-    furthest_step)`` of the steps trained, about every second (a sweep's progress line).
-    """
+    """Plan, train and record one study; bad input fails before the store is touched. ``on_trial(status,
+    steps_to_result)`` hears of every trial that ends, ``on_steps(trial_steps, furthest_step)`` of the steps."""
     out = out or sys.stdout
     started = time.perf_counter()
     spec, workload, device, data = _checked_inputs(spec, options)
@@ -216,7 +202,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         return claimed
     tracker = claimed
     with abort_guard(tracker.owned, lambda: list(tracker.trial_runs.values()), tracker.close):
-        tracker.start_heartbeat()
+        tracker.owned.start_heartbeat()
         if options.system_metrics:
             tracker.start_system_metrics()
         plan = plan_study(spec, workload, tracker, options, device, data.train_size, settings.curve_interval)
@@ -238,8 +224,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
 
 
 def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySpec, Workload, str, DataSplits]:
-    """The workload, the device and the data, each refused in one line when unusable; the spec with the
-    data's fingerprint."""
+    """The workload, the device and the data, each refused in one line when unusable; the spec fingerprinted."""
     workload = get_workload(spec.workload)
     workload.search_space(spec.optimizer.value)
     device = str(resources.resolve_device(options.device))
@@ -257,15 +242,9 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
 
 
 def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: float) -> StudyTracker | StudyOutcome:
-    """Our study run, live; or, when the study is already done, the outcome of its finished run.
-
-    Never a second live run of one key (claim): a live run elsewhere stops us with one line, or
-    we wait for it (``options.wait``); of two runs created at the same moment the later one gives way. A
-    run a sweep submitted for this study (``launcher.submitted``) is ours already: it is no rival, and when
-    it is not used it gives up its kind, as a run that gave way does.
-    """
-    # A sweep's study uses the store its sweep opened: retry blips rather than fail fast as a command
-    # starting against an unreachable store does.
+    """Our study run, live, or the outcome of its finished run when the study is done. Never a second live run of
+    one key (claim): a live run elsewhere stops us in one line, or is waited for (``options.wait``)."""
+    # A sweep's study uses the store its sweep opened and checked: blips are retried, not refused at once.
     client: StoreClient = (connect(options.tracking_uri) if options.parent_run_id else
                            open_store(options.tracking_uri, writes=True))
     with store_errors(client):
@@ -280,18 +259,8 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
             kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
             finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
             clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
-        # The run `mlflow run` made for us is used by the first run we make, and given up (its kind removed,
-        # so that MLflow's FINISHED on exit does not count as a study) if that one gives way.
-        unused_launcher = [launcher.run_id] if launcher is not None else []
-
-        def create(token: str | None) -> str:
-            return create_study_run(client, experiment_id, spec, options.parent_run_id, options.sweep_key,
-                                    unused_launcher.pop() if unused_launcher else None)
-
-        def give_way(run_id: str, rival: LeasedRun) -> None:
-            yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
-
-        claimed = claim(client, experiment_id, rules, create, out, give_way)
+        claimed = claim_launched(client, experiment_id, rules, lambda token, launched: create_study_run(
+            client, experiment_id, spec, options.parent_run_id, options.sweep_key, launched), out, launcher)
     if claimed.done is not None:
         done = claimed.done
         print(f"study already done: steps_to_result = {done.steps_to_result} in the finished study run "
@@ -342,8 +311,8 @@ def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineS
            on_trial: Callable[[str, int | None], None] | None = None,
            on_steps: Callable[[int, int], None] | None = None
            ) -> tuple[dict[int, TrialRecord], dict[int, PruningRecord]]:
-    """Train the plan's chunks here or in worker processes; every trial's record, reused ones included, and
-    how each trial trained here was pruned."""
+    """Train the plan's chunks here or in worker processes; every trial's record (reused ones too), and how each
+    trial trained here was pruned."""
     progress = StudyProgress(len(plan.to_train), stream=out, log_interval=options.log_interval, on_trial=on_trial,
                              on_steps=on_steps)
     recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
@@ -372,13 +341,9 @@ def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineS
 def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: DataSplits, device: str,
                   options: ExecutionOptions, tracker: StudyTracker, out: TextIO,
                   device_description: str) -> ProbedTrials | None:
-    """Which trials carried the probes. A study that probes its best trial only trains it again, with the
-    probes, to its goal, as a trial run nested under the study run (or finds that run in the store).
-
-    The probed run is the trial of the all-trials study with the same key (``spec.probe_spec``), so either
-    study reuses the other's. Probes never touch the training state, so the run follows the same
-    trajectory and reaches the goal at the same step; a different step is reported, not hidden.
-    """
+    """Which trials carried the probes. A study that probes its best trial only trains it again with the probes, to
+    its goal, as a nested trial run: the trial of the all-trials study of the same key (``spec.probe_spec``), so
+    either study reuses the other's. Probes never touch the training state: a different step is reported."""
     best = outcome.best_record()
     if not spec.probes:
         return None
@@ -431,8 +396,7 @@ def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device:
 
 def _print_outcome(spec: StudySpec, outcome: StudyOutcome, scores: dict[str, Any] | None,
                    probed: ProbedTrials | None, tracker: StudyTracker, out: TextIO) -> None:
-    """The result, what the pruning scores cost (``scores``: when any trial was pruned here), the probes and
-    the study run's page."""
+    """The result, what the pruning scores cost (``scores``: when any trial was pruned here), the probes, the page."""
     counts = ", ".join(f"{status.value} {outcome.count(status)}" for status in TrialStatus)
     best = outcome.best_record()
     if best is None:

@@ -29,7 +29,7 @@ from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.resources import cuda_devices
 from edps_mlflow.store.client import open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
-from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, clear_expired, launcher_run, yield_run
+from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim_launched, clear_expired, launcher_run
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
 from edps_mlflow.store.read.runs import LeasedRun, planned_trial_counts, study_runs, study_views, sweep_runs
 from edps_mlflow.store.trouble import store_errors
@@ -53,11 +53,6 @@ class PlannedStudy:
     state: PlanState
     finished_trials: int
     steps_to_result: int | None
-
-
-def plan_sweep(client: Any, experiment_id: str, spec: SweepSpec, full_trials: bool,
-               views: list[Any] | None = None) -> list[PlannedStudy]:
-    return plan_studies(client, experiment_id, spec.workload, spec.studies(), full_trials, views)
 
 
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
@@ -93,7 +88,8 @@ def prepare(spec: SweepSpec, options: SweepOptions) -> SweepSpec:
     if options.device is not None:  # no device asked for: nothing to refuse, and torch stays unloaded
         cuda_devices(options.device, indexed=False)
     if spec.protocol.data_fingerprint is None:
-        spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=workload.data_fingerprint(options.data_dir)))
+        fingerprint = workload.data_fingerprint(options.data_dir)
+        spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=fingerprint))
     get_executor(options.executor)().check(spec, options)
     return spec
 
@@ -126,8 +122,7 @@ class FinishedSweep:
 
 
 def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> FinishedSweep | None:
-    """The sweep runs of ``sweep_key`` when there are some and all have finished; None otherwise, or when
-    `mlflow run` made a run for this command (that run must become the sweep run)."""
+    """The sweep runs of ``sweep_key`` when all (and some) have finished; None otherwise, or under `mlflow run`."""
     if launcher_run_id():
         return None
     client = open_store(writes=True)
@@ -143,14 +138,14 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
 
 
 def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
-    """The results of a sweep whose run finished and whose every study is done, leaving that run as it was;
-    None when there is anything to do (or `mlflow run` made a run for this command)."""
+    """The results of a sweep whose run finished and whose every study is done; None when anything is to do."""
     done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
     if done is None:
         return None
     client, runs = done.client, done.runs
     with store_errors(client):
-        plan = plan_sweep(client, done.experiment_id, spec, options.full_trials, done.studies)
+        plan = plan_studies(client, done.experiment_id, spec.workload, spec.studies(), options.full_trials,
+                            done.studies)
     if any(p.state is not PlanState.DONE for p in plan):
         return None
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(plan)} studies done in sweep run "
@@ -161,9 +156,8 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
 
 def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
                name: str | None = None) -> SweepRun:
-    """The sweep's run, live and ours (claim): its earlier run when that owner is gone (a resume),
-    else a new one; a live sweep of the key elsewhere stops us with one line, or is waited for. ``key`` and
-    ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
+    """The sweep's run, live and ours (claim): its earlier run when that owner is gone, else a new one. ``key``
+    and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
     client = open_store(writes=True)
     key = key or spec.sweep_key
     name = name or f"sweep {spec.workload} {len(spec.studies())} studies"
@@ -173,30 +167,21 @@ def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | N
         experiment_name = launched.experiment_name if launched else experiment_name_for(spec.workload,
                                                                                            options.experiment)
         experiment_id = resolve_experiment(client, experiment_name, EXPERIMENT_DESCRIPTION)
-        # The run `mlflow run` made for us is used by the first run we make, and given up if that one gives way.
-        unused_launcher = [launched.run_id] if launched else []
-
-        def create(token: str | None) -> str:
-            return create_sweep_run(client, experiment_id, name, key, spec.workload, token,
-                                    unused_launcher.pop() if unused_launcher else None)
-
-        def give_way(run_id: str, rival: LeasedRun) -> None:
-            yield_run(client, run_id, rival.run_id, keep_kind=launched is None or run_id != launched.run_id)
-
         rules = ClaimRules(kind=KIND_SWEEP, key=key, label=f"sweep {key[:12]} ({spec.workload})",
                            on_live=OnLive.WAIT if options.wait else OnLive.REFUSE, resume=True, tokens=True)
-        claimed = claim(client, experiment_id, rules, create, out, give_way)
+        claimed = claim_launched(client, experiment_id, rules, lambda token, launcher_run_id: create_sweep_run(
+            client, experiment_id, name, key, spec.workload, token, launcher_run_id), out, launched)
     assert claimed.owned is not None  # a sweep is never done before it is claimed, and never watches
-    tracker = SweepTracker(client, experiment_id, claimed.owned)
-    tracker.start_heartbeat()
-    return SweepRun(client, client.tracking_uri, experiment_name, experiment_id, tracker, key)
+    claimed.owned.start_heartbeat()
+    return SweepRun(client, client.tracking_uri, experiment_name, experiment_id,
+                    SweepTracker(client, experiment_id, claimed.owned), key)
 
 
 def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) -> list[PlannedStudy]:
     """Clean up after killed processes, plan against the store, and say so."""
     # Only runs of dead processes: a live study of another sweep or a lone study keeps running.
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
-    plan = plan_sweep(sweep.client, sweep.experiment_id, spec, options.full_trials)
+    plan = plan_studies(sweep.client, sweep.experiment_id, spec.workload, spec.studies(), options.full_trials)
     counts = {state: sum(1 for p in plan if p.state is state) for state in PlanState}
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {
         "studies": len(plan), "done": counts[PlanState.DONE], "partial": counts[PlanState.PARTIAL],
@@ -216,8 +201,7 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 
 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
-    """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method
-    (the dense column in each)."""
+    """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method."""
     p = spec.protocol
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
@@ -263,7 +247,7 @@ def _finish(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, progress: S
             out: TextIO) -> dict[str, int | None]:
     """Check the grid in the store, close the sweep run and return its results."""
     progress.close()
-    final = plan_sweep(sweep.client, sweep.experiment_id, spec, options.full_trials)
+    final = plan_studies(sweep.client, sweep.experiment_id, spec.workload, spec.studies(), options.full_trials)
     missing = [p for p in final if p.state is not PlanState.DONE]
     if missing:
         raise RuntimeError(f"{len(missing)} studies did not finish")

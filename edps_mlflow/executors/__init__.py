@@ -3,9 +3,8 @@
     executor = get_executor("ray")                    # the class, imported when asked for
     failures = executor().run(studies, sweep, options, progress, out)
 
-A new executor is one module and one line in ``EXECUTORS`` (docs/architecture.md); a batch scheduler is
-most easily a ``JobBackend`` of ``executors/queued.py``. Nothing heavy is imported here: the command line
-checks ``--executor`` before torch or MLflow load.
+A new executor is one module and one line in ``EXECUTORS``; a batch scheduler is most easily a ``JobBackend``
+of ``executors/queued.py``. Nothing heavy is imported here: the command line checks ``--executor`` first.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import importlib
 
 from edps_mlflow.errors import EdpsError
 
-# name -> "module:class" of its implementation, imported only when that executor is used.
 EXECUTORS: dict[str, str] = {
     "local": "edps_mlflow.executors.local:LocalExecutor",
     "ray": "edps_mlflow.executors.ray:RayExecutor",

@@ -1,8 +1,7 @@
-"""The executor protocol, and what every executor is given: the sweep's run and the studies to run.
-
-Every study an executor starts goes through ``study.run_study`` (a queued job: through the ``main`` entry
-point, which calls it), whose claim finds the study done, waits for a live run of it elsewhere, or makes its
-run: so an executor may be killed, rerun or run twice at once, and each study is measured once.
+"""The executor protocol, and what every executor is given: the sweep's run and the studies to run. Every study
+an executor starts goes through ``study.run_study`` (a queued job: through the ``main`` entry point), whose claim
+finds the study done, waits for a live run of it elsewhere, or makes its run: so an executor may be killed, rerun
+or run twice at once, and each study is measured once.
 """
 
 from __future__ import annotations
@@ -57,9 +56,8 @@ class Executor(Protocol):
         """Run every study (in the caller's order); the failures, one line each, or an ``EdpsError`` when it
         cannot go on. Between studies it calls ``sweep.require_ours()``: a sweep stalled past its lease stops."""
 
-    # Optional: ``workers(options)``, how many studies run at once (default: --workers, else the cores), and
-    # ``session(options, out)``, a context manager held around every ``run`` of one sweep (an adaptive sweep
-    # runs one a round), for what is worth starting once per sweep (Ray's local instance and its workers).
+    # Optional: ``workers(options)``, studies at once (default: --workers, else the cores), and ``session(options,
+    # out)``, a context held around every ``run`` of one sweep (an adaptive sweep's rounds): Ray's instance, workers.
 
 
 def executor_workers(executor: Any, options: "SweepOptions") -> int:
@@ -103,9 +101,8 @@ def study_tasks(studies: list[StudySpec], sweep: SweepRun, options: "SweepOption
 
 def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None,
                    on_steps: Callable[[int, int], None] | None = None) -> StudyReport:
-    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice. ``on_trial`` and
-    ``on_steps``: as run_study's (the local executor's progress). A study stalled past its lease
-    (``LeaseLost``) was taken over by another process: the task then waits for that run and reports it."""
+    """Run one study of a sweep; idempotent, so that a retried task (Ray) never trains twice. A study stalled past
+    its lease (``LeaseLost``) was taken over by another process: the task then waits for that run."""
     client = connect(task.tracking_uri)
     done = latest_finished_study(client, task.experiment_id, task.spec.study_key,
                                  task.spec.full_trials(task.full_trials))

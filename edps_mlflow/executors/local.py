@@ -56,8 +56,7 @@ class LocalExecutor:
 
     @contextlib.contextmanager
     def session(self, options: SweepOptions, out: TextIO) -> Iterator[None]:
-        """The workers started once for every run() inside (an adaptive sweep's rounds): a new pool, with its
-        interpreters, imports and store connections, costs several seconds a round."""
+        """The workers started once for every run() inside (an adaptive sweep's rounds), not once a round."""
         layout = _session_layout(options)
         # A worker dead between rounds fails the next round; after the last, the sweep's work is done.
         with open_pool(_pool_spec(layout), forgive_idle_deaths=True) as pool:

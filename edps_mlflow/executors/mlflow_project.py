@@ -14,16 +14,8 @@ from typing import TextIO
 from edps_mlflow.config import StudySpec
 from edps_mlflow.executors.base import SweepRun
 from edps_mlflow.executors.queued import QueuedExecutor
-from edps_mlflow.mlproject import (
-    Backend,
-    ProjectLaunch,
-    SubmittedStudy,
-    preview_kubernetes_job,
-    project_directory,
-    stage_docker_project,
-    study_parameters,
-    submit,
-)
+from edps_mlflow.mlproject import (Backend, ProjectLaunch, SubmittedStudy, preview_kubernetes_job, project_directory,
+                                   stage_docker_project, study_parameters, submit)
 from edps_mlflow.progress import SweepProgress
 from edps_mlflow.resources import available_cores
 from edps_mlflow.store.client import resolve_tracking_uri
@@ -67,8 +59,7 @@ class MlflowProjectExecutor:
     """Studies as MLflow Projects runs, at most ``--workers`` at once."""
 
     def check(self, spec: SweepSpec, options: SweepOptions) -> None:
-        """The project, the tools of the backend and environment manager, and on Kubernetes the job MLflow
-        would submit."""
+        """The project, the backend's and environment manager's tools, and on Kubernetes the job MLflow would submit."""
         project = project_directory()
         launch = options.project
         tracking_uri = resolve_tracking_uri()

@@ -2,10 +2,9 @@
 over a small submission protocol (``JobBackend``: submit; per job its state, log tail and cancel). MLflow
 Projects implements it (``executors/mlflow_project.py``); a SLURM backend would be the same protocol.
 
-Before submitting a study the executor claims it (``claim``): done (skipped), or live elsewhere
-(watched in one of the places instead). The study's run exists, tagged and kept live, before its job starts;
-the job's entry point adopts it. A job that ends without a finished study is reported with the last lines
-of its log, and the sweep goes on (docs/executors.md has the whole protocol).
+Before submitting a study the executor claims it: done (skipped), or live elsewhere (watched instead). Its run
+exists, tagged and kept live, before its job starts, whose entry point adopts it; a job that ends without a
+finished study is reported with its log's last lines, and the sweep goes on (docs/executors.md).
 """
 
 from __future__ import annotations
@@ -27,14 +26,8 @@ from edps_mlflow.resources import available_cores
 from edps_mlflow.results import RunState, StudyReport
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim, live_runs, mark_dead, yield_run
 from edps_mlflow.store.ownership.lease import expired_reason, lease_seconds, renew_heartbeat
-from edps_mlflow.store.read.runs import (
-    LeasedRun,
-    get_leased,
-    keyed_runs,
-    latest_finished_study,
-    running_trial_runs,
-    trial_runs_finished,
-)
+from edps_mlflow.store.read.runs import (LeasedRun, get_leased, keyed_runs, latest_finished_study, running_trial_runs,
+                                         trial_runs_finished)
 from edps_mlflow.store.write.study import claim_submitted_run, create_submitted_run, log_launch_log
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 
@@ -275,8 +268,8 @@ class _JobQueue:
             pass
 
     def _renew(self) -> None:
-        """Keep the submitted runs live while their job is: the entry point beats only once it has started,
-        seconds (or, building an environment or waiting in a queue, minutes) later."""
+        """Keep the submitted runs live while their job is: the entry point beats only once started, maybe minutes
+        later."""
         for entry in self.running:
             if entry.job is not None and entry.job.state() is RunState.RUNNING:
                 try:
@@ -301,8 +294,8 @@ class _JobQueue:
                 pass
 
     def _trials_finished(self) -> int:
-        """Trial runs finished by the study runs this sweep has run or watched: each run's own count, read while
-        it runs and once after, in one search by id (a cost that follows the running studies, not the store)."""
+        """Trial runs finished by the study runs this sweep has run or watched: each run's own count, read while it
+        runs and once after, in one search by id."""
         counted = self._runs_counted
         for entry in self.running:
             counted.setdefault(entry.run_id, (0, False))

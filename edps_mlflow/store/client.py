@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import random
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
@@ -222,6 +224,13 @@ def log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = 
     while metric_list or param_list or tag_list:  # at most 1,000 metrics, 100 params and 100 tags per call
         client.log_batch(run_id, metrics=metric_list[:1000], params=param_list[:100], tags=tag_list[:100])
         metric_list, param_list, tag_list = metric_list[1000:], param_list[100:], tag_list[100:]
+
+
+def log_text(client: StoreClient, run_id: str, name: str, text: str) -> None:
+    """``text`` as the run's artifact ``name``."""
+    with tempfile.TemporaryDirectory(prefix="edps-artifact-") as folder:
+        (Path(folder) / name).write_text(text)
+        client.log_artifact(run_id, str(Path(folder) / name))
 
 
 def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:

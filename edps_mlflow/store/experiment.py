@@ -38,9 +38,8 @@ def make_index_run(client: StoreClient, experiment_id: str, complete: bool) -> s
 
 
 def index_run_id(client: StoreClient, experiment_id: str, own_run_id: str | None = None) -> str:
-    """The experiment's index run (the earliest, when two processes made one at the same moment), made when
-    there is none: complete when the experiment holds no study run but ``own_run_id`` (one search by tag,
-    once per experiment)."""
+    """The experiment's index run (the earliest of two made at once), made when there is none: complete when the
+    experiment holds no study run but ``own_run_id`` (one search by tag, once per experiment)."""
     found = index_runs(searcher(client, [experiment_id]))
     if found:
         return found[0].info.run_id
@@ -49,9 +48,8 @@ def index_run_id(client: StoreClient, experiment_id: str, own_run_id: str | None
 
 
 def index_study_run(client: StoreClient, run_id: str, was_study: bool = False) -> bool:
-    """Write a study run's entry from the run as the store holds it now (``was_study``: one that gave its kind up,
-    whose entry must stop saying RUNNING); False when not written. Best effort: readers read a run whose entry is
-    missing or says RUNNING from the store."""
+    """Write a study run's entry from the run as the store holds it now (``was_study``: one that gave its kind up);
+    False when not written. Best effort: a run whose entry is missing or says RUNNING is read from the store."""
     try:
         run = client.get_run(run_id)
         if run.data.tags.get(n.TAG_KIND) != n.KIND_STUDY and not was_study:
@@ -66,8 +64,8 @@ def index_study_run(client: StoreClient, run_id: str, was_study: bool = False) -
 
 
 def complete_index(client: StoreClient, experiment_id: str, run_ids: list[str]) -> int:
-    """Index these study runs (all those of the experiment without an entry: doctor --repair) and say that
-    the index is complete; the number indexed."""
+    """Index these study runs (those without an entry: doctor --repair), and when all were, mark the index
+    complete; how many were."""
     indexed = sum(index_study_run(client, run_id) for run_id in run_ids)
     if indexed == len(run_ids):
         client.set_tag(index_run_id(client, experiment_id), n.TAG_INDEX_COMPLETE, "true")
@@ -104,8 +102,7 @@ def resolve_experiment(client: StoreClient, name: str, description: str = "") ->
 
 
 def create_run(client: StoreClient, experiment_id: str, tags: dict[str, str], launcher_run_id: str | None) -> str:
-    """A run with ``tags`` from its first moment: the run ``mlflow run`` made for us (``launcher_run_id``), else a
-    new one; its id."""
+    """The id of a run with ``tags`` from its first moment: ``launcher_run_id`` (``mlflow run``'s), else a new one."""
     with store_errors(client):
         if launcher_run_id:
             log_batch(client, launcher_run_id, tags={**tags, **provenance_tags(launched_by_mlflow=True)})
@@ -114,9 +111,8 @@ def create_run(client: StoreClient, experiment_id: str, tags: dict[str, str], la
 
 
 def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None:
-    """For a sqlite store, a folder next to the database file (``<db stem>-artifacts/<experiment>``), so
-    that two stores used from one working directory never mix their artifacts; otherwise the store's
-    default (None)."""
+    """For a sqlite store, ``<db stem>-artifacts/<experiment>`` beside the database file (two stores used from one
+    folder never mix their artifacts); otherwise the store's default (None)."""
     database = sqlite_path(tracking_uri)
     if database is None:
         return None
@@ -127,8 +123,7 @@ def artifact_location_for(tracking_uri: str, experiment_name: str) -> str | None
 def record_doctor_check(client: StoreClient, experiment_id: str, checked_until: int | None,
                         recheck: list[str], searched_keyless: bool) -> None:
     """What the next ``edps doctor`` need not read again: the runs that started or ended before ``checked_until``
-    (ms; None: the next check reads every run) but for ``recheck``; ``searched_keyless``: whether they were
-    checked for their kind and keys too. Best effort: a store that refuses it gets a full check next time."""
+    (ms; None: all) but ``recheck``, and whether they were checked for their kind and keys. Best effort."""
     try:
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_CHECKED_UNTIL,
                                   "" if checked_until is None else str(checked_until))

@@ -1,25 +1,15 @@
-"""The study index: every study run of an experiment, readable without a search through its trial runs.
+"""The study index: every study run of an experiment, readable without a search through its trial runs (a filter
+on a tag's value scans every run of the store; docs/performance.md). Each study run is also one tag
+``edps.index.<run id>`` of an index run (``edps.kind=study_index``, started 1 ms after the epoch and found by
+that), holding the run's state, ``edps.*`` tags, parent, params and metrics as JSON (:func:`entry_of`).
 
-A search returns whole runs, and a filter on a tag's value scans the tags of every run in the store, while a
-filter on a run's own attributes is cheap (docs/performance.md). So each study run is also one tag of an
-index run (``edps.kind=study_index``, started 1 ms after the epoch and found by that): ``edps.index.<run id>``
-holds the run's state, ``edps.*`` tags, parent, params and metrics as JSON (:func:`entry_of`). A reader of
-every study reads the index run, then by id the runs whose entry says RUNNING, and the RUNNING runs
-(:func:`study_runs`). What keeps it true, whatever process is killed at whatever moment:
-
-- An entry is written when its run is created (RUNNING) and after each change of its state that this
-  project makes, from the run as the store holds it then (experiment.py). A study run never leaves
-  FINISHED, FAILED or KILLED, so an entry in one of these states is final and is trusted; one that says
-  RUNNING may be stale and its run is read from the store. A run killed before its first entry is RUNNING:
-  readers find it among the RUNNING runs, and whoever marks it FAILED writes its entry.
-- The index is complete (``edps.index_complete``) when it was made with its experiment, or in one without
-  other study runs, or after ``edps doctor --repair``; readers of an experiment without a complete index
-  also search its study runs by tag.
-- Deleted study runs (a user deletes a few) are left out: listed in one small search, or looked up by id
-  when there are more than DELETED_LISTED. Two index runs made at the same moment are both read.
-
-An entry is a snapshot: a tag that a user edits on a finished study run afterwards is not in it. This module
-imports no MLflow: callers pass their own search (client.searcher, analysis/load.py).
+An entry is written when its run is created and after each change of its state, from the run as the store holds
+it (experiment.py), so whatever process is killed when: an entry that says FINISHED, FAILED or KILLED is final
+(a study run never leaves those), one that says RUNNING is read again from the store, as are the RUNNING runs
+(a run killed before its first entry). Readers of an experiment whose index is not complete
+(``edps.index_complete``: made with the experiment, or after ``edps doctor --repair``) also search its study
+runs by tag. Deleted study runs are left out. An entry is a snapshot: a tag edited by hand afterwards is not
+in it. No MLflow here: callers pass their search (client.searcher).
 """
 
 from __future__ import annotations
@@ -58,8 +48,7 @@ class RunDataView:
 
 @dataclass(frozen=True)
 class RunView:
-    """A study run as readers see it, with the fields of an MLflow Run that they read (``info.run_id``,
-    ``info.status``, ``data.tags`` ...): read from the store, or from its index entry (``indexed``)."""
+    """A study run with the fields of an MLflow Run that readers read, from the store or its entry (``indexed``)."""
 
     info: RunInfoView
     data: RunDataView
@@ -73,15 +62,12 @@ class RunView:
                    RunDataView(dict(run.data.tags), dict(run.data.params), dict(run.data.metrics)))
 
 
-def _kept(tag: str) -> bool:
-    return tag.startswith(_OUR_TAGS) or tag == n.MLFLOW_PARENT_RUN_ID
-
-
 def entry_of(run: Any) -> str | None:
     """The index entry of a study run (an MLflow Run or a RunView), without its trial outcomes when they would
     not fit MLflow's limit on a tag (the analysis then reads its trials.csv); None when even that does not fit."""
     info, data = run.info, run.data
-    tags = {key: value for key, value in data.tags.items() if _kept(key)}
+    tags = {key: value for key, value in data.tags.items()
+            if key.startswith(_OUR_TAGS) or key == n.MLFLOW_PARENT_RUN_ID}
     document = {"format": ENTRY_FORMAT, "run_id": info.run_id, "experiment_id": str(info.experiment_id),
                 "status": info.status, "start_time": info.start_time, "end_time": info.end_time, "tags": tags,
                 "params": dict(data.params), "metrics": dict(data.metrics)}
@@ -128,8 +114,7 @@ class Search:
 
 
 def every_page(search_page: Callable[[int, str | None], Any], most: int | None = None) -> list[Any]:
-    """The runs of a paged search, ``search_page(max_results, page_token)`` returning a page (a list of runs
-    with the next page's ``token``): every page, or the first ``most`` runs."""
+    """Every run of a paged search (``search_page(max_results, page_token)``), or the first ``most``."""
     runs: list[Any] = []
     token = None
     while True:
@@ -141,9 +126,8 @@ def every_page(search_page: Callable[[int, str | None], Any], most: int | None =
 
 
 def index_runs(search: Search) -> list[Any]:
-    """The active index runs, earliest first (a writer adds to the first): found by their start time, the
-    epoch, and their kind. One made by an earlier version started when it was made: it is found by its name
-    (a search that scans every run's tags), only in an experiment without an index run at the epoch."""
+    """The active index runs, earliest first (a writer adds to the first), found by their start time (the epoch)
+    and kind; one of an earlier version by its name (a scan of tags), only where none is at the epoch."""
     found = [run for run in search(filter_string(started_before=n.INDEX_START_TIME + 1), False)
              if run.data.tags.get(n.TAG_KIND) == n.KIND_STUDY_INDEX]
     without = set(search.experiment_ids) - {str(run.info.experiment_id) for run in found}
@@ -219,9 +203,8 @@ def study_runs(search: Search, tags: Mapping[str, str] | None = None) -> list[Ru
 
 def experiments_with_studies(search: Search, experiment_ids: list[str],
                              has_study_run: Callable[[str], bool]) -> list[str]:
-    """The ids among ``experiment_ids`` (those ``search`` covers) that hold a study run: told by their index
-    runs (one search for all of them); ``has_study_run(id)`` (a search by tag) only for an experiment whose
-    index is missing, or not complete and without a study."""
+    """The ids among ``experiment_ids`` (those ``search`` covers) that hold a study run: told by their index runs;
+    ``has_study_run(id)`` (a search by tag) only where the index is missing, or not complete and without one."""
     indexes: dict[str, list[Any]] = {}
     for run in index_runs(search):
         indexes.setdefault(str(run.info.experiment_id), []).append(run)

@@ -1,7 +1,5 @@
-"""MLflow's, alembic's and SQLAlchemy's log records: to the command's log file, not the terminal.
-
-MLflow logs a traceback at every failed store call before it raises (dozens for one locked store); the
-command says one line, which names the file (process_settings.library_log_file).
+"""MLflow's, alembic's and SQLAlchemy's log records to the command's log file, not the terminal: MLflow logs a
+traceback at every failed store call (dozens for one locked store); the command says one line, naming the file.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ _routed: dict[str, tuple[list[logging.Handler], bool]] = {}  # each routed logge
 
 
 class _LogFile(logging.FileHandler):
-    """The command's log file, made when the first record comes; a failure to write it (the disk that is
-    full) is not printed on the terminal either."""
+    """The command's log file, made at the first record; a failure to write it is not printed on the terminal."""
 
     def _open(self):  # noqa: ANN202 - logging's own signature
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)

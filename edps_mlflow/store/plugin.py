@@ -1,9 +1,6 @@
-"""edps-mlflow's plugin of MLflow's tracking stores: the builder of ``sqlite:`` stores.
-
-pyproject.toml declares it in MLflow's entry-point group ``mlflow.tracking_store``, so in every process where
-edps-mlflow is installed (``mlflow run``, ``mlflow server``, ``mlflow ui``, a script's MlflowClient) a sqlite
-store that does not exist yet is built safely before MLflow opens it (sqlite.py). MLflow loads this module
-while importing its tracking package: it imports nothing at import time.
+"""edps-mlflow's plugin of MLflow's tracking stores (entry-point group ``mlflow.tracking_store``): in every
+process where edps-mlflow is installed, a sqlite store that does not exist yet is built safely before MLflow
+opens it (sqlite.py). MLflow loads this module while importing its tracking package: it imports nothing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A sqlite store: built safely when new, checked before use (MLflow's full schema, writable now), with the
-repair that works when it is not.
-
-MLflow migrates a new database in place, step by step: processes doing that at once crash and leave a
-half-migrated file, as does one killed half-way. So a new store is built in a temporary file beside the
-target, under a file lock, and moved into place in one step. Every command does this (client.open_store),
-and every MLflow process where the package is installed (plugin.py -> :func:`mlflow_sqlite_store`).
+repair that works when it is not. MLflow migrates a new database in place, step by step, and processes doing
+that at once (or one killed half-way) leave a half-migrated file: so a new store is built in a temporary file
+beside the target, under a file lock, and moved into place in one step, by every command (client.open_store)
+and every MLflow process where the package is installed (plugin.py).
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ _DOWN_REVISION = re.compile(r"""^down_revision\s*(?::[^=]*)?=\s*(.+)$""", re.MUL
 
 
 def initialise_store(tracking_uri: str, artifact_uri: str | None = None) -> Path | None:
-    """Make sure the sqlite store of ``tracking_uri`` exists with MLflow's full schema before anything else
-    opens it; the path of the file when this call created it, else None. ``artifact_uri``: the artifact root
-    of the store's Default experiment (MLflow's default when None)."""
+    """Make sure the sqlite store of ``tracking_uri`` exists with MLflow's full schema before anything opens it;
+    the file's path when this call created it. ``artifact_uri``: the Default experiment's artifact root."""
     path = sqlite_path(tracking_uri).resolve()
     if _has_content(path):
         _require_settled(path, tracking_uri)
@@ -69,9 +66,8 @@ def initialise_store(tracking_uri: str, artifact_uri: str | None = None) -> Path
 
 
 def mlflow_sqlite_store(store_uri: str, artifact_uri: str | None = None) -> object:
-    """MLflow's tracking store of a ``sqlite:`` URI, the database built safely first when there is none: what
-    the plugin gives MLflow (``mlflow run``, ``mlflow server``/``ui``, any MlflowClient), so that several of
-    them starting at once on a new store make one migration between them. An existing store costs one stat."""
+    """MLflow's tracking store of a ``sqlite:`` URI, the database built safely first when there is none (what the
+    plugin gives any MLflow process: several starting at once make one migration). An existing store costs a stat."""
     path = sqlite_path(store_uri)
     if path is not None and not _has_content(path.resolve()):
         try:
@@ -87,8 +83,7 @@ def mlflow_sqlite_store(store_uri: str, artifact_uri: str | None = None) -> obje
 
 def require_writable(uri: str) -> None:
     """One line unless the sqlite store takes a write now (not locked past :data:`LOCK_WAIT_SECONDS`, not
-    read-only, not full). It begins a write and rolls it back: the write lock is taken and the rollback
-    journal written beside the file, as for any write."""
+    read-only, not full): a write begun and rolled back takes the lock and writes the journal, as any write."""
     path = sqlite_path(uri).resolve()
     try:
         connection = _connection(path, read_only=False)
@@ -115,8 +110,7 @@ def _has_content(path: Path) -> bool:
 
 
 def _build(database: Path, artifact_uri: str | None) -> None:
-    """MLflow's schema in a new sqlite file, made by MLflow's own store class directly: a client would go
-    through MLflow's store registry, that is, through the plugin, back here."""
+    """MLflow's schema in a new sqlite file, by MLflow's store class itself (a client would come back here)."""
     # MLflow's progress lines ("Creating initial MLflow database tables...") are not for the user.
     with quiet_loggers("mlflow.store.db.utils", "alembic"):
         store = _get_sqlalchemy_store(f"sqlite:///{database}", artifact_uri)
@@ -142,9 +136,8 @@ def _require_settled(path: Path, uri: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _schema_head() -> str:
-    """MLflow's newest schema revision, read from its migration files' ``revision``/``down_revision`` lines
-    (alembic would import every migration module, which costs each command seconds of CPU); alembic decides
-    where the files do not read as one chain with one head."""
+    """MLflow's newest schema revision, from its migration files' ``revision``/``down_revision`` lines (alembic
+    imports every migration module: seconds of CPU); alembic decides where they are not one chain with one head."""
     versions = Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions"
     revisions: set[str] = set()
     parents: set[str] = set()
@@ -176,8 +169,7 @@ def _connection(path: Path, read_only: bool) -> sqlite3.Connection:
 
 
 def _schema(path: Path, count_runs: bool = False) -> tuple[set[str], str | None, int | None]:
-    """(table names, alembic revision, number of runs when ``count_runs``) of a sqlite file, read without
-    writing to it."""
+    """(table names, alembic revision, number of runs when ``count_runs``) of a sqlite file, read only."""
     connection = _connection(path, read_only=True)
     try:
         tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
@@ -194,9 +186,8 @@ def _schema(path: Path, count_runs: bool = False) -> tuple[set[str], str | None,
 
 
 def _unusable_store(path: Path, uri: str) -> str | None:
-    """Why the sqlite file at ``path`` cannot be used as it is, with the repair that works; None when it is
-    fully migrated. A lock held past :data:`LOCK_WAIT_SECONDS` is an EdpsError that says so (the file is
-    fine: another process is writing it)."""
+    """Why the sqlite file at ``path`` cannot be used as it is, with the repair that works; None when it is fully
+    migrated. A lock held past :data:`LOCK_WAIT_SECONDS` is an EdpsError that says so."""
     try:
         tables, revision, _ = _schema(path)
     except sqlite3.DatabaseError as error:

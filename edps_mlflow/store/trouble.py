@@ -1,5 +1,5 @@
 """A store error as the one line a user sees: the store, without secrets, and the cause; for a store that is
-locked (and by which process), read-only or full, what to do."""
+locked (by which process), read-only or full, what to do."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from edps_mlflow.uris import explain_store_error, redact_uri, sqlite_path
 
 
 def describe_store_error(uri: str, error: BaseException) -> str:
-    """The one line for a store error: the store (without secrets) and the cause: locked (by whom),
-    read-only or full when it is one of those, else the error's first line."""
+    """The one line for a store error: the store and the cause (locked, read-only, full, else its first line)."""
     trouble = store_trouble(error)
     if trouble is not None:
         return trouble_line(uri, trouble, error)
@@ -40,8 +39,8 @@ _STORE_LIBRARIES = ("mlflow", "requests", "urllib3", "sqlalchemy", "sqlite3", "p
 
 
 def store_error_line(error: BaseException, tracking_uri: str | None = None) -> str | None:
-    """The one line for an error raised by the tracking store or its client libraries, or for a file that
-    could not be written because its disk is full or read-only (the store's artifacts); None for others."""
+    """The one line for an error of the tracking store, its client libraries, or a full or read-only disk (the
+    store's artifacts); None for others."""
     if type(error).__module__.split(".")[0] not in _STORE_LIBRARIES and not is_disk_error(error):
         return None
     return describe_store_error(tracking_uri or get_tracking_uri(), error)

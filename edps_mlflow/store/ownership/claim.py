@@ -1,5 +1,4 @@
-"""Who owns the run of a study or sweep key: the one claim, the runs of dead owners, and the run that
-``mlflow run`` made for this process.
+"""Who owns the run of a study or sweep key: the claim, the runs of dead owners, ``mlflow run``'s run for us.
 
     claimed = claim(client, experiment_id, rules, create, out)      # done? live elsewhere? else ours
     with abort_guard(claimed.owned, open_runs):                       # nothing of ours left RUNNING (lease.py)
@@ -109,10 +108,9 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
                 _require_running(client, own)
             rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
             if rival is None:
-                # A rival that took its start time before ours but was descheduled before its run reached the
-                # store (a loaded machine: seen with three sweeps on one core) is not visible yet, and on its
-                # own check it finds ours later than its own and keeps its run: both would train. Look once
-                # more after such a delay; the later of the two then gives way, whoever looks.
+                # A rival that took an earlier start time but was descheduled before its run reached the store (a
+                # loaded machine) is not visible yet, and finds ours later than its own: both would train. Look
+                # once more after such a delay; the later of the two then gives way, whoever looks.
                 time.sleep(_SETTLE_SECONDS)
                 rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
             if rival is None:
@@ -129,8 +127,7 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
 
 
 def _require_running(client: StoreClient, run_id: str) -> None:
-    """A run submitted for us whose sweep died before this process began may have been given up as expired
-    in the meantime (by this process a moment ago, or by a resumed sweep)."""
+    """A run submitted for us may have been given up as expired before we began (its sweep died)."""
     status = client.get_run(run_id).info.status
     if status != _RUNNING:
         raise EdpsError(f"run {run_id} lost its lease (marked {status} by another process before this one "
@@ -170,8 +167,8 @@ def wait_for(client: StoreClient, run_id: str, lease: float, out: TextIO, label:
 
 
 def _take_over(client: StoreClient, run_id: str) -> str | None:
-    """Continue a run whose owner is gone, under a new owner token; None when another process took it over
-    at the same moment (the last owner token written wins)."""
+    """Continue a run whose owner is gone under a new owner token; None when another process took it over at the
+    same moment (the last token written wins)."""
     token = uuid.uuid4().hex
     client.update_run(run_id, status=_RUNNING)
     log_batch(client, run_id, tags={**heartbeat_tags(), n.TAG_LEASE_OWNER: token})
@@ -198,9 +195,8 @@ def clear_expired(client: StoreClient, experiment_id: str, lease: float, key: st
 
 
 def yield_run(client: StoreClient, run_id: str, winner_run_id: str, keep_kind: bool = True) -> None:
-    """Give up our run because ``winner_run_id`` (live, same key, earlier) trains it: FAILED, tagged.
-    ``keep_kind=False`` also removes its kind, for a run made for us (``mlflow run``'s, or one a sweep
-    submitted), which MLflow marks FINISHED when its process exits 0: it must not then count as a study."""
+    """Give up our run because ``winner_run_id`` (live, same key, earlier) trains it: FAILED, tagged. A run made
+    for us (``keep_kind=False``) loses its kind: MLflow marks it FINISHED when we exit 0, and it must not count."""
     log_batch(client, run_id, tags={n.TAG_YIELDED_TO: winner_run_id,
                                     n.TAG_ERROR: f"gave way to the earlier live run {winner_run_id} of the same key"})
     study = client.get_run(run_id).data.tags.get(n.TAG_KIND) == n.KIND_STUDY
@@ -216,6 +212,19 @@ class LauncherRun(NamedTuple):
     run_id: str
     experiment_name: str
     submitted: bool  # a sweep submitted it and tagged it as this study's run already (a queued-job executor)
+
+
+def claim_launched(client: StoreClient, experiment_id: str, rules: ClaimRules,
+                   create: Callable[[str | None, str | None], str], out: TextIO, launcher: LauncherRun | None) -> Claim:
+    """:func:`claim`, whose first ``create(token, launcher_run_id)`` makes our run in the run that ``mlflow run``
+    made for us (``launcher``), which loses its kind if it gives way (yield_run)."""
+    unused = [launcher.run_id] if launcher is not None else []
+
+    def give_way(run_id: str, rival: LeasedRun) -> None:
+        yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
+
+    return claim(client, experiment_id, rules, lambda token: create(token, unused.pop() if unused else None), out,
+                 give_way)
 
 
 def launcher_run(client: StoreClient, study_key: str | None = None) -> LauncherRun | None:

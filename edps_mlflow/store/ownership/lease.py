@@ -1,9 +1,7 @@
-"""The lease of a study or sweep run: the owner's heartbeat, and its check before each write that matters.
-
-A RUNNING run whose heartbeat is older than the lease (``EDPS_LEASE_SECONDS``) belongs to a dead process.
-A process stalled past its lease (a laptop asleep, SIGSTOP, swap) may wake to find its work taken over, so
-an owner proves that its run is still its own before every write that matters, and its heartbeat at every
-beat, and stops writing when it is not (:class:`LeaseLost`; docs/reliability.md).
+"""The lease of a study or sweep run: the owner's heartbeat, and its check before each write that matters. A
+RUNNING run whose heartbeat is older than the lease (``EDPS_LEASE_SECONDS``) belongs to a dead process; one
+stalled past it (asleep, SIGSTOP, swap) may wake to find its work taken over, so an owner proves that its run is
+its own before every write that matters and at every beat, and stops writing when not (:class:`LeaseLost`).
 """
 
 from __future__ import annotations
@@ -72,8 +70,7 @@ class OwnedRun:
         self._thread: threading.Thread | None = None
 
     def start_heartbeat(self) -> None:
-        """Renew the lease from a daemon thread with its own client, until stopped or lost (a failed renewal is
-        tried at the next beat: the lease is several beats long)."""
+        """Renew the lease from a daemon thread with its own client, until stopped or lost."""
         every = min(_HEARTBEAT_EVERY, lease_seconds() / 6)
         client = MlflowClient(str(self.client.tracking_uri))
 
@@ -83,7 +80,7 @@ class OwnedRun:
                     if self._why_not_ours(client.get_run(self.run_id)) is not None:
                         self.lost.set()  # woken after a stall: never renew a run that is not ours
                         return
-                    client.set_tag(self.run_id, n.TAG_HEARTBEAT, heartbeat_tags()[n.TAG_HEARTBEAT])
+                    renew_heartbeat(client, self.run_id)
                 except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
                     pass
 

@@ -63,11 +63,10 @@ def experiments(client: StoreClient, name: str | None) -> list[tuple[str, str]]:
 
 def doctor_read(client: StoreClient, experiment_id: str, checked_until: int | None = None,
                 recheck: Iterable[str] = (), search_malformed: bool = True) -> DoctorRead:
-    """The runs of the experiment on which doctor's invariants can fail, without reading every trial run: the
-    study runs and their sweep runs, the RUNNING runs; with ``checked_until`` (an earlier check's time, ms) the
-    runs that started or ended since and those of the problems found then (``recheck``); without, every sweep
-    run and (``search_malformed``) the runs of ours without their kind or keys, by searches on tags; and the
-    FINISHED trial runs of :func:`_trial_searches` (docs/reliability.md)."""
+    """The runs of the experiment on which doctor's invariants can fail (docs/reliability.md): the study runs, their
+    sweep runs and the RUNNING runs; with ``checked_until`` (ms) the runs that started or ended since and those of
+    ``recheck``; without, every sweep run and (``search_malformed``) the runs of ours without their kind or keys,
+    by searches on tags; and the FINISHED trial runs of :func:`_trial_searches`."""
     started = int(time.time() * 1000)
     search = searcher(client, [experiment_id])
     studies, found = _runs_to_check(search, checked_until, recheck, search_malformed)
@@ -113,10 +112,8 @@ def _runs_to_check(search: index.Search, checked_until: int | None, recheck: Ite
 def _trial_searches(search: index.Search, studies: list[index.RunView], found: list[Any],
                     first_check: bool) -> list[str]:
     """The searches for the FINISHED trial runs doctor must see: those of each study family where two study runs
-    may have finished trial runs (a study run trains each trial once), and of those without a parent; in the
-    first check, those of the study runs that ended without finishing (later checks read them among the runs
-    that ended since). A FINISHED study run with METRIC_TRIAL_RUNS_FINISHED 0 finished none: that count is
-    written after each trial run it finishes."""
+    may have finished trial runs (a FINISHED one whose count METRIC_TRIAL_RUNS_FINISHED is 0 finished none), and
+    of those without a parent; in the first check, those of the study runs that ended without finishing."""
     writers: dict[str, int] = {}  # study family -> study runs that may have finished trial runs in it
     for run in studies:
         if run.info.status == _FINISHED and run.data.metrics.get(n.METRIC_TRIAL_RUNS_FINISHED) == 0:
@@ -176,8 +173,7 @@ def _facts(run: Any) -> RunFacts:
 
 
 def unindexed_study_runs(client: StoreClient, experiment_id: str) -> list[str]:
-    """The ids of the experiment's study runs without an entry in its study index (one search by tag over
-    the store: doctor --repair only)."""
+    """The experiment's study runs without an entry in its study index (a search by tag: --repair only)."""
     search = searcher(client, [experiment_id])
     listed = {run_id for index_run in index.index_runs(search) for run_id in index.entries(index_run)}
     return [run.info.run_id for run in search(filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), False)

@@ -80,9 +80,8 @@ def latest_finished_study(client: StoreClient, experiment_id: str, study_key: st
 
 def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str,
                views: list[index.RunView] | None = None) -> list[LeasedRun]:
-    """The sweep runs of ``sweep_key``, earliest first: the parents of the key's study runs (``views``: as
-    :func:`study_views` read them) and the RUNNING sweep runs of the key, else (none found) a search by key.
-    A sweep run that parents no study and has ended is missed (it did nothing)."""
+    """The sweep runs of ``sweep_key``, earliest first: the parents of the key's study runs (``views``) and its
+    RUNNING sweep runs, else a search by key. One that parents no study and has ended did nothing: missed."""
     search = searcher(client, [experiment_id])
     wanted = {n.TAG_SWEEP_KEY: sweep_key}
     keyed = index.study_runs(search, wanted) if views is None else index.with_tags(views, wanted)
@@ -125,7 +124,6 @@ class StoredStudy:
     steps_to_result: int | None
     full_trials: bool  # measured with every trial run to its own end
     start_time: int = 0  # ms
-    # Its tag edps.trial_outcomes as written (decoded on demand by trial_outcomes: most readers only count)
     trial_outcomes_text: str | None = None
     live: bool = False  # RUNNING with its lease renewed in time
     # Trials done so far: those it reused when it started (its tag edps.trials_reused) and the trial runs it
@@ -142,8 +140,7 @@ class StoredStudy:
 
     @property
     def trial_outcomes(self) -> tuple[TrialOutcome, ...] | None:
-        """Its trials, from its tag edps.trial_outcomes (None: a study written before the tag; see
-        trials.study_trial_outcomes). Decoded when asked: most readers only count."""
+        """Its trials from its tag edps.trial_outcomes (None: written before the tag; trials.study_trial_outcomes)."""
         decoded = decode_trial_outcomes(self.trial_outcomes_text)
         return tuple(decoded) if decoded is not None else None
 
@@ -162,51 +159,37 @@ def stored_study(run: Any, lease: float, now: float) -> StoredStudy:
 
 
 def study_views(client: StoreClient, experiment_id: str) -> list[index.RunView]:
-    """Every study run of the experiment, as index.study_runs reads it: one read, which a command that asks
-    several questions of the studies (a sweep's plan and its sweep runs) passes to each."""
+    """Every study run of the experiment (index.study_runs): one read, which a command passes to each question."""
     return index.study_runs(searcher(client, [experiment_id]))
 
 
 def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: float,
                views: list[index.RunView] | None = None) -> list[StoredStudy]:
-    """Every study run of a workload in the experiment (index.study_runs); ``lease`` tells a live run; ``views``:
-    the experiment's study runs as :func:`study_views` read them, instead of reading them again."""
-    wanted = {n.TAG_WORKLOAD: workload}
-    runs = (index.study_runs(searcher(client, [experiment_id]), wanted) if views is None
-            else index.with_tags(views, wanted))
+    """Every study run of a workload in the experiment; ``lease`` tells a live run; ``views``: the experiment's
+    study runs as :func:`study_views` read them, instead of reading them again."""
+    runs = index.with_tags(study_views(client, experiment_id) if views is None else views, {n.TAG_WORKLOAD: workload})
     now = time.time()
     return [stored_study(run, lease, now) for run in runs]
 
 
 def planned_trial_counts(client: StoreClient, experiment_id: str, stored: list[StoredStudy],
                          study_keys: Iterable[str]) -> dict[str, int]:
-    """study key -> its finished trials, for studies that have study runs (``stored``) but none finished: a
-    live study's latest run says it (trials_so_far); one whose process is gone is looked up by key (its run's
-    count may be one short, and the runs before it may have finished trials too)."""
+    """study key -> its finished trials, for studies with study runs (``stored``) but none finished: a live
+    study's latest run says it; a dead one's run may be one short, and earlier runs may have finished some."""
     latest: dict[str, StoredStudy] = {}
     for run in sorted(stored, key=lambda r: r.order):
         latest[run.study_key] = run
     counts: dict[str, int] = {}
-    stopped = []
     for key in dict.fromkeys(study_keys):
         run = latest.get(key)
-        if run is not None and run.live:
-            counts[key] = run.trials_so_far
-        else:
-            stopped.append(key)
-    counts.update(finished_trial_counts(client, experiment_id, stopped))
+        # Else its FINISHED trial runs: one search per key (callers ask for a few).
+        counts[key] = run.trials_so_far if run is not None and run.live else len(search_all(
+            client, experiment_id, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_KEY: key},
+                                                 status=RunState.FINISHED.value)))
     return counts
 
 
-def finished_trial_counts(client: StoreClient, experiment_id: str, study_keys: Iterable[str]) -> dict[str, int]:
-    """study_key -> number of FINISHED trial runs logged for it: one search per key (callers ask for a few)."""
-    return {key: len(search_all(client, experiment_id, filter_string(
-        tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_KEY: key}, status=RunState.FINISHED.value)))
-        for key in dict.fromkeys(study_keys)}
-
-
 def trial_runs_finished(client: StoreClient, experiment_id: str, run_ids: Iterable[str]) -> dict[str, int]:
-    """study run id -> the trial runs it has finished so far, in a search by id (the mlflow-project executor's
-    progress)."""
+    """study run id -> the trial runs it has finished so far, in a search by id (a queued sweep's progress)."""
     return {run.info.run_id: int(run.data.metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0))
             for run in index.by_ids(searcher(client, [experiment_id]), run_ids)}

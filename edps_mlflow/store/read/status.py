@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from edps_mlflow import names as n
 from edps_mlflow.curves import CurveId
@@ -33,25 +34,26 @@ class StudyRow:
     live: bool = False  # RUNNING with a lease renewed in time: a process is working on it now
 
 
+def with_studies(client: Any, experiments: list[Any]) -> list[Any]:
+    """The experiments among ``experiments`` that hold at least one study run (index.experiments_with_studies)."""
+    ids = [e.experiment_id for e in experiments]
+    found = set(index.experiments_with_studies(searcher(client, ids), ids, lambda experiment_id: bool(
+        client.search_runs([experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=1))))
+    return [e for e in experiments if e.experiment_id in found]
+
+
 def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
     """Names of the active experiments that hold at least one study run."""
     uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)  # before the client: MLflow creates a missing sqlite store when it connects
     client = open_store(uri)
     with store_errors(client):
-        experiments = every_experiment(client)
-        ids = [e.experiment_id for e in experiments]
-        with_studies = set(index.experiments_with_studies(
-            searcher(client, ids), ids,
-            lambda experiment_id: bool(client.search_runs(
-                [experiment_id], filter_string(tags={n.TAG_KIND: n.KIND_STUDY}), max_results=1))))
-        return [e.name for e in experiments if e.experiment_id in with_studies]
+        return [e.name for e in with_studies(client, every_experiment(client))]
 
 
 def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -> list[StudyRow]:
-    """Every study run of the experiment named ``experiment``: the finished ones from the study index, the
-    others from the store; the finished-trial count of each study that has no finished run yet. ``lease``:
-    the lease that tells a live run (ownership.lease.lease_seconds)."""
+    """Every study run of the experiment named ``experiment``, with the finished-trial count of each study that
+    has no finished run yet; ``lease`` tells a live run."""
     uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)  # a reader never creates a store that is not there
     client = open_store(uri)

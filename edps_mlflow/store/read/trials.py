@@ -60,9 +60,8 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
 
 def neighbour_best_point(client: StoreClient, experiment_id: str,
                          spec: StudySpec) -> tuple[int, dict[str, float]] | None:
-    """(batch size, best metaparameters) of the finished study on the same curve (curves.CurveId) at the
-    nearest batch size, if any. Used only to order trials (promising ones first): it changes the cost,
-    never the result."""
+    """(batch size, best metaparameters) of the finished study on the same curve at the nearest batch size, if
+    any: it orders the trials (promising ones first), which changes the cost, never the result."""
     curve = CurveId.of(spec)
     runs = search_all(client, experiment_id, filter_string(
         tags={n.TAG_KIND: n.KIND_STUDY, **curve.search_tags()}, status=RunState.FINISHED.value))

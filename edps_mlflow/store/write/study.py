@@ -1,14 +1,11 @@
-"""What a study leaves in the store: the study run's params, tags, summary metrics, description and artifacts
-(``study.json``, ``trials.csv``), and the nested trial runs with their curves and masks.
-
-Runs are created with their kind and key in the same call, so no run of ours exists without them; numbers
-that users filter on are metrics as well (MLflow compares params and tags as strings). Every write that
-matters first proves that the study run is still ours (``ownership.lease.OwnedRun``).
+"""What a study leaves in the store: the study run (params, tags, summary metrics, description, ``study.json``,
+``trials.csv``) and its nested trial runs with their curves and masks. Runs are created with their kind and key
+in one call; numbers that users filter on are metrics too (MLflow compares params and tags as strings); every
+write that matters first proves that the study run is still ours (``ownership.lease.OwnedRun``).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import tempfile
@@ -28,7 +25,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, RunState, ScoreSource, StudyOutcome, TrialOutcome,
                                   TrialResult, TrialStatus, encode_trial_outcomes, trial_steps_lower_bound)
-from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.client import StoreClient, log_batch, log_text
 from edps_mlflow.store.experiment import create_run, index_study_run
 from edps_mlflow.store.index import MAX_TAG_VALUE
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
@@ -40,9 +37,8 @@ if TYPE_CHECKING:
 
 def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
                      sweep_key: str | None = None, launcher_run_id: str | None = None) -> str:
-    """The study run, with its kind, keys and a fresh heartbeat from its first moment: the run that
-    ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id`` when
-    given (a sweep's study, in its process or submitted as a project run). Returns its id."""
+    """The study run's id, with its kind, keys and a fresh heartbeat from its first moment: the run that
+    ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id`` (a sweep's)."""
     run_id = create_run(client, experiment_id, _study_run_tags(spec, parent_run_id, sweep_key), launcher_run_id)
     # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
     index_study_run(client, run_id)
@@ -51,8 +47,8 @@ def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, p
 
 def create_submitted_run(client: StoreClient, experiment_id: str, spec: StudySpec, sweep_run_id: str,
                          sweep_key: str) -> str:
-    """A new run for a sweep's study that a job will adopt (``MLFLOW_RUN_ID``), made as ``mlflow run`` would
-    make it and tagged as :func:`claim_submitted_run` tags one, in one request. Returns its id."""
+    """A new run for a sweep's study that a job will adopt (``MLFLOW_RUN_ID``), tagged as
+    :func:`claim_submitted_run` tags one, in one request."""
     run_id = client.create_run(experiment_id, tags={**_submitted_tags(spec, sweep_run_id, sweep_key),
                                                     **provenance_tags()}).info.run_id
     index_study_run(client, run_id)  # RUNNING in the index from this moment
@@ -60,9 +56,8 @@ def create_submitted_run(client: StoreClient, experiment_id: str, spec: StudySpe
 
 
 def claim_submitted_run(client: StoreClient, run_id: str, spec: StudySpec, sweep_run_id: str, sweep_key: str) -> None:
-    """Make a run submitted for a sweep's study that study's run: its kind, keys, parent and a fresh
-    heartbeat, before its entry point starts (seconds to minutes later), so that a resumed sweep or another
-    process sees the study as taken from this moment on."""
+    """Make a run submitted for a sweep's study that study's run (kind, keys, parent, heartbeat) before its entry
+    point starts, minutes later maybe: from now on other processes see the study as taken."""
     log_batch(client, run_id, tags=_submitted_tags(spec, sweep_run_id, sweep_key))
     index_study_run(client, run_id)  # RUNNING in the index from this moment
 
@@ -136,20 +131,11 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
     return metrics
 
 
-def pruning_json(spec: StudySpec, scores: dict[str, Any] | None) -> dict[str, Any]:
-    """``study.json``'s ``pruning``: the method, what it may prune and how, and (``scores``,
-    results.pruning_summary) what the study's trials spent on their scores and what the score cache saved."""
-    info = method_info(spec.pruning)
-    return {"method": spec.pruning, "prunes": info.prunes.value, "scope": info.scope.value, "data": info.data,
-            "definition": info.summary, "sparsity": spec.sparsity, **({"scores": scores} if scores else {})}
-
-
 def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
                allowed_errors: int, probed: ProbedTrials | None = None,
                model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``study.json``: the study, its result and how it was run, in one document (``pruning``: the trials'
-    score use, results.pruning_summary)."""
-    best = outcome.best_record()
+    """``study.json``: the study, its result and how it was run (``pruning``: results.pruning_summary)."""
+    best, info = outcome.best_record(), method_info(spec.pruning)
     return {
         **({"probed_trials": {"mode": probed.mode, "best_trial_index": probed.best_trial_index,
                               "best_probe_run_id": probed.best_probe_run_id, "reused": probed.reused}}
@@ -161,7 +147,8 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
                                                   "seconds_per_step": best.seconds_per_step,
                                                   "pack_size": best.pack_size, "device": best.device},
         "model": None if model_size is None else {"parameters": model_size[0], "parameter_bytes": model_size[1]},
-        "pruning": pruning_json(spec, pruning),
+        "pruning": {"method": spec.pruning, "prunes": info.prunes.value, "scope": info.scope.value, "data": info.data,
+                    "definition": info.summary, "sparsity": spec.sparsity, **({"scores": pruning} if pruning else {})},
         "counts": {status.value: outcome.count(status) for status in TrialStatus},
         "reused": outcome.reused, "trained": outcome.trained, "trial_steps": outcome.trial_steps,
         "trial_steps_lower_bound": trial_steps_lower_bound(outcome.records),
@@ -173,10 +160,7 @@ class StudyTracker:
     """The study run and its nested trial runs. Only this class writes to MLflow during a study."""
 
     def __init__(self, client: StoreClient, experiment_id: str, owned: OwnedRun, sweep_key: str | None) -> None:
-        self.client = client
-        self.experiment_id = experiment_id
-        self.owned = owned
-        self.sweep_key = sweep_key
+        self.client, self.experiment_id, self.owned, self.sweep_key = client, experiment_id, owned, sweep_key
         self.trial_runs: dict[int, str] = {}
         self.trial_specs: dict[int, TrialSpec] = {}
         self.trial_runs_finished = 0  # METRIC_TRIAL_RUNS_FINISHED: the trial runs this study run finished
@@ -203,8 +187,7 @@ class StudyTracker:
         self._monitor.start()
 
     def log_datasets(self, name: str, splits: dict[str, tuple[Any, Any]]) -> None:
-        """The study's data as MLflow datasets (with a digest of the arrays), one per split: context ->
-        (images, labels) as numpy arrays."""
+        """The study's data as MLflow datasets, one per split: context -> (images, labels) as numpy arrays."""
         from mlflow.data.numpy_dataset import from_numpy
         from mlflow.entities import DatasetInput, InputTag
 
@@ -222,9 +205,6 @@ class StudyTracker:
                     raise
                 time.sleep(0.2 * (attempt + 1))
 
-    def start_heartbeat(self) -> None:
-        self.owned.start_heartbeat()
-
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {**{n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}, **pruning_params(spec)}
         # Execution settings are tags, not params: a resumed study may run with other settings.
@@ -241,10 +221,8 @@ class StudyTracker:
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
                        allowed_errors: int, probed: ProbedTrials | None = None,
                        model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> None:
-        """The study's summary metrics, the best trial's metaparameters (and the device its time per step
-        was measured on), which trials probed, the network's size ``(parameters, bytes)``, what its trials
-        spent on pruning scores (``pruning``: results.pruning_summary) and the two artifacts. Written only
-        while the study run is still ours."""
+        """The summary metrics, best metaparameters (and timing device), probes, network size ``(parameters,
+        bytes)``, pruning scores' cost (results.pruning_summary) and the two artifacts; only while the run is ours."""
         self.owned.require()
         best = outcome.best_record()
         params: dict[str, Any] = {n.PARAM_BEST_PREFIX + k: v
@@ -268,14 +246,9 @@ class StudyTracker:
             if probed.probe_seconds:
                 metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
         log_batch(self.client, self.study_run_id, params=params, metrics=metrics, tags=tags)
-        buffer = io.StringIO()
-        trials_table(outcome).to_csv(buffer, index=False)
-        (self._scratch / n.ARTIFACT_TRIALS_CSV).write_text(buffer.getvalue())
-        (self._scratch / n.ARTIFACT_STUDY_JSON).write_text(
-            json.dumps(study_json(spec, outcome, run_settings, allowed_errors, probed, model_size, pruning),
-                       indent=2, sort_keys=True))
-        self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_TRIALS_CSV))
-        self.client.log_artifact(self.study_run_id, str(self._scratch / n.ARTIFACT_STUDY_JSON))
+        log_text(self.client, self.study_run_id, n.ARTIFACT_TRIALS_CSV, trials_table(outcome).to_csv(index=False))
+        document = study_json(spec, outcome, run_settings, allowed_errors, probed, model_size, pruning)
+        log_text(self.client, self.study_run_id, n.ARTIFACT_STUDY_JSON, json.dumps(document, indent=2, sort_keys=True))
 
     def finish_study(self) -> None:
         """FINISHED, if the study run is still ours (else ``LeaseLost``, and nothing written)."""
@@ -293,8 +266,7 @@ class StudyTracker:
 
     # ---- trials ----------------------------------------------------------------------------
     def start_trial(self, trial: TrialSpec, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
-        """Create the nested trial run; ``mask`` (and ``pruning``, how it was made) is None for a trial
-        superseded before it was pruned."""
+        """Create the nested trial run; ``mask`` and ``pruning`` are None for a trial superseded before pruning."""
         self.owned.require_fresh()  # a woken process whose heartbeat found the study taken over stops here
         spec = trial.study
         tags = {n.TAG_KIND: n.KIND_TRIAL, n.TAG_TRIAL_KEY: trial.trial_key, n.TAG_STUDY_KEY: spec.study_key,
@@ -339,9 +311,8 @@ class StudyTracker:
             log_batch(self.client, self.trial_runs[trial_index], metrics=finite, step=step)
 
     def finish_trial(self, result: TrialResult, device: str | None = None) -> str:
-        """End a trial's run with its outcome, and its training seconds per step on ``device`` when it
-        trained a step. Written only while the study run is still ours: a process stalled past its lease
-        must not finish a trial that another process has taken over and trains again."""
+        """End a trial's run with its outcome (and its seconds per step on ``device``), only while the study run is
+        ours: a process stalled past its lease must not finish a trial that another process trains again."""
         self.owned.require()
         run_id = self.trial_runs.pop(result.index)
         metrics: dict[str, float] = {n.METRIC_STEPS_TRAINED: result.steps_trained,

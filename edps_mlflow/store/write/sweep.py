@@ -1,21 +1,15 @@
-"""What a sweep leaves in the store: its run (the parent of its study runs), its params, plan, tables and end.
-
-The run is claimed through ``ownership.claim`` (a new run, the run ``mlflow run`` made for us, or the
-earlier run of the same sweep whose owner is gone), and every write that matters (its end, an abort)
-first proves that it is still this process's: a sweep stalled past its lease and resumed by another
-process writes nothing more to the run the other one now owns.
+"""What a sweep leaves in the store: its run (the parent of its study runs, claimed through ``ownership.claim``),
+its params, plan, tables and end. Every write that matters first proves that the run is still this process's:
+a sweep stalled past its lease and resumed by another process writes nothing more.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from edps_mlflow import __version__
 from edps_mlflow import names as n
-from edps_mlflow.store.client import StoreClient, log_batch
+from edps_mlflow.store.client import StoreClient, log_batch, log_text
 from edps_mlflow.store.experiment import create_run
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
 from edps_mlflow.store.trouble import store_errors
@@ -23,8 +17,7 @@ from edps_mlflow.store.trouble import store_errors
 
 def create_sweep_run(client: StoreClient, experiment_id: str, name: str, sweep_key: str, workload: str,
                      token: str | None, launcher_run_id: str | None = None) -> str:
-    """A new sweep run (or the run ``mlflow run`` made for us), live and with its owner token from its first
-    moment. Returns its id."""
+    """A new sweep run's id (or the run ``mlflow run`` made for us), live and with its owner token at once."""
     tags = {n.TAG_KIND: n.KIND_SWEEP, n.TAG_SWEEP_KEY: sweep_key, n.TAG_WORKLOAD: workload,
             n.TAG_VERSION: __version__, **heartbeat_tags(), n.MLFLOW_RUN_NAME: name}
     if token is not None:
@@ -42,9 +35,6 @@ class SweepTracker:
     def run_id(self) -> str:
         return self.owned.run_id
 
-    def start_heartbeat(self) -> None:
-        self.owned.start_heartbeat()
-
     def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
         existing = self.client.get_run(self.run_id).data.params
         # A resumed sweep keeps its params; only new ones are written (MLflow forbids changing one).
@@ -55,17 +45,12 @@ class SweepTracker:
 
     def log_table(self, name: str, text: str, tags: dict[str, str] | None = None,
                   metrics: dict[str, float] | None = None) -> None:
-        """A table artifact (e.g. the adaptive sweep's decisions) on the sweep run, with tags and metrics
-        that summarise it; written again (replaced) when a resumed sweep knows more. Only while ours."""
+        """A table artifact (the adaptive sweep's decisions) with tags and metrics that summarise it; replaced
+        when a resumed sweep knows more. Only while ours."""
         self.owned.require()
-        directory = Path(tempfile.mkdtemp(prefix="edps-sweep-"))
-        try:
-            (directory / name).write_text(text)
-            with store_errors(self.client):
-                log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
-                self.client.log_artifact(self.run_id, str(directory / name))
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        with store_errors(self.client):
+            log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
+            log_text(self.client, self.run_id, name, text)
 
     def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
         """The sweep's summary and FINISHED, if the run is still ours (else ``LeaseLost``, nothing written)."""
