@@ -32,7 +32,7 @@ from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LA
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.experiment_names import experiment_name_problem
-from edps_mlflow.process_settings import configure_process, log_note
+from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
 
 
 class _Finite(click.FloatRange):
@@ -375,31 +375,18 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     configure_process(program="edps-analyze")
-    try:
-        cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
-    except click.exceptions.Abort:
-        click.echo("edps-analyze: interrupted", err=True)
-        sys.exit(130)
-    except click.UsageError as error:
-        click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
-        sys.exit(2)
-    except EdpsError as error:
-        click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
-        sys.exit(2)
-    except Exception as error:  # a tracking-store error, or a full or read-only disk, as one line
-        from edps_mlflow.store.trouble import store_error_line
-
-        line = store_error_line(error)
-        if line is None:
-            raise
-        click.echo(f"edps-analyze: error: {line}{log_note()}", err=True)
-        sys.exit(2)
-    finally:
-        # MLflow's loggers as they were before the command routed them to its log file (a command run
-        # inside another program, as in a test); a command that never opened the store changed nothing.
-        logs = sys.modules.get("edps_mlflow.store.logs")
-        if logs is not None:
-            logs.restore_library_logs()
+    with store_errors_in_one_line("edps-analyze"):
+        try:
+            cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
+        except click.exceptions.Abort:
+            click.echo("edps-analyze: interrupted", err=True)
+            sys.exit(130)
+        except click.UsageError as error:
+            click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
+            sys.exit(2)
+        except EdpsError as error:
+            click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
+            sys.exit(2)
 
 
 if __name__ == "__main__":
