@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -30,19 +29,10 @@ from analysis.report import fit_summary, markdown_table, steps_grids, write_repo
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
+from edps_mlflow.cli_options import FiniteRange
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
-
-
-class _Finite(click.FloatRange):
-    """A finite number in a range (click's FloatRange lets nan through: nan compares false)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"must be a finite number, got {value!r}", param, ctx)
-        return number
 
 
 def _experiments(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -79,11 +69,11 @@ _SOURCE = _options(
     click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead."),
     click.option("--workload", default=None, help="Only this workload."),
     click.option("--optimizer", default=None, help="Only this optimizer."),
-    click.option("--sparsity", "sparsities", multiple=True, type=_Finite(min=0, max=1, max_open=True),
+    click.option("--sparsity", "sparsities", multiple=True, type=FiniteRange(min=0, max=1, max_open=True),
                  help="Only these sparsities (repeatable)."))
 # A regime tolerance is a fraction such as 0.2 (20%); 10 (1000%) would make every curve one regime.
 _TOLERANCE = click.option(
-    "--tolerance", type=_Finite(min=0, max=10, min_open=True, max_open=True), default=0.2, show_default=True,
+    "--tolerance", type=FiniteRange(min=0, max=10, min_open=True, max_open=True), default=0.2, show_default=True,
     help="Tolerance of the regime boundaries and of the threshold critical batch size (0.2 = 20%, Zhang et al.'s).")
 _FIT = _options(
     _TOLERANCE,
@@ -95,9 +85,9 @@ _FIT = _options(
 _COST = _options(
     click.option("--devices", "device_counts", metavar="DEVICES", callback=_devices, show_default=True,
                  default=",".join(map(str, DEFAULT_DEVICES)), help="Device counts N to project data parallelism over."),
-    click.option("--bandwidth", type=_Finite(min=0, min_open=True), default=DEFAULT_BANDWIDTH_GB_S, show_default=True,
-                 help="Interconnect bandwidth per device in GB/s (10^9 bytes per second)."),
-    click.option("--latency", type=_Finite(min=0), default=DEFAULT_LATENCY_US, show_default=True,
+    click.option("--bandwidth", type=FiniteRange(min=0, min_open=True), default=DEFAULT_BANDWIDTH_GB_S,
+                 show_default=True, help="Interconnect bandwidth per device in GB/s (10^9 bytes per second)."),
+    click.option("--latency", type=FiniteRange(min=0), default=DEFAULT_LATENCY_US, show_default=True,
                  help="Latency of one all-reduce message in microseconds."))
 
 

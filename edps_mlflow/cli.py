@@ -103,7 +103,7 @@ def sweep(given: SimpleNamespace) -> None:
               help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
 def status(experiment: str | None) -> None:
     """The grid of an experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
-    from edps_mlflow.status import default_experiment, format_status, status_tables
+    from edps_mlflow.status import default_experiment, format_status, status_tables  # MLflow, pandas: seconds
 
     click.echo(format_status(status_tables(experiment or default_experiment())))
 
@@ -117,7 +117,7 @@ def status(experiment: str | None) -> None:
                    "never writes such runs (one scan of the store's tags per search).")
 def doctor(experiment: str | None, repair: bool, full: bool) -> None:
     """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
-    from edps_mlflow.doctor import run_doctor
+    from edps_mlflow.doctor import run_doctor  # MLflow: seconds, kept off --help
 
     left = run_doctor(experiment, repair, sys.stdout, full=full)
     if left:
@@ -185,7 +185,7 @@ def data() -> None:
 @click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
 def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
-    from edps_mlflow.data.catalog import dataset_report
+    from edps_mlflow.data.catalog import dataset_report  # torch: kept off --help
 
     for name, item in workload_catalog():
         if isinstance(item, EdpsError):
@@ -205,7 +205,7 @@ def data_list(data_dir: str | None) -> None:
 def data_download(name: str, data_dir: str | None) -> None:
     """Fetch a dataset (mnist, fashion-mnist, cifar10, tiny-shakespeare, or a workload name) and verify its
     published checksums."""
-    from edps_mlflow.data.catalog import SOURCES, download, get_source
+    from edps_mlflow.data.catalog import SOURCES, download, get_source  # torch: kept off --help
 
     if name not in SOURCES:
         try:
@@ -278,7 +278,7 @@ def _mark_launcher_run(message: str) -> None:
     """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
     run_id = launcher_run_id()
     if run_id:
-        from edps_mlflow.store.ownership.claim import mark_refused
+        from edps_mlflow.store.ownership.claim import mark_refused  # MLflow: only under mlflow run
 
         mark_refused(run_id, message)
 

@@ -6,6 +6,7 @@
 ``ProjectLaunch`` is where the runs go, checked in one line per mistake before the sweep touches the store;
 ``submit`` makes one study a run of the ``main`` entry point, and ``SubmittedStudy`` is the handle the queued
 executor (executors/queued.py) waits on. The Kubernetes Job that MLflow will create is built and checked here.
+MLflow is imported only inside the functions that use it: the command line imports this module at start-up.
 """
 
 from __future__ import annotations
