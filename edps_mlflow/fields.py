@@ -180,11 +180,9 @@ SPEC_ARGUMENTS = frozenset(f.name for f in KEY_FIELDS) | {f.axis.name for f in K
 
 
 def encode(value: Any) -> Any:
-    """A field's value as it is hashed (and logged): enums by value, names as plain strings, tuples as lists."""
+    """A field's value as it is hashed (and logged): enums by value, tuples as lists."""
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, str):
-        return str(value)
     if isinstance(value, (tuple, list)):
         return [encode(v) for v in value]
     return value

@@ -12,7 +12,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
-from edps_mlflow.optimizers import OptimizerName
+from edps_mlflow.optimizers import parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
@@ -24,7 +24,7 @@ class SweepSpec:
     ``protocol`` at one grid point. Sparsity 0 prunes nothing: one dense study whatever the methods."""
 
     protocol: StudySpec
-    optimizers: tuple[OptimizerName, ...]
+    optimizers: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
     prunings: tuple[str, ...] = (DEFAULT_METHOD,)
@@ -37,7 +37,7 @@ class SweepSpec:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
                 raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
-        object.__setattr__(self, "optimizers", tuple(OptimizerName(o) for o in self.optimizers))
+        object.__setattr__(self, "optimizers", tuple(parse_optimizer(o) for o in self.optimizers))
         # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
         object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in self.studies())))
 
@@ -52,7 +52,7 @@ class SweepSpec:
             batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
         study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
-        return cls(study, tuple(OptimizerName(o) for o in optimizers), batch_sizes,
+        return cls(study, tuple(parse_optimizer(o) for o in optimizers), batch_sizes,
                    (0.0,) if sparsities is None else sparsities, prunings)
 
     @property
@@ -73,13 +73,13 @@ class SweepSpec:
         # SNIP alone is every sweep's grid before methods existed: those sweeps keep their keys.
         methods = {} if self.prunings == (DEFAULT_METHOD,) else {"prunings": list(self.prunings)}
         return content_key({
-            "kind": "sweep", "optimizers": [o.value for o in self.optimizers], "batch_sizes": list(self.batch_sizes),
+            "kind": "sweep", "optimizers": list(self.optimizers), "batch_sizes": list(self.batch_sizes),
             "sparsities": list(self.sparsities), **methods, **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
         p = self.protocol
-        return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
+        return {"workload": self.workload, "optimizers": ",".join(self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)),
                 "sparsities": ",".join(f"{s:g}" for s in self.sparsities), "pruning": ",".join(self.prunings),
                 "trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
