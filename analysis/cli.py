@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -28,19 +27,10 @@ from analysis.report import fit_summary, markdown_table, steps_grids, write_repo
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
+from edps_mlflow.cli_options import FiniteRange
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.experiment_names import experiment_name_problem
-from edps_mlflow.process_settings import configure_process, log_note
-
-
-class _Finite(click.FloatRange):
-    """A finite number in a range (click's FloatRange lets nan through: nan compares false)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"must be a finite number, got {value!r}", param, ctx)
-        return number
+from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
 
 
 def _experiments(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -77,11 +67,11 @@ _SOURCE = _options(
     click.option("--csv", "csv_path", default=None, type=click.Path(), help="Read the study table from CSV instead."),
     click.option("--workload", default=None, help="Only this workload."),
     click.option("--optimizer", default=None, help="Only this optimizer."),
-    click.option("--sparsity", "sparsities", multiple=True, type=_Finite(min=0, max=1, max_open=True),
+    click.option("--sparsity", "sparsities", multiple=True, type=FiniteRange(min=0, max=1, max_open=True),
                  help="Only these sparsities (repeatable)."))
 # A regime tolerance is a fraction such as 0.2 (20%); 10 (1000%) would make every curve one regime.
 _TOLERANCE = click.option(
-    "--tolerance", type=_Finite(min=0, max=10, min_open=True, max_open=True), default=0.2, show_default=True,
+    "--tolerance", type=FiniteRange(min=0, max=10, min_open=True, max_open=True), default=0.2, show_default=True,
     help="Tolerance of the regime boundaries and of the threshold critical batch size (0.2 = 20%, Zhang et al.'s).")
 _FIT = _options(
     _TOLERANCE,
@@ -93,9 +83,9 @@ _FIT = _options(
 _COST = _options(
     click.option("--devices", "device_counts", metavar="DEVICES", callback=_devices, show_default=True,
                  default=",".join(map(str, DEFAULT_DEVICES)), help="Device counts N to project data parallelism over."),
-    click.option("--bandwidth", type=_Finite(min=0, min_open=True), default=DEFAULT_BANDWIDTH_GB_S, show_default=True,
-                 help="Interconnect bandwidth per device in GB/s (10^9 bytes per second)."),
-    click.option("--latency", type=_Finite(min=0), default=DEFAULT_LATENCY_US, show_default=True,
+    click.option("--bandwidth", type=FiniteRange(min=0, min_open=True), default=DEFAULT_BANDWIDTH_GB_S,
+                 show_default=True, help="Interconnect bandwidth per device in GB/s (10^9 bytes per second)."),
+    click.option("--latency", type=FiniteRange(min=0), default=DEFAULT_LATENCY_US, show_default=True,
                  help="Latency of one all-reduce message in microseconds."))
 
 
@@ -371,31 +361,18 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
 def main(argv: list[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     configure_process(program="edps-analyze")
-    try:
-        cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
-    except click.exceptions.Abort:
-        click.echo("edps-analyze: interrupted", err=True)
-        sys.exit(130)
-    except click.UsageError as error:
-        click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
-        sys.exit(2)
-    except EdpsError as error:
-        click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
-        sys.exit(2)
-    except Exception as error:  # a tracking-store error, or a full or read-only disk, as one line
-        from edps_mlflow.store.trouble import store_error_line
-
-        line = store_error_line(error)
-        if line is None:
-            raise
-        click.echo(f"edps-analyze: error: {line}{log_note()}", err=True)
-        sys.exit(2)
-    finally:
-        # MLflow's loggers as they were before the command routed them to its log file (a command run
-        # inside another program, as in a test); a command that never opened the store changed nothing.
-        logs = sys.modules.get("edps_mlflow.store.logs")
-        if logs is not None:
-            logs.restore_library_logs()
+    with store_errors_in_one_line("edps-analyze"):
+        try:
+            cli.main(args=arguments, prog_name="edps-analyze", standalone_mode=False, obj={"argv": arguments})
+        except click.exceptions.Abort:
+            click.echo("edps-analyze: interrupted", err=True)
+            sys.exit(130)
+        except click.UsageError as error:
+            click.echo(f"edps-analyze: error: {' '.join(error.format_message().split())}", err=True)
+            sys.exit(2)
+        except EdpsError as error:
+            click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
+            sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -350,7 +350,7 @@ class Replicator:
         study_run_id = uuid.uuid4().hex
         start = self.clock
         trained = spec.training_spec
-        points = self.workload.search_space(spec.optimizer.value).points(spec.trials)
+        points = self.workload.search_space(spec.optimizer).points(spec.trials)
         outcomes: list[TrialOutcome] = []
         trial_start = start + 500
         last_end = trial_start
@@ -370,7 +370,7 @@ class Replicator:
             params.update({k: _display(v) for k, v in point.items()})
             params.update({n.PARAM_SEED: str(trial.init_seed), n.PARAM_TRIAL_INDEX: str(index),
                            n.PARAM_BATCH_SIZE: str(spec.batch_size), n.PARAM_SPARSITY: _display(spec.sparsity),
-                           n.PARAM_OPTIMIZER: spec.optimizer.value, **pruning_params(spec)})
+                           n.PARAM_OPTIMIZER: spec.optimizer, **pruning_params(spec)})
             metrics = {n.METRIC_HP_PREFIX + k: float(v) for k, v in point.items()}
             metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
             end = self._run(copied, uuid.uuid4().hex, trial_start + index * 20, trial_run_name(trial, words), tags,

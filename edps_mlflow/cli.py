@@ -1,212 +1,37 @@
-"""The ``edps`` command: click options, generated from the declared fields (fields.py) and the registries, parsed
-into specs; no logic of its own.
+"""The ``edps`` command: its commands, whose options (cli_options.py) are parsed into specs, and the launcher.
 
-    edps study --bs 256
     edps study --workload mnist-simple-cnn --bs 128 --data-dir ~/data/mnist --optimizer momentum
-    edps sweep --batch-sizes 2..1024 --sparsities 0,0.5,0.9
     edps sweep --batch-sizes 16..256 --sparsities 0,0.9 --pruning 'snip,random,shuffle(snip)'
-    edps status --experiment edps/digits-simple-cnn
-    edps doctor --experiment edps/digits-simple-cnn --repair
-    edps workloads
-    edps study --workload mypackage.workloads:TOY --bs 64 --optimizer adam
-    edps data list
-    edps data download mnist
+    edps status; edps doctor --repair; edps workloads; edps trials --workload digits-simple-cnn --optimizer adam
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
 
 import click
 
 from edps_mlflow import __version__
-from edps_mlflow.config import PROBE_NAMES, ProbeTrials, StudySpec, parse_probes
+from edps_mlflow.cli_options import (LISTS, OPTIONAL_INT, ExperimentName, declared_options, spec_arguments,
+                                     usage_line)
+from edps_mlflow.config import StudySpec
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.executors import executor_names, get_executor
-from edps_mlflow.experiment_names import experiment_name_problem
-from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, Option
+from edps_mlflow.executors import get_executor
 from edps_mlflow.interrupts import raise_interrupt
-from edps_mlflow.mlproject import Backend, EnvManager, ProjectLaunch
-from edps_mlflow.optimizers import optimizer_names
-from edps_mlflow.option_hints import OptionHint
-from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note
-from edps_mlflow.pruning import METHODS, parse_methods
+from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note, store_errors_in_one_line
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-from edps_mlflow.workloads import WORKLOADS, GoalMetric, get_workload, workload_catalog
+from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
 _ROOT = Path(__file__).resolve().parents[1]  # the directory that holds this package (and the MLproject)
-_DEFAULT_WORDS = ("", "default", "workload", "none")
 
 
-# ---- option types ------------------------------------------------------------------------------
-class _Read(click.ParamType):
-    """Text read by ``read``: its ValueError is click's one-line refusal (a parser of the package refuses with
-    its own EdpsError); a word of ``absent`` ('default', the MLproject's spelling) is None, the default."""
-
-    def __init__(self, name: str, read: Callable[[str], Any], absent: tuple[str, ...] = _DEFAULT_WORDS) -> None:
-        self.name, self.read, self.absent = name, read, absent
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):  # a default read already, or a program's value
-            return value
-        if value.strip().lower() in self.absent:
-            return None
-        try:
-            return self.read(value)
-        except ValueError as error:
-            self.fail(str(error), param, ctx)
-
-
-def _number(integer: bool) -> Callable[[str], int | float]:
-    """A finite number (integral when ``integer``) or 'default': the workload's value."""
-    def read(text: str) -> int | float:
-        text = text.strip()
-        try:
-            number = float(text)
-        except ValueError:
-            raise ValueError(f"must be a number or 'default', got {text!r}") from None
-        if not math.isfinite(number):
-            raise ValueError(f"must be a finite number or 'default', got {text!r}")
-        if integer and number != int(number):
-            raise ValueError(f"must be an integer or 'default', got {text!r}")
-        return int(number) if integer else number
-    return read
-
-
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    """``2..1024`` (the powers of two in between) or ``16,64,256``."""
-    text = text.strip()
-    try:
-        if ".." in text:
-            low, high = (int(part) for part in text.split("..", 1))
-            if low < 1 or high < low or low & (low - 1) or high & (high - 1):
-                raise ValueError
-            return tuple(2 ** e for e in range(low.bit_length() - 1, high.bit_length()))
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"must be a list like 16,64,256 or a power-of-two range like 2..1024, got {text!r}") from None
-
-
-def _numbers(text: str) -> tuple[float, ...]:
-    """Comma-separated finite numbers."""
-    try:
-        numbers = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"must be a comma-separated list of numbers, got {text!r}") from None
-    if not all(math.isfinite(n) for n in numbers):
-        raise ValueError(f"must hold finite numbers, got {text!r}")
-    return numbers
-
-
-class _FiniteRange(click.FloatRange):
-    """click's FloatRange lets nan through (every comparison with nan is false): this one does not."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"must be a finite number, got {value!r}", param, ctx)
-        return number
-
-
-class _OptionalCount(click.IntRange):
-    """A positive integer, or 'default' (None), the MLproject's spelling of "leave it out"."""
-
-    def __init__(self) -> None:
-        super().__init__(min=1)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
-        if isinstance(value, str) and value.strip().lower() == "default":
-            return None
-        return super().convert(value, param, ctx)
-
-
-class _ExperimentName(click.ParamType):
-    """An experiment name by experiment_names' rule, checked before any store is touched: not empty (empty
-    would silently mean ``omitted``), not longer than a store holds, no control character. When the value
-    came from the option's environment variable, the error says so."""
-
-    name = "name"
-
-    def __init__(self, omitted: str = "the default experiment") -> None:
-        self.omitted = omitted
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
-        problem = experiment_name_problem(text)
-        if problem is not None:
-            if not text.strip():
-                problem += f" (leave the option out for {self.omitted})"
-            variable = getattr(param, "envvar", None)
-            if isinstance(variable, str) and os.environ.get(variable) == text:
-                problem += f" (the value of ${variable})"
-            self.fail(problem, param, ctx)
-        return text
-
-
-# ---- options from declarations -------------------------------------------------------------------
-# The registries whose names an option takes (a kind below) or its help lists ({optimizers} in fields.py).
-REGISTRIES: dict[str, tuple[str, ...]] = {
-    "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
-    "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": executor_names(),
-    "backends": tuple(b.value for b in Backend), "env_managers": tuple(e.value for e in EnvManager),
-}
-LISTS = {name: ", ".join(names) for name, names in REGISTRIES.items()}
-OPTIONAL_INT = _Read("integer|default", _number(integer=True))
-
-# How the command line reads each kind of option of fields.py: click's arguments.
-KINDS: dict[str, dict[str, Any]] = {
-    "text": {}, "int": {"type": int}, "number": {"type": float}, "bool": {"type": click.BOOL},
-    "flag": {"is_flag": True}, "int|default": {"type": OPTIONAL_INT},
-    "number|default": {"type": _Read("number|default", _number(integer=False))},
-    "count": {"type": click.IntRange(min=1)},
-    "count|default": {"type": _OptionalCount()}, "seconds": {"type": _FiniteRange(min=0.1, max=86_400)},
-    # The variable is read here so that its value meets the same rule, before any store is created.
-    "experiment": {"type": _ExperimentName(), "envvar": "MLFLOW_EXPERIMENT_NAME"},
-    "batch sizes": {"type": _Read("batch sizes", _batch_sizes)},
-    # An empty list is a mistake, not the default.
-    "numbers": {"type": _Read("numbers", _numbers, absent=("default", "workload", "none"))},
-    "names": {"type": _Read("text", lambda text: tuple(part.strip() for part in text.split(",")), absent=())},
-    "methods": {"type": _Read("text", parse_methods, absent=())},
-    "probes": {"type": _Read("text", parse_probes, absent=())},
-    **{name: {"type": click.Choice(REGISTRIES[name])}
-       for name in ("probe_trials", "grids", "executors", "backends", "env_managers")},
-}
-
-
-def _click_option(option: Option) -> Callable[[Callable], Callable]:
-    return click.option(option.flag, option.name, default=None if option.kind == "flag" else option.default,
-                        show_default=option.default not in (None, ""), hidden=option.hidden,
-                        help=option.help.format(**LISTS), **KINDS[option.kind])
-
-
-def declared_options(command: str) -> Callable[[Callable[[SimpleNamespace], None]], Callable]:
-    """The command's options as fields.COMMAND_OPTIONS declares them; the command gets their values in one
-    namespace (``given.batch_size``)."""
-    def apply(function: Callable[[SimpleNamespace], None]) -> Callable:
-        @functools.wraps(function)
-        def parsed(**values: Any) -> None:
-            function(SimpleNamespace(**values))
-        for option in reversed(COMMAND_OPTIONS[command]):
-            parsed = _click_option(option)(parsed)
-        return parsed
-    return apply
-
-
-def _spec_arguments(given: SimpleNamespace) -> dict[str, Any]:
-    """The values that StudySpec.build (or SweepSpec.build) takes, by its argument names."""
-    return {name: value for name, value in vars(given).items() if name in SPEC_ARGUMENTS}
-
-
-# ---- commands ------------------------------------------------------------------------------------
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edps")
 def cli() -> None:
@@ -220,7 +45,7 @@ def study(given: SimpleNamespace) -> None:
     sweep_run, sweep_key = given.sweep_run.strip(), given.sweep_key.strip()
     if bool(sweep_run) != bool(sweep_key):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
-    spec = StudySpec.build(**_spec_arguments(given))
+    spec = StudySpec.build(**spec_arguments(given))
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
     from edps_mlflow.study import ExecutionOptions, run_study
 
@@ -243,10 +68,11 @@ def sweep(given: SimpleNamespace) -> None:
                                           ("--budget", given.budget)) if value is not None]
         if named:
             raise EdpsError(f"{', '.join(named)} only apply to an adaptive sweep: add --adaptive")
-    arguments = _spec_arguments(given)
+    arguments = spec_arguments(given)
     if given.grid == "paper":
         if given.batch_sizes is not None or given.sparsities is not None:
-            raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and --sparsities")
+            raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and "
+                            "--sparsities")
         arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
     spec = SweepSpec.build(**arguments)
     options = SweepOptions(
@@ -273,17 +99,17 @@ def sweep(given: SimpleNamespace) -> None:
 
 
 @cli.command()
-@click.option("--experiment", type=_ExperimentName(), default=None,
+@click.option("--experiment", type=ExperimentName(), default=None,
               help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
 def status(experiment: str | None) -> None:
     """The grid of an experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
-    from edps_mlflow.status import default_experiment, format_status, status_tables
+    from edps_mlflow.status import default_experiment, format_status, status_tables  # MLflow, pandas: seconds
 
     click.echo(format_status(status_tables(experiment or default_experiment())))
 
 
 @cli.command()
-@click.option("--experiment", type=_ExperimentName(omitted="every experiment"), default=None,
+@click.option("--experiment", type=ExperimentName(omitted="every experiment"), default=None,
               help="MLflow experiment name (default: every experiment).")
 @click.option("--repair", is_flag=True, help="Mark runs left RUNNING by dead processes FAILED.")
 @click.option("--full", is_flag=True,
@@ -291,7 +117,7 @@ def status(experiment: str | None) -> None:
                    "never writes such runs (one scan of the store's tags per search).")
 def doctor(experiment: str | None, repair: bool, full: bool) -> None:
     """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
-    from edps_mlflow.doctor import run_doctor
+    from edps_mlflow.doctor import run_doctor  # MLflow: seconds, kept off --help
 
     left = run_doctor(experiment, repair, sys.stdout, full=full)
     if left:
@@ -345,7 +171,8 @@ def trials(workload: str, optimizer: str, count: int | None, output_format: str)
     widths = [max(len(n), 12) for n in space.names]
     click.echo("  ".join((f"{'trial':>5}", *(f"{n:>{w}}" for n, w in zip(space.names, widths)))))
     for index, point in enumerate(points):
-        values = (f"{int(point[n]):>{w}d}" if integer[n] else f"{point[n]:>{w}.6g}" for n, w in zip(space.names, widths))
+        values = (f"{int(point[n]):>{w}d}" if integer[n] else f"{point[n]:>{w}.6g}"
+                  for n, w in zip(space.names, widths))
         click.echo("  ".join((f"{index:>5}", *values)))
 
 
@@ -358,7 +185,7 @@ def data() -> None:
 @click.option("--data-dir", default=None, help="Data directory (else $EDPS_DATA_DIR, else the user cache).")
 def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
-    from edps_mlflow.data.catalog import dataset_report
+    from edps_mlflow.data.catalog import dataset_report  # torch: kept off --help
 
     for name, item in workload_catalog():
         if isinstance(item, EdpsError):
@@ -378,7 +205,7 @@ def data_list(data_dir: str | None) -> None:
 def data_download(name: str, data_dir: str | None) -> None:
     """Fetch a dataset (mnist, fashion-mnist, cifar10, tiny-shakespeare, or a workload name) and verify its
     published checksums."""
-    from edps_mlflow.data.catalog import SOURCES, download, get_source
+    from edps_mlflow.data.catalog import SOURCES, download, get_source  # torch: kept off --help
 
     if name not in SOURCES:
         try:
@@ -395,17 +222,16 @@ def data_download(name: str, data_dir: str | None) -> None:
     click.echo(f"{name}: ready in {directory}")
 
 
-# The re-executed launcher imports nothing from the working directory: ``python -c`` puts it first
-# on the import path, so it is removed before anything else is imported, unless PYTHONSAFEPATH
-# (set for the re-exec, Python >= 3.11) kept it off, when the first entry is PYTHONPATH's and stays.
+# The re-executed launcher imports nothing from the working directory: ``python -c`` puts it first on the import
+# path, so it is removed first, unless PYTHONSAFEPATH (Python >= 3.11) kept it off and the first entry is PYTHONPATH's.
 _LAUNCHER = ("import sys; getattr(sys.flags, 'safe_path', False) or sys.path.pop(0); "
              "from edps_mlflow.cli import main; main()")
 
 
 def _own_source_path(python_path: str) -> str:
     """PYTHONPATH of the re-executed process and its workers: the directory that holds this package first,
-    unless the import path finds it past its first entry. That entry (the working directory under ``python
-    -m``, as ``mlflow run`` starts us in the project directory) is the one PYTHONSAFEPATH leaves out."""
+    unless the import path finds it past its first entry (the one PYTHONSAFEPATH leaves out: the working
+    directory under ``python -m``, as ``mlflow run`` starts us in the project directory)."""
     root = str(_ROOT)
     if any(os.path.realpath(entry or os.curdir) == root for entry in sys.path[1:]):
         return python_path
@@ -416,23 +242,18 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, and the allocator settings of the training processes."""
     args = list(sys.argv[1:] if argv is None else argv)
     missing = training_environment_missing(os.environ)
-    trains = args[:1] in (["study"], ["sweep"])
-    if trains and missing and not os.environ.get(_REEXEC_MARK):
-        # The allocator settings are read when a process starts: start again with them.
-        # PYTHONSAFEPATH (Python >= 3.11): no process of ours puts the working directory on the import
-        # path, including the worker processes that multiprocessing starts with ``python -c``, which
-        # import part of the standard library before they take over our sys.path.
+    if args[:1] in (["study"], ["sweep"]) and missing and not os.environ.get(_REEXEC_MARK):
+        # The allocator settings are read when a process starts: start again with them. PYTHONSAFEPATH: no process
+        # of ours (nor a multiprocessing worker, started with ``python -c``) imports from the working directory.
         environment = {**os.environ, **missing, _REEXEC_MARK: "1", "PYTHONSAFEPATH": "1",
                        "PYTHONPATH": _own_source_path(os.environ.get("PYTHONPATH", ""))}
         os.execve(sys.executable, [sys.executable, "-c", _LAUNCHER, *args], environment)
     configure_process()
-    # SIGTERM (e.g. `mlflow run` cancelled, a job scheduler) ends a study like Ctrl-C: runs KILLED. Ctrl-C
-    # (SIGINT) goes through the same handler, which holds the interrupt back until a tracking-store call in
-    # flight ends: Python's default raises inside the call, where it can leave a sqlite transaction open
-    # whose lock then refuses the very writes that mark the runs KILLED (seen on a loaded CI machine).
+    # SIGTERM (`mlflow run` cancelled, a job scheduler) ends a study as Ctrl-C does: runs KILLED. Both wait for a
+    # store call in flight: raised inside it, the interrupt could leave a sqlite lock that refuses the KILLED marks.
     signal.signal(signal.SIGTERM, raise_interrupt)
     signal.signal(signal.SIGINT, raise_interrupt)
-    try:
+    with store_errors_in_one_line("edps"):
         try:
             cli.main(args=args, prog_name="edps", standalone_mode=False)
         except click.exceptions.Abort:
@@ -443,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                        "finished trials and studies are reused, nothing is trained twice", err=True)
             sys.exit(130)
         except click.UsageError as error:
-            message = _usage_line(error)
+            message = usage_line(error, bool(launcher_run_id()) and (_ROOT / "MLproject").is_file())
             click.echo(f"edps: error: {message}", err=True)
             _mark_launcher_run(message)
             sys.exit(2)
@@ -451,52 +272,13 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"edps: error: {error}{log_note()}", err=True)
             _mark_launcher_run(str(error))
             sys.exit(error.exit_code)
-        except Exception as error:
-            line = _store_error_line(error)
-            if line is None:
-                raise
-            click.echo(f"edps: error: {line}{log_note()}", err=True)
-            sys.exit(2)
-    finally:
-        _restore_library_logs()
-
-
-def _restore_library_logs() -> None:
-    """MLflow's loggers as they were before the command routed them to its log file (store.logs), for a
-    command run inside another program (a test); a command that never opened the store changed nothing."""
-    logs = sys.modules.get("edps_mlflow.store.logs")
-    if logs is not None:
-        logs.restore_library_logs()
-
-
-def _usage_line(error: click.UsageError) -> str:
-    """click's message on one line; for an unknown option, the option a user meant (option_hints)."""
-    if isinstance(error, click.NoSuchOption) and error.ctx is not None and error.ctx.command.name:
-        options = frozenset(name.lstrip("-") for param in error.ctx.command.params if isinstance(param, click.Option)
-                            for name in (*param.opts, *param.secondary_opts))
-        under_mlflow_run = bool(launcher_run_id()) and (_ROOT / "MLproject").is_file()
-        line = OptionHint(error.ctx.command.name, options, under_mlflow_run).line(error.option_name)
-        if line is not None:
-            return line
-    return error.format_message().replace("\n", " ")
-
-
-def _store_error_line(error: Exception) -> str | None:
-    """A tracking-store error anywhere in a command is one line naming the store, not a traceback; so is a
-    file of the store's that a full or read-only disk refused (store.trouble.store_error_line)."""
-    if type(error).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3", "sqlalchemy") \
-            and not isinstance(error, OSError):
-        return None
-    from edps_mlflow.store.trouble import store_error_line
-
-    return store_error_line(error)
 
 
 def _mark_launcher_run(message: str) -> None:
     """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
     run_id = launcher_run_id()
     if run_id:
-        from edps_mlflow.store.ownership.claim import mark_refused
+        from edps_mlflow.store.ownership.claim import mark_refused  # MLflow: only under mlflow run
 
         mark_refused(run_id, message)
 

@@ -1,11 +1,7 @@
-"""Frozen configuration of a study and its trials, validation, and content keys.
-
-A key is the sha256 of the canonical JSON of everything that changes a result, plus the results
-version (:data:`RESULTS_VERSION`, not the package's), so that a measurement can always be found again
-and is never trained twice by accident.
-Fields that change only the cost (the early-stopping mode, the number of worker processes, the
-packing factor) are deliberately left out of the keys.
-"""
+"""A study and its trials as frozen, validated specs, and their content keys: the sha256 of the canonical JSON of
+everything that changes a result (fields.py says which fields) and :data:`RESULTS_VERSION`, so that a measurement
+is always found again and never trained twice. What changes only the cost (early stopping, workers, packing) is
+left out."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ import numpy as np
 
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.fields import key_fields
-from edps_mlflow.optimizers import OptimizerName, get_optimizer
+from edps_mlflow.optimizers import get_optimizer, parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
 from edps_mlflow.workloads import InputLayout, get_workload
 
@@ -28,11 +24,9 @@ if TYPE_CHECKING:
 
 
 class Schedule(str, Enum):
-    """The order in which a study's chunks of trials train. Either gives the same trials the same
-    batches and updates and the study the same result; only the cost differs."""
+    """The order in which a study's chunks of trials train; the result is the same, only the cost differs."""
 
-    # Every chunk advances one check interval at a time, the one furthest behind first: the study costs
-    # about what proving its minimum costs, whatever the trial order.
+    # Every chunk advances a check interval at a time, the one furthest behind first (engine.interleave).
     BREADTH_FIRST = "breadth_first"
     # Each chunk trains to its end before the next starts (the cost depends on finding the best early).
     DEPTH_FIRST = "depth_first"
@@ -43,24 +37,16 @@ PROBE_NAMES = ("lipschitz", "noise_scale")
 
 
 class ProbeTrials(str, Enum):
-    """Which trials of a study are measured by its probes. A probed trial trains its whole run (to its
-    goal, the cap or divergence) whatever the early-stopping mode, as the original measures."""
+    """Which trials of a study its probes measure. A probed trial trains its whole run (to its goal, the cap or
+    divergence) whatever the early-stopping mode, as the original measures."""
 
-    # The study trains (or reuses) its trials without probes, then trains its best trial again, with the
-    # probes, to its goal. The same trajectory: probes never touch the training state.
+    # The trials train (or are reused) without probes, then the best trains again with them: the same trajectory.
     BEST = "best"
-    # Every trial probes, so every trial trains its whole run (the cost of --full-trials and the probes').
+    # Every trial probes, so every trial trains its whole run.
     ALL = "all"
 
-    @classmethod
-    def parse(cls, name: str) -> "ProbeTrials":
-        try:
-            return cls(name)
-        except ValueError:
-            raise EdpsError(f"unknown probe trials {name!r}; choose {' or '.join(k.value for k in cls)}") from None
 
-# What the engine can represent: step counters and caps are far below 2**63 with this bound, and
-# the shared best step of worker processes is a signed 64-bit integer.
+# Far below 2**63: worker processes share the best step as a signed 64-bit integer.
 MAX_STEP_CAP = 10**9
 SEED_LIMIT = 2**32
 
@@ -87,13 +73,11 @@ def _check_count(name: str, value: int, low: int = 1, high: int | None = None) -
 
 @dataclass(frozen=True)
 class StudySpec:
-    """Everything that defines one study: (workload, optimizer, sparsity, batch size) and its search.
-
-    Validated on construction: a StudySpec that exists is a valid one.
-    """
+    """Everything that defines one study: (workload, optimizer, sparsity, batch size) and its search. Validated on
+    construction: a StudySpec that exists is a valid one."""
 
     workload: str
-    optimizer: OptimizerName
+    optimizer: str
     sparsity: float
     batch_size: int
     trials: int
@@ -101,33 +85,27 @@ class StudySpec:
     max_steps: int
     check_interval: int
     seed: int
-    # Measurements during training (probes.py). They do not change the result, but a study asked
-    # for them must not reuse trials measured without them, so they enter the keys when present.
+    # Measurements during training (probes.py): a study asked for them must not reuse trials measured without
+    # them, so they enter the keys when present.
     probes: tuple[str, ...] = ()
     probe_interval: int = 1000
-    # Which trials the probes measure (only meaningful with probes). ``best`` enters the key; ``all``
-    # does not, so that studies probed before this choice existed keep their keys (they are found
-    # again only in the whole-run mode, see trains_whole_runs).
+    # Which trials the probes measure (only with probes); ``all`` stays out of the key, as before the choice.
     probe_trials: ProbeTrials = ProbeTrials.ALL
-    # TF32 matmuls and convolutions on GPUs that have them (off: full FP32, as the original). It can
-    # change results, so it enters the keys when on.
+    # TF32 matmuls and convolutions on GPUs that have them (off: full FP32, as the original); keyed when on.
     allow_tf32: bool = False
-    # sha256 of the data loaded (data/fingerprint.py), set once the data are known. Studies and
-    # sweeps always set it, so two different copies of a dataset never share keys; a spec without
-    # it has the key that runs made before fingerprints had (still readable by the analysis).
+    # sha256 of the data loaded (data/fingerprint.py), so that two copies of a dataset never share keys; studies
+    # and sweeps always set it (a spec without it keys as runs did before fingerprints).
     data_fingerprint: str | None = None
-    # The pruning method at initialisation (pruning/: its registry). "snip", the paper's, is left out of the
-    # keys, so every study measured before methods existed keeps its key. Nothing is pruned at sparsity 0,
-    # whatever the method: the dense study is spelled "snip" there, one study for every method's curve.
+    # The pruning method at initialisation (pruning/). Nothing is pruned at sparsity 0, whatever the method: the
+    # dense study is spelled "snip" there, one study for every method's curve.
     pruning: str = DEFAULT_METHOD
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
-        # The one validation of a batch size (a sweep's grid is validated by the studies it holds): a
-        # positive integer no larger than the workload's training split.
         workload = get_workload(self.workload)
         # A ``package.module:NAME`` reference keys as the workload's own name, as an entry point's does.
         object.__setattr__(self, "workload", workload.name)
+        object.__setattr__(self, "optimizer", parse_optimizer(self.optimizer))
         _check_count("batch size", self.batch_size)
         if self.batch_size > workload.train_size:
             raise EdpsError(f"batch size {self.batch_size} exceeds the {workload.train_size} training examples of "
@@ -144,18 +122,18 @@ class StudySpec:
         _check_count("check interval", self.check_interval, 1, MAX_STEP_CAP)
         _check_count("max steps", self.max_steps, 1, MAX_STEP_CAP)
         if self.max_steps < self.check_interval:
-            raise EdpsError(
-                f"max steps ({self.max_steps}) must be at least the check interval ({self.check_interval})"
-            )
+            raise EdpsError(f"max steps ({self.max_steps}) must be at least the check interval ({self.check_interval})")
         _check_count("seed", self.seed, 0, SEED_LIMIT - 1)
         _check_count("probe interval", self.probe_interval, 1, MAX_STEP_CAP)
         # -0.0 is 0.0: the same study must get the same key however the number was spelled.
         object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)
         object.__setattr__(self, "goal_error", float(self.goal_error))
-        object.__setattr__(self, "optimizer", OptimizerName(self.optimizer))
         object.__setattr__(self, "probes", _checked_probes(tuple(self.probes)))
-        object.__setattr__(self, "probe_trials", ProbeTrials.parse(self.probe_trials)
-                           if not isinstance(self.probe_trials, ProbeTrials) else self.probe_trials)
+        try:
+            object.__setattr__(self, "probe_trials", ProbeTrials(self.probe_trials))
+        except ValueError:
+            choices = " or ".join(k.value for k in ProbeTrials)
+            raise EdpsError(f"unknown probe trials {self.probe_trials!r}; choose {choices}") from None
         if not self.probes:  # the choice means nothing without probes: one spelling of the plain study
             object.__setattr__(self, "probe_trials", ProbeTrials.ALL)
         object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
@@ -178,7 +156,7 @@ class StudySpec:
               **fields: Any) -> "StudySpec":
         """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
         value is None; any other field as given (``fields``)."""
-        item, optimizer = get_workload(workload), OptimizerName(optimizer)
+        item = get_workload(workload)
         return cls(workload, optimizer, sparsity, batch_size, trials if trials is not None else item.default_trials,
                    goal_error if goal_error is not None else item.goal_error,
                    max_steps if max_steps is not None else item.max_steps,
@@ -187,8 +165,7 @@ class StudySpec:
                    allow_tf32=allow_tf32, probe_trials=probe_trials, pruning=pruning, **fields)
 
     def key_fields(self) -> dict[str, Any]:
-        """The fields hashed into the keys (fields.STUDY_FIELDS: those at their key default are left out,
-        so a field added with its default leaves every old key as it was)."""
+        """The fields hashed into the keys (fields.STUDY_FIELDS; those at their key default are left out)."""
         return key_fields(self)
 
     @property
@@ -201,8 +178,7 @@ class StudySpec:
         return bool(self.probes) and self.probe_trials is ProbeTrials.ALL
 
     def full_trials(self, requested: bool) -> bool:
-        """Whether this study trains every trial to its own end: when asked, or when every trial probes. The
-        store tells the two modes apart (a study done in one is not done in the other)."""
+        """Whether this study trains every trial to its own end: when asked, or when every trial probes."""
         return requested or self.trains_whole_runs
 
     @property
@@ -227,11 +203,6 @@ class StudySpec:
         differ only in their probes share it, and the analysis counts them once."""
         return replace(self, probes=(), probe_trials=ProbeTrials.ALL).study_key
 
-    def trial_seed(self, trial_index: int) -> int:
-        """Each trial has its own initialisation seed (hence its own mask, and pruning scores shared by every
-        study of the grid: pruning/cache.py)."""
-        return int(np.random.SeedSequence([self.seed, trial_index]).generate_state(1)[0])
-
 
 @dataclass(frozen=True)
 class TrialSpec:
@@ -243,39 +214,30 @@ class TrialSpec:
 
     @property
     def init_seed(self) -> int:
-        return self.study.trial_seed(self.index)
+        """Its own initialisation seed (hence its own mask, and pruning scores shared across the grid)."""
+        return int(np.random.SeedSequence([self.study.seed, self.index]).generate_state(1)[0])
 
     @property
     def optimizer(self) -> "TrialOptimizer":
-        """Its optimizer: settings and schedule from its metaparameters (imports the optimizer, and torch)."""
+        """Its optimizer: settings and schedule from its metaparameters."""
         return get_optimizer(self.study.optimizer).trial(self.metaparameters)
 
     @property
     def trial_key(self) -> str:
-        # The trial count is not part of a trial's identity: a study with more trials reuses the
-        # trials of a smaller one with the same settings.
+        # Not the trial count: a study with more trials reuses the trials of a smaller one with the same settings.
         study_fields = {k: v for k, v in self.study.key_fields().items() if k != "trials"}
-        return content_key(
-            {
-                "kind": "trial",
-                **study_fields,
-                "metaparameters": {k: float(v) for k, v in sorted(self.metaparameters.items())},
-                "init_seed": self.init_seed,
-            }
-        )
+        return content_key({"kind": "trial", **study_fields, "init_seed": self.init_seed,
+                            "metaparameters": {k: float(v) for k, v in sorted(self.metaparameters.items())}})
 
 
-# The version of what a key's result means, hashed into every key. It changes only when a spec that keeps
-# its key would get a different result: a change to the engine, the initialisation, SNIP, the batch order,
-# the goal test or the search points (tests/test_results_version.py fingerprints them and says when). A
-# package release leaves it alone, so the store keeps every measurement across releases. Bumping it re-keys
-# the whole store (every study is trained again): do it only when the old results are wrong for the new code.
-# It equals the package version keys hashed before it existed ("0.1.0"), so those keys stand.
+# The version of what a key's result means, hashed into every key: bumped only when a spec that keeps its key
+# would get a different result (tests/test_results_version.py says when), which re-keys (retrains) the whole store.
+# A release leaves it alone; it equals the package version keys hashed before it existed.
 RESULTS_VERSION = "0.1.0"
 
 
 def content_key(fields: dict[str, Any]) -> str:
-    # The JSON field is still called "version", as when it held the package version: the same keys.
+    # "version", as when it held the package version: the same keys.
     canonical = json.dumps({**fields, "version": RESULTS_VERSION}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -24,7 +24,7 @@ def pruning_words(spec: StudySpec) -> str:
 
 def study_run_name(spec: StudySpec) -> str:
     """``bs=16 sp=0.9 snip sgd digits-simple-cnn``."""
-    return f"bs={spec.batch_size} {pruning_words(spec)} {spec.optimizer.value} {spec.workload}"
+    return f"bs={spec.batch_size} {pruning_words(spec)} {spec.optimizer} {spec.workload}"
 
 
 def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
@@ -49,7 +49,7 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
               + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items()) + ")"
               if best else "**no trial reached the goal**")
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
-    return (f"{spec.workload}, {spec.optimizer.value}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
+    return (f"{spec.workload}, {spec.optimizer}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
             f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
             f"earlier runs). Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
             f"{spec.check_interval} steps; cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` "

@@ -1,8 +1,5 @@
-"""``edps doctor``: the store's invariants (:func:`problems`, docs/reliability.md), checked for one experiment
-or all, one line per problem; ``--repair`` mends what a resumed sweep would (:func:`_repair`). It reads what
-can break, not every run, and leaves on the experiment what its next check need not read again
-(store/read/doctor.py).
-"""
+"""``edps doctor``: the store's invariants (docs/reliability.md), one line per problem; ``--repair`` mends what
+a resumed sweep would. It reads what can break, not every run (store/read/doctor.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +20,7 @@ from edps_mlflow.store.read.doctor import (RunFacts, doctor_read, experiments, i
 from edps_mlflow.store.read.runs import expired
 from edps_mlflow.store.trouble import store_errors
 
-# The runs of problems a check remembers for the next (an experiment tag holds their ids); with more, the next
-# check reads every run again.
-MAX_RECHECK = 500
+MAX_RECHECK = 500  # the runs of problems a check remembers for the next (a tag); with more, the next reads all
 
 
 def _missing_key(fact: RunFacts) -> str | None:
@@ -57,11 +52,6 @@ def finished_sweeps_marked_failed(facts: list[RunFacts]) -> list[RunFacts]:
     return [f for f in facts if f.kind == KIND_SWEEP and f.summarised and f.state in (RunState.FAILED, RunState.KILLED)]
 
 
-def unindexed(facts: list[RunFacts]) -> list[RunFacts]:
-    """Study runs that have ended but have no entry in the study index."""
-    return [f for f in facts if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
-
-
 def problems(facts: list[RunFacts], lease: float, now: float) -> list[tuple[str, str]]:
     """(run id or key, what is wrong) for every broken invariant: a run RUNNING whose owner is gone, a trial run
     FINISHED after its lease was lost, a sweep run that finished its grid but is FAILED or KILLED, a run of ours
@@ -91,7 +81,7 @@ def problems(facts: list[RunFacts], lease: float, now: float) -> list[tuple[str,
 def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: str | None = None,
                full: bool = False) -> int:
     """Print one line per problem (and per repair); the number of problems left. ``full``: search for runs
-    without their kind or keys even in an experiment made by edps-mlflow (made_by_edps)."""
+    without their kind or keys even in an experiment made by edps-mlflow."""
     client = open_store(tracking_uri)
     lease = lease_seconds()
     with store_errors(client):
@@ -106,7 +96,9 @@ def _check(client: StoreClient, experiment_id: str, name: str, repair: bool, ful
     checked = tags.get(EXPERIMENT_TAG_CHECKED_UNTIL, "")
     checked_until = int(checked) if checked.isdigit() and not repair and not full else None
     recheck = [run_id for run_id in tags.get(EXPERIMENT_TAG_RECHECK, "").split(",") if run_id]
-    search_malformed = full or repair or not made_by_edps(tags)
+    # In an experiment that edps-mlflow created, every run of ours was created with its kind and keys in one
+    # request: only a run made by hand lacks them.
+    search_malformed = full or repair or not tags.get(EXPERIMENT_TAG_CREATED_BY)
     # A later check reads every run made since the previous one: it has checked every run when the
     # checks before it had (only an experiment made by edps-mlflow is ever checked without searching).
     every_run = search_malformed or (
@@ -119,7 +111,8 @@ def _check(client: StoreClient, experiment_id: str, name: str, repair: bool, ful
     found = problems(read.facts, lease, time.time())
     if complete:
         found += [(f.run_id, "study run is not in the study index, which says it is complete (written by "
-                             "an older version?): `edps doctor --repair` adds it") for f in unindexed(read.facts)]
+                             "an older version?): `edps doctor --repair` adds it") for f in read.facts
+                  if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
     for subject, text in found:
         print(f"{name}: {subject}: {text}", file=out)
     if not complete:
@@ -158,12 +151,6 @@ def _repair(client: StoreClient, experiment_id: str, name: str, facts: list[RunF
         indexed = complete_index(client, experiment_id, missing)
         print(f"{name}: repaired: {indexed} study runs added to the study index"
               + ("; it is complete" if indexed == len(missing) else ""), file=out)
-
-
-def made_by_edps(experiment_tags: dict[str, str]) -> bool:
-    """Whether edps-mlflow created the experiment (the tag it sets in the request that creates it): every run of
-    ours in it was created with its kind, keys and parent in one request, so only a run made by hand lacks them."""
-    return bool(experiment_tags.get(EXPERIMENT_TAG_CREATED_BY))
 
 
 def _run_ids(subject: str, text: str, facts: list[RunFacts]) -> list[str]:

@@ -1,23 +1,8 @@
-"""The training engine: trains the trials of a study and returns one result per trial.
-
-It knows nothing about MLflow: it reports checks and finished trials to an ``Observer`` and reads
-the best step found so far from a ``StepBound``.
-
-- The workload owns the objective: the engine trains its network on its ``loss``, counts its
-  ``errors`` at checks, and lays out its inputs channels-last only when they are images.
-- A single trial takes the plain fast path: an ``nn.Module`` (channels-last for images) and its
-  optimizer's torch optimizer (optimizers/), the mask applied to the gradients before the update, so
-  pruned weights *and* their optimizer buffers stay exactly zero (a decoupled decay of a zero weight is zero).
-- K trials can be packed in lockstep: parameters stacked along a leading trial axis, a ``vmap``-ed
-  functional model, all trials on the same batch; the optimizer's packed update gives each its own
-  metaparameters and schedule.
-- Data live on the device as tensors; batches are drawn by index, reshuffled every epoch.
-- Exact early stopping: the study's result is the minimum over trials, so no trial trains past
-  the best reached step minus one check interval (status ``superseded``). It never changes the
-  study's steps-to-result.
-- Exact early-abort evaluation: the goal test stops counting validation errors (or summing a loss
-  goal's non-negative validation losses) as soon as they exceed what the goal allows. Such a check has
-  no validation error (``None``).
+"""The training engine: trains chunks of trials (one alone on the fast path, ``SingleTrainer``; several packed in
+lockstep, ``PackedTrainer``) check interval by check interval (``ChunkRun``, interleaved by ``interleave``) and
+returns one result per trial. It knows nothing about MLflow: it reports to an ``Observer`` and stops trials by the
+study's best step (``StepBound``, exact early stopping); docs/protocol.md says what it measures, docs/performance.md
+why it trains as it does.
 """
 
 from __future__ import annotations
@@ -25,15 +10,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.optimizers.base import PackedState
-from edps_mlflow.probes import ProbeHook
+from edps_mlflow.probes import ProbeHook, ProbeView
 from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
 from edps_mlflow.trials import TrialSetup
 from edps_mlflow.workloads import GoalMetric, InputLayout, Workload
@@ -44,14 +29,12 @@ class EngineSettings:
     batch_size: int
     max_steps: int
     check_interval: int
-    # The largest validation total that still meets the goal (Workload.goal_bound): the most misclassified
-    # validation examples of an error-rate goal, the largest summed validation loss of a loss goal.
+    # The largest validation total that still meets the goal (Workload.goal_bound): errors, or a summed loss.
     allowed_errors: int | float
     # Seed of the data order; the same for every trial of a study, as in the original.
     data_seed: int
     early_abort_evaluation: bool = True
-    # Every this many steps a check evaluates the whole validation split even with early abort, so each
-    # trial has a validation-error curve (0: only when early abort is off).
+    # Every this many steps a check counts the whole validation split even with early abort: a curve (0: none).
     curve_interval: int = 0
     evaluation_batch_size: int = 1000
     # The fast path's memory format (resources.uses_channels_last); it applies to image inputs only.
@@ -71,6 +54,8 @@ class StepBound(Protocol):
 
 
 class Observer(Protocol):
+    """What the engine reports to (a subclass hears nothing it does not override)."""
+
     def on_check(self, trial_index: int, check: Check) -> None: ...
 
     def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None: ...
@@ -96,23 +81,13 @@ class LocalStepBound:
             self.best_step = step
 
 
-class NullObserver:
-    def on_check(self, trial_index: int, check: Check) -> None:
-        pass
-
-    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
-        pass
-
-    def on_finish(self, result: TrialResult) -> None:
-        pass
+class NullObserver(Observer):
+    pass
 
 
 class BatchStream:
-    """An endless stream of batch indices, reshuffled every epoch.
-
-    As in the original, the stream is one endless sequence of examples: a batch that runs past the
-    end of an epoch is completed from the start of the next (reshuffled) one; nothing is dropped.
-    """
+    """An endless stream of batch indices, reshuffled every epoch: as in the original, a batch that runs past the
+    end of an epoch is completed from the start of the next one; nothing is dropped."""
 
     def __init__(self, size: int, batch_size: int, seed: int, device: torch.device) -> None:
         if batch_size > size:
@@ -147,8 +122,8 @@ class SingleTrainer:
         self.memory_format = torch.channels_last if channels_last and images else torch.contiguous_format
         self.model = model.to(device=device, memory_format=self.memory_format)
         self.parameters = list(self.model.parameters())
-        names = [name for name, _ in self.model.named_parameters()]
-        self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in names]
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in self.names]
         self.optimizer = setup.optimizer.kind.torch_optimizer(self.parameters, setup.optimizer)
 
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
@@ -182,9 +157,8 @@ class SingleTrainer:
     def keep(self, positions: Sequence[int]) -> None:
         pass
 
-    def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
-        names = [name for name, _ in self.model.named_parameters()]
-        masks = None if self.masks is None else {n: m.unsqueeze(0) for n, m in zip(names, self.masks)}
+    def probe_view(self) -> ProbeView:
+        masks = None if self.masks is None else {n: m.unsqueeze(0) for n, m in zip(self.names, self.masks)}
         # NCHW copies: under vmap the channels-last layout is several times slower on CPU.
         return (self.model, lambda: {n: p.detach().contiguous().unsqueeze(0)
                                      for n, p in self.model.named_parameters()}, masks)
@@ -240,10 +214,8 @@ class PackedTrainer:
         for start in range(0, labels.shape[0], chunk_size):
             errors += self._errors(self.params, images[start:start + chunk_size], labels[start:start + chunk_size])
             if allowed is not None and bool(((errors > allowed) | skipped).all()):
-                values = errors.tolist()
-                return values, [False] * count
-        values = errors.tolist()
-        return values, [not s for s in skip]
+                return errors.tolist(), [False] * count
+        return errors.tolist(), [not s for s in skip]
 
     def keep(self, positions: Sequence[int]) -> None:
         index = torch.tensor(list(positions), device=self.device)
@@ -252,15 +224,8 @@ class PackedTrainer:
             self.masks = {n: m.index_select(0, index) for n, m in self.masks.items()}
         self.state.keep(positions)
 
-    def probe_view(self) -> tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]:
+    def probe_view(self) -> ProbeView:
         return self.template, lambda: self.params, self.masks
-
-
-def make_trainer(workload: Workload, setups: Sequence[TrialSetup], device: torch.device,
-                 channels_last: bool) -> SingleTrainer | PackedTrainer:
-    if len(setups) == 1:
-        return SingleTrainer(workload, setups[0], device, channels_last)
-    return PackedTrainer(workload, setups, device)
 
 
 @dataclass
@@ -272,7 +237,7 @@ class _TrialState:
     checks_cut_short: int = 0
     best_validation_error: float | None = None
     probe_seconds: float = 0.0
-    train_seconds: float = 0.0  # its share of the training steps' seconds (see ChunkRun._account)
+    train_seconds: float = 0.0  # its share of the training steps' seconds (see ChunkRun.advance)
     shared_steps: int = 0  # the sum over its steps of the trials that trained in each
 
     def result(self, status: TrialStatus, step: int, seconds: float) -> TrialResult:
@@ -284,11 +249,9 @@ class _TrialState:
 
 
 class ChunkRun:
-    """One chunk of trials (one setup: the fast path; several: packed in lockstep) that trains one check
-    interval at a time, so that a scheduler can interleave chunks: it holds the trainer (parameters and
-    optimizer buffers), its own BatchStream and each trial's state between calls. Every trial sees the
-    same batches and updates whatever the interleaving; only when it stops depends on the shared bound.
-    ``data`` must be on the device."""
+    """One chunk of trials (one setup: the fast path; several: packed in lockstep) that trains one check interval
+    per ``advance``, holding its trainer, its own BatchStream and each trial's state between calls: every trial
+    sees the same batches whatever the interleaving. ``data`` must be on the device."""
 
     def __init__(self, workload: Workload, data: DataSplits, setups: Sequence[TrialSetup],
                  settings: EngineSettings, observer: Observer | None = None) -> None:
@@ -301,7 +264,8 @@ class ChunkRun:
         # The mean training loss of each active trial at its last check (a hint for the scheduler only).
         self.last_losses: list[float] = []
         device = data.train_images.device
-        self.trainer = make_trainer(workload, setups, device, settings.channels_last)
+        self.trainer = (SingleTrainer(workload, setups[0], device, settings.channels_last) if len(setups) == 1
+                        else PackedTrainer(workload, setups, device))
         self.stream = BatchStream(data.train_size, settings.batch_size, settings.data_seed, device)
         self.hook = ProbeHook(settings.probes, settings.probe_interval, data.train_images, data.train_labels,
                               settings.data_seed, workload.loss)
@@ -327,26 +291,16 @@ class ChunkRun:
             steps, probe_seconds = self._train_to_check()
             # Reading the losses waits for the device, so on a GPU too the interval's steps are done here.
             mean_losses = (self.loss_sums / steps).tolist()
-            self._account(steps, time.perf_counter() - self._advance_started - probe_seconds)
+            # A lockstep step of K trials is one computation: each is charged 1/K of it and remembers K (pack_size).
+            share = (time.perf_counter() - self._advance_started - probe_seconds) / len(self.active)
+            for state in self.active:
+                state.train_seconds += share
+                state.shared_steps += steps * len(self.active)
             self.loss_sums.zero_()
-            statuses = _check(self.trainer, self.data, self.settings, bound, self.active, self.step, mean_losses,
-                              self.observer)
+            statuses = self._check(bound, mean_losses)
             self.last_losses = mean_losses
             self._finish([k for k, s in enumerate(statuses) if s is not None], statuses)
         self.seconds += time.perf_counter() - self._advance_started
-
-    def _account(self, steps: int, seconds: float) -> None:
-        """Share ``seconds`` of ``steps`` lockstep training steps out among the trials that took them.
-
-        A trial's time per step should be what one step of it costs on this device; a lockstep step of K
-        trials is one computation for all K, so each is charged 1/K of it (its cost in the study), and
-        remembers K (TrialResult.pack_size). Alone its step may be faster or slower than the share (the packed
-        path has no channels-last on CPU, and no launch overhead per trial on GPU); the analysis says so.
-        """
-        share = seconds / len(self.active)
-        for state in self.active:
-            state.train_seconds += share
-            state.shared_steps += steps * len(self.active)
 
     def _train_to_check(self) -> tuple[int, float]:
         """Train every active trial to the next check step; how many steps that took, and the seconds the
@@ -393,6 +347,36 @@ class ChunkRun:
             self.last_losses = [self.last_losses[k] for k in survivors] if self.last_losses else []
         self.active = [self.active[k] for k in survivors]
 
+    def _check(self, bound: StepBound, mean_losses: list[float]) -> list[TrialStatus | None]:
+        """The validation check at this step: each active trial's new status, or None while it trains on. Early
+        abort stops counting once past what the goal allows, exactly; such a check has no validation error."""
+        settings, data, active, step = self.settings, self.data, self.active, self.step
+        diverged = [not math.isfinite(loss) for loss in mean_losses]
+        curve_point = settings.curve_interval > 0 and step % settings.curve_interval == 0
+        allowed = settings.allowed_errors if settings.early_abort_evaluation and not curve_point else None
+        errors, complete = self.trainer.count_errors(
+            data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
+        reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
+        if any(reached):
+            bound.offer(step)
+        limit = bound.limit()
+        statuses: list[TrialStatus | None] = []
+        for k, state in enumerate(active):
+            state.checks += 1
+            validation_error = errors[k] / data.validation_size if complete[k] else None
+            if not complete[k] and not diverged[k]:
+                state.checks_cut_short += 1
+            if validation_error is not None:
+                previous = state.best_validation_error
+                state.best_validation_error = validation_error if previous is None else min(previous, validation_error)
+            self.observer.on_check(state.setup.index, Check(
+                step=step, train_loss=mean_losses[k], validation_error=validation_error,
+                learning_rate=state.setup.optimizer.schedule.learning_rate_at(step - 1)))
+            statuses.append(TrialStatus.DIVERGED if diverged[k] else TrialStatus.REACHED if reached[k]
+                            else TrialStatus.NOT_REACHED if step >= settings.max_steps
+                            else TrialStatus.SUPERSEDED if step >= limit else None)
+        return statuses
+
 
 class Advancing(Protocol):
     """A chunk that trains one check interval per call: ChunkRun, or a wrapper that prepares it first."""
@@ -409,29 +393,35 @@ class Advancing(Protocol):
     def advance(self, bound: StepBound) -> None: ...
 
 
-class Pace(Protocol):
-    """Keeps processes that interleave shares of one study's chunks in step, advance by advance: without it
-    a process runs ahead of the others (its chunks end early, or it has the cores), past a best step another
-    process is about to find. A share's place is its furthest-behind step and its turn there (how many of
-    its chunks at that step it has advanced)."""
+class SharedPace:
+    """Keeps processes that interleave shares of one study's chunks in step, so that none runs past a best step
+    another is about to find: ``places`` (shared memory) holds each share's place, step * TURNS + turn (its
+    furthest-behind step, and how many of its chunks at that step it has advanced). Every share has a worker of
+    its own from the start and waits only for shares behind it, so the wait always ends."""
+
+    DONE = 2**62
+    TURNS = 2**20  # more than the chunks of any share, so that places order as (step, turn) do
+    POLL_SECONDS = 0.002  # an advance is at least a few steps (milliseconds each)
+
+    def __init__(self, places: Any, slot: int) -> None:
+        self.places, self.slot = places, slot
 
     def publish(self, step: int | None, turn: int) -> None:
         """This share's place (``step`` None: the share is done)."""
+        self.places[self.slot] = self.DONE if step is None else step * self.TURNS + turn
 
     def wait_for(self, step: int, turn: int) -> None:
         """Return once every other share has reached this place or passed it."""
+        place = step * self.TURNS + turn
+        while min(v for i, v in enumerate(self.places[:]) if i != self.slot) < place:
+            time.sleep(self.POLL_SECONDS)
 
 
-def interleave(runs: Sequence[Advancing], bound: StepBound, pace: Pace | None = None) -> None:
-    """Train ``runs`` to their ends breadth-first: always advance the one furthest behind by one check
-    interval. Every trial then stops within one check of the study's best step as soon as any trial finds
-    it, whatever the order: the study costs about what proving its minimum costs. Among runs at the same
-    step the lowest training loss at the last check goes first (the likeliest to reach, which spares the
-    others that round's interval), then the given order (the study's trial order, which alone decides the
-    first round). A single run is plain depth-first training. With a ``pace``, no share starts its n-th
-    chunk of a round before every other share has finished its (n-1)-th (or the round): a best step found
-    in one process stops the others' trials after the one interval each was training, not after their
-    whole round."""
+def interleave(runs: Sequence[Advancing], bound: StepBound, pace: SharedPace | None = None) -> None:
+    """Train ``runs`` to their ends breadth-first, always advancing the one furthest behind, so that every trial
+    stops within a check of the study's best step as soon as any finds it. At the same step the lowest last
+    training loss goes first (the likeliest to reach), then the given order. With a ``pace``, no share starts its
+    n-th chunk of a round before every other share has finished its (n-1)-th."""
     turn, turn_step = 0, -1
     while True:
         pending = [(run.step, run.last_loss, position) for position, run in enumerate(runs) if not run.done]
@@ -459,37 +449,5 @@ def train_trials(workload: Workload, data: DataSplits, setups: Sequence[TrialSet
             (observer or NullObserver()).on_finish(result)
         return results
     run = ChunkRun(workload, data, setups, settings, observer)
-    while not run.done:
-        run.advance(bound)
+    interleave([run], bound)
     return [run.results[s.index] for s in setups]
-
-
-def _check(trainer: SingleTrainer | PackedTrainer, data: DataSplits, settings: EngineSettings, bound: StepBound,
-           active: list[_TrialState], step: int, mean_losses: list[float],
-           observer: Observer) -> list[TrialStatus | None]:
-    """The validation check at ``step``: each active trial's new status, or None while it trains on."""
-    diverged = [not math.isfinite(loss) for loss in mean_losses]
-    curve_point = settings.curve_interval > 0 and step % settings.curve_interval == 0
-    allowed = settings.allowed_errors if settings.early_abort_evaluation and not curve_point else None
-    errors, complete = trainer.count_errors(
-        data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
-    reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
-    if any(reached):
-        bound.offer(step)
-    limit = bound.limit()
-    statuses: list[TrialStatus | None] = []
-    for k, state in enumerate(active):
-        state.checks += 1
-        validation_error = errors[k] / data.validation_size if complete[k] else None
-        if not complete[k] and not diverged[k]:
-            state.checks_cut_short += 1
-        if validation_error is not None:
-            previous = state.best_validation_error
-            state.best_validation_error = validation_error if previous is None else min(previous, validation_error)
-        observer.on_check(state.setup.index, Check(
-            step=step, train_loss=mean_losses[k], validation_error=validation_error,
-            learning_rate=state.setup.optimizer.schedule.learning_rate_at(step - 1)))
-        statuses.append(TrialStatus.DIVERGED if diverged[k] else TrialStatus.REACHED if reached[k]
-                        else TrialStatus.NOT_REACHED if step >= settings.max_steps
-                        else TrialStatus.SUPERSEDED if step >= limit else None)
-    return statuses

@@ -1,19 +1,12 @@
 """The fields of a study and the options of `edps study` and `edps sweep`, declared once (OpenLTH's
-``Hparams``): each one's name, how the command line reads it, its default, its help, and whether (and when)
-it enters the keys.
+``Hparams``): each one's name, how the command line reads it, its default, its help, and whether it enters
+the keys. The keys, the options (cli_options.py), the MLproject's parameters and the sweep key derive from
+``STUDY_FIELDS``; ``SWEEP_FIELDS`` are the options only a sweep has. A help text names a registry's list as
+``{optimizers}``: the command line fills it in.
 
-``STUDY_FIELDS`` is the study's table. The keys derive from it (:func:`key_fields`), and so do the options
-of `edps study`, the `edps sweep` options of its protocol fields and its grid axes (``axis``: the plural
-list), ``mlproject.study_parameters`` and the sweep key; ``SWEEP_FIELDS`` are the options only a sweep has.
-``tests/test_study_fields.py`` checks StudySpec and the MLproject's entry points against the tables. A help
-text names a registry's list as ``{optimizers}``, ``{methods}``, ...: the command line fills it in.
-
-The rule that keeps old keys (OpenLTH's): a field whose value equals its ``key_default`` is left out of
-the hash. A new field of ``StudySpec`` is added with a default equal to its ``key_default`` (the value
-every study measured before it existed had), and every existing key stays what it was. A field that
-means nothing without another (``needs``: the probe interval without probes) is left out with it.
-
-No torch, no MLflow, no import from the rest of the package: config.py builds its keys from here.
+Old keys hold (OpenLTH's rule): a field at its ``key_default`` is left out of the hash, so a new field comes with
+a default equal to the value every study had before it existed. A field that means nothing without another
+(``needs``) is left out with it. No import from the rest of the package: config.py builds its keys from here.
 """
 
 from __future__ import annotations
@@ -23,20 +16,17 @@ from enum import Enum
 from typing import Any
 
 
-class _Always:
-    """The ``key_default`` of a field that is always hashed (it has no value that old keys lacked)."""
-
-    def __repr__(self) -> str:
-        return "ALWAYS"
+class _KeyDefault(Enum):
+    ALWAYS = "always"  # the key default of a field that is always hashed: old keys lack no value of it
 
 
-ALWAYS: Any = _Always()
+ALWAYS: Any = _KeyDefault.ALWAYS
 
 
 @dataclass(frozen=True)
 class Option:
     """One option of a command. ``name``: the value's name (the StudySpec field, or the SweepSpec.build or
-    command argument it fills); ``kind``: how the command line reads it (``cli.KINDS``); ``default``: as typed
+    command argument it fills); ``kind``: how the command line reads it (``cli_options.KINDS``); ``default``: as typed
     on the command line, None for none; ``flag``: its spelling, None when it is no option (a field set by the
     study itself); ``parameter``: its MLproject parameter, None when the entry point has none."""
 
@@ -190,11 +180,9 @@ SPEC_ARGUMENTS = frozenset(f.name for f in KEY_FIELDS) | {f.axis.name for f in K
 
 
 def encode(value: Any) -> Any:
-    """A field's value as it is hashed (and logged): enums by value, names as plain strings, tuples as lists."""
+    """A field's value as it is hashed (and logged): enums by value, tuples as lists."""
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, str):
-        return str(value)
     if isinstance(value, (tuple, list)):
         return [encode(v) for v in value]
     return value
@@ -205,8 +193,6 @@ def key_fields(spec: Any, table: tuple[StudyField, ...] = KEY_FIELDS) -> dict[st
     those whose ``needs`` is left out."""
     hashed: dict[str, Any] = {}
     for f in table:
-        if not f.in_key:
-            continue
         value = encode(getattr(spec, f.name))
         at_default = f.key_default is not ALWAYS and _same(value, encode(f.key_default))
         # A field needs one declared before it (the table is checked for that), so one pass settles it.

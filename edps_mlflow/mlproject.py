@@ -1,15 +1,12 @@
-"""Studies as runs of this project's MLproject, submitted through MLflow Projects.
+"""Studies as runs of this project's MLproject, submitted through MLflow Projects (docs/executors.md).
 
-    edps sweep --executor mlflow-project --workers 2                       # mlflow run, locally
-    edps sweep --executor mlflow-project --env-manager virtualenv          # ... in MLflow's virtualenv
+    edps sweep --executor mlflow-project --workers 2 --env-manager virtualenv
     edps sweep --executor mlflow-project --backend kubernetes --backend-config kubernetes.json
 
-``ProjectLaunch`` is where the runs go (backend, its config, the environment manager), validated on
-construction, one line per mistake, before the sweep touches the store. ``submit`` makes one study a run of
-the ``main`` entry point (``mlflow.projects.run(..., synchronous=False)``) with ``study_parameters``;
-``SubmittedStudy`` is the handle the sweep waits on. The Kubernetes job that MLflow will create is built and
-checked here before any work (``preview_kubernetes_job``). The executor that schedules the runs is
-``executors/queued.py``, with MLflow Projects as its backend (``executors/mlflow_project.py``).
+``ProjectLaunch`` is where the runs go, checked in one line per mistake before the sweep touches the store;
+``submit`` makes one study a run of the ``main`` entry point, and ``SubmittedStudy`` is the handle the queued
+executor (executors/queued.py) waits on. The Kubernetes Job that MLflow will create is built and checked here.
+MLflow is imported only inside the functions that use it: the command line imports this module at start-up.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -39,12 +35,9 @@ from edps_mlflow.uris import redact_uri
 
 ENTRY_POINT = "main"
 MLPROJECT = "MLproject"
-# MLflow's keys of a Kubernetes backend config (https://mlflow.org/docs/latest/projects.html), and ours.
-KUBE_JOB_TEMPLATE = "kube-job-template-path"
-KUBE_REPOSITORY = "repository-uri"
-KUBE_CONTEXT = "kube-context"
-KUBE_BASE_IMAGE = "base-image"  # ours: the image the project's image is built FROM (MLproject's docker_env)
-_KUBE_KEYS = (KUBE_JOB_TEMPLATE, KUBE_REPOSITORY, KUBE_CONTEXT, KUBE_BASE_IMAGE)
+# MLflow's keys of a Kubernetes backend config, and ours (base-image: what the project's image is built FROM).
+_KUBE_KEYS = ("kube-job-template-path", "repository-uri", "kube-context", "base-image")
+_REQUIRED = "'kube-job-template-path', 'repository-uri' and 'base-image'"
 LOG_TAIL_LINES = 15
 _TAIL_BYTES = 64 * 1024  # the end of a log is all a report needs (a long study's log has many progress lines)
 
@@ -54,20 +47,11 @@ class Backend(str, Enum):
     KUBERNETES = "kubernetes"
 
 
-class EnvManager(str, Enum):
-    """MLflow's environment managers for a run on the local backend."""
-
+class EnvManager(str, Enum):  # MLflow's environment managers of a run on the local backend
     LOCAL = "local"
     VIRTUALENV = "virtualenv"
     UV = "uv"
     CONDA = "conda"
-
-
-def _parse(kind: type[Enum], value: Any, what: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        raise EdpsError(f"unknown {what} {value!r}; known {what}s: {', '.join(k.value for k in kind)}") from None
 
 
 def project_directory() -> Path:
@@ -84,7 +68,6 @@ def project_directory() -> Path:
 class KubernetesConfig:
     """MLflow's Kubernetes backend config (a JSON file) and the job template it names, checked."""
 
-    path: Path
     job_template_path: Path
     repository_uri: str
     base_image: str
@@ -97,30 +80,29 @@ class KubernetesConfig:
         where = f"backend config {path}"
         config = _read(path, where, json.loads, "JSON")
         if not isinstance(config, dict):
-            raise EdpsError(f"{where} must be a JSON object with {KUBE_JOB_TEMPLATE!r}, {KUBE_REPOSITORY!r} and "
-                            f"{KUBE_BASE_IMAGE!r}")
+            raise EdpsError(f"{where} must be a JSON object with {_REQUIRED}")
         unknown = sorted(set(config) - set(_KUBE_KEYS))
         if unknown:
             raise EdpsError(f"{where} has unknown keys {', '.join(map(repr, unknown))}; known: "
                             f"{', '.join(map(repr, _KUBE_KEYS))}")
-        for key in (KUBE_JOB_TEMPLATE, KUBE_REPOSITORY, KUBE_BASE_IMAGE):
+        for key in ("kube-job-template-path", "repository-uri", "base-image"):
             if not isinstance(config.get(key), str) or not config[key].strip():
                 raise EdpsError(f"{where} needs {key!r} (a non-empty string)")
-        context = config.get(KUBE_CONTEXT)
+        context, repository = config.get("kube-context"), config["repository-uri"]
         if context is not None and (not isinstance(context, str) or not context.strip()):
-            raise EdpsError(f"{where}: {KUBE_CONTEXT!r} must be a non-empty string when given")
-        if any(c.isspace() for c in config[KUBE_REPOSITORY]) or ":" in config[KUBE_REPOSITORY].rsplit("/", 1)[-1]:
-            raise EdpsError(f"{where}: {KUBE_REPOSITORY!r} must be an image repository without a tag (MLflow tags "
-                            f"each image itself), got {config[KUBE_REPOSITORY]!r}")
+            raise EdpsError(f"{where}: 'kube-context' must be a non-empty string when given")
+        if any(c.isspace() for c in repository) or ":" in repository.rsplit("/", 1)[-1]:
+            raise EdpsError(f"{where}: 'repository-uri' must be an image repository without a tag (MLflow tags "
+                            f"each image itself), got {repository!r}")
         # MLflow opens the path as given, from the working directory: made absolute once for both.
-        template_path = Path(config[KUBE_JOB_TEMPLATE]).expanduser().absolute()
-        return cls(path, template_path, config[KUBE_REPOSITORY].strip(), config[KUBE_BASE_IMAGE].strip(),
-                   context, load_job_template(template_path))
+        template_path = Path(config["kube-job-template-path"]).expanduser().absolute()
+        return cls(template_path, repository.strip(), config["base-image"].strip(), context,
+                   load_job_template(template_path))
 
     def mlflow_config(self) -> dict[str, str]:
         """What ``mlflow.projects.run(backend_config=...)`` gets."""
-        config = {KUBE_JOB_TEMPLATE: str(self.job_template_path), KUBE_REPOSITORY: self.repository_uri}
-        return {**config, KUBE_CONTEXT: self.kube_context} if self.kube_context else config
+        config = {"kube-job-template-path": str(self.job_template_path), "repository-uri": self.repository_uri}
+        return {**config, "kube-context": self.kube_context} if self.kube_context else config
 
 
 def _read(path: Path, where: str, parse: Any, language: str) -> Any:
@@ -170,16 +152,15 @@ class ProjectLaunch:
     kubernetes: KubernetesConfig | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", _parse(Backend, self.backend, "backend"))
-        object.__setattr__(self, "env_manager", _parse(EnvManager, self.env_manager, "environment manager"))
+        object.__setattr__(self, "backend", Backend(self.backend))  # the command line offers only their values
+        object.__setattr__(self, "env_manager", EnvManager(self.env_manager))
         config = self.backend_config.strip() if self.backend_config else None
         object.__setattr__(self, "backend_config", config or None)
         if self.backend is Backend.LOCAL and self.backend_config:
             raise EdpsError("--backend-config is for --backend kubernetes (the local backend takes none)")
         if self.backend is Backend.KUBERNETES:
             if not self.backend_config:
-                raise EdpsError("--backend kubernetes needs --backend-config FILE: a JSON file with "
-                                f"{KUBE_JOB_TEMPLATE!r}, {KUBE_REPOSITORY!r} and {KUBE_BASE_IMAGE!r} "
+                raise EdpsError(f"--backend kubernetes needs --backend-config FILE: a JSON file with {_REQUIRED} "
                                 "(docs/executors.md has an example)")
             if self.env_manager is not EnvManager.LOCAL:
                 raise EdpsError("--env-manager is for the local backend: on Kubernetes the run's environment is "
@@ -208,7 +189,6 @@ class ProjectLaunch:
                                 "no docker executable on PATH")
             return
         if shutil.which("mlflow") is None:
-            # MLflow's local backend starts each submitted run as an `mlflow run` process.
             raise EdpsError("--executor mlflow-project needs the mlflow command on PATH (MLflow's local backend "
                             "starts `mlflow run` for each run); none found")
         if self.env_manager is EnvManager.UV and shutil.which("uv") is None:
@@ -261,10 +241,8 @@ def study_command(parameters: dict[str, str], python: str | None = None) -> list
 def absolute_store_uri(tracking_uri: str) -> str:
     """A ``sqlite:///`` URI with a relative path made absolute (from this working directory)."""
     prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return tracking_uri
-    path, _, query = tracking_uri[len(prefix):].partition("?")
-    if not path or path == ":memory:" or Path(path).is_absolute():
+    path, _, query = tracking_uri.removeprefix(prefix).partition("?")
+    if not tracking_uri.startswith(prefix) or not path or path == ":memory:" or Path(path).is_absolute():
         return tracking_uri
     return prefix + str(Path(path).absolute()) + (f"?{query}" if query else "")
 
@@ -279,8 +257,6 @@ def stage_docker_project(source: Path, base_image: str) -> Path:
         if (source / name).is_file():
             shutil.copy2(source / name, staged / name)
     text = (source / MLPROJECT).read_text()
-    if "python_env: python_env.yaml" not in text:
-        raise EdpsError(f"{source / MLPROJECT} does not declare python_env.yaml: cannot stage it for Kubernetes")
     image = json.dumps(base_image)  # a YAML string, quoted
     (staged / MLPROJECT).write_text(text.replace("python_env: python_env.yaml", f"docker_env:\n  image: {image}"))
     return staged
@@ -292,19 +268,18 @@ def _output_to(path: Path) -> Iterator[None]:
     run`` with our own descriptors, and its output is all a failed run leaves on the local backend."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
+    saved = {descriptor: os.dup(descriptor) for descriptor in (1, 2)}
     try:
         with open(path, "ab", buffering=0) as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
+            for descriptor in saved:
+                os.dup2(log.fileno(), descriptor)
         yield
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for descriptor in saved:
-            os.close(descriptor)
+        for descriptor, copy in saved.items():
+            os.dup2(copy, descriptor)
+            os.close(copy)
 
 
 def log_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -315,7 +290,6 @@ def log_file_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
             text = log.read().decode(errors="replace")
     except OSError as error:
         return [f"(no log: {error})"]
-    # A progress line rewritten in place on a terminal is many lines in one: keep the last of each.
     kept = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
     kept = [line for line in kept if line.strip()]
     return kept[-lines:]
@@ -340,12 +314,9 @@ class SubmittedStudy:
         name = RunStatus.to_string(status) if isinstance(status, int) else str(status)
         return RunState.RUNNING if name == "SCHEDULED" else RunState(name)
 
-    def exit_code(self) -> int | None:
-        process = getattr(self._submitted, "command_proc", None)
-        return process.returncode if process is not None else None
-
     def describe_end(self) -> str:
-        code = self.exit_code()
+        process = getattr(self._submitted, "command_proc", None)  # the local backend's `mlflow run`
+        code = process.returncode if process is not None else None
         return f"exit code {code}" if code is not None else self.state().value
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -379,12 +350,10 @@ def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tra
                                  "synchronous": False}
     try:
         if launch.backend is Backend.KUBERNETES:
-            arguments["backend_config"] = launch.kubernetes.mlflow_config()
-            return SubmittedStudy(mlflow.projects.run(**arguments), None)
-        arguments["env_manager"] = launch.env_manager.value
-        assert log_path is not None
+            return SubmittedStudy(mlflow.projects.run(**arguments, backend_config=launch.kubernetes.mlflow_config()),
+                                  None)
         with _output_to(log_path):
-            submitted = mlflow.projects.run(**arguments)
+            submitted = mlflow.projects.run(**arguments, env_manager=launch.env_manager.value)
         return SubmittedStudy(submitted, log_path)
     except Exception as error:  # noqa: BLE001 - docker and kubernetes client errors have no common base
         if not isinstance(error, (MlflowException, OSError, ImportError)) and \
@@ -401,14 +370,10 @@ def preview_kubernetes_job(launch: ProjectLaunch, project: Path, parameters: dic
                            tracking_uri: str) -> dict[str, Any]:
     """The Job MLflow would submit for a study with ``parameters`` from the staged ``project`` (a placeholder
     for its image, not built yet), checked: a bad template fails here, before any work."""
-    from mlflow.exceptions import MlflowException
     from mlflow.projects.utils import load_project
 
-    try:
-        spec = load_project(str(project))
-        command = spec.get_entry_point(ENTRY_POINT).compute_command(parameters, None)
-    except MlflowException as error:
-        raise EdpsError(f"the project staged for Kubernetes ({project}): {error.message}") from None
+    spec = load_project(str(project))
+    command = spec.get_entry_point(ENTRY_POINT).compute_command(parameters, None)
     if not spec.docker_env:
         raise EdpsError(f"the project staged for Kubernetes ({project}) has no docker_env")
     # The Job as MLflow's Kubernetes backend fills in its template (mlflow.projects.kubernetes): the job's name,
@@ -421,7 +386,4 @@ def preview_kubernetes_job(launch: ProjectLaunch, project: Path, parameters: dic
     container.update({"name": spec.name, "image": f"{launch.kubernetes.repository_uri}:<tag>@sha256:<digest>",
                       "command": shlex.split(command)})
     container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in environment.items())]
-    name = job["metadata"]["name"]
-    if len(name) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
-        raise EdpsError(f"Kubernetes job name {name!r} is not a DNS label (lower case, digits and '-', at most 63)")
     return job

@@ -1,10 +1,7 @@
 """Measurements during training, one interface: the paper's Lipschitz constant and McCandlish et al.'s gradient
-noise scale (docs/probes.md gives both definitions).
-
-A probe runs every ``probe_interval`` steps on all trials of a chunk at once (vectorised over the trial axis,
-like the packed engine), on gradients of the workload's training loss: ``before_step`` sees the weights before
-that step's update, ``after_step`` after it and returns one value per trial for each metric. Probes copy what
-they need and draw from their own generator, so a probed run follows exactly the trajectory of a plain one.
+noise scale (docs/probes.md defines both). A probe runs every ``probe_interval`` steps on all trials of a chunk at
+once (vectorised over the trial axis), around one step's update, and returns a value per trial for each metric; it
+copies what it needs and draws from its own generator, so a probed run follows the trajectory of a plain one.
 """
 
 from __future__ import annotations
@@ -24,6 +21,8 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.workloads import Loss
 
 GAMMAS = tuple(round(0.1 * i, 1) for i in range(1, 10))
+# What a trainer shows the probes: the network, its current stacked (K-trial) weights, the masks.
+ProbeView = tuple[nn.Module, Callable[[], dict[str, Tensor]], dict[str, Tensor] | None]
 
 
 @dataclass
@@ -65,8 +64,9 @@ def _batch_gradient(template: nn.Module, params: dict[str, Tensor], images: Tens
     return dict(zip(leaves, gradients))
 
 
-def mean_gradient(context: ProbeContext, params: dict[str, Tensor], images: Tensor, labels: Tensor) -> dict[str, Tensor]:
-    """Per-trial gradient of the mean loss over ``images`` (in chunks), masked."""
+def mean_gradient(context: ProbeContext, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-trial gradient of the mean loss over the training split (in chunks), masked."""
+    images, labels = context.images, context.labels
     count = labels.shape[0]
     trials = next(iter(params.values())).shape[0]
     chunk = max(10, context.chunk_size // max(1, trials))
@@ -95,7 +95,7 @@ class LipschitzProbe:
     @torch.no_grad()
     def before_step(self, context: ProbeContext) -> None:
         self.start = {n: p.detach().clone() for n, p in context.parameters().items()}
-        self.start_gradient = mean_gradient(context, self.start, context.images, context.labels)
+        self.start_gradient = mean_gradient(context, self.start)
 
     @torch.no_grad()
     def after_step(self, context: ProbeContext) -> dict[str, list[float]]:
@@ -106,7 +106,7 @@ class LipschitzProbe:
         best = torch.full_like(step_norm, float("nan"))
         for gamma in GAMMAS:
             point = {n: self.start[n] + gamma * direction[n] for n in direction}
-            moved = mean_gradient(context, point, context.images, context.labels)
+            moved = mean_gradient(context, point)
             ratio = _norms({n: moved[n] - self.start_gradient[n] for n in moved}) / (gamma * step_norm)
             best = torch.where(torch.isnan(best) | (ratio > best), ratio, best)
         self.start = self.start_gradient = None
@@ -185,12 +185,7 @@ class ProbeHook:
         self.probes = [PROBES[name]() for name in probes]
         self.interval, self.images, self.labels, self.seed, self.loss = interval, images, labels, seed, loss
 
-    @property
-    def active(self) -> bool:
-        return bool(self.probes)
-
-    def around_step(self, step: int, view: Callable[[], tuple[nn.Module, Callable[[], dict[str, Tensor]],
-                                                               dict[str, Tensor] | None]],
+    def around_step(self, step: int, view: Callable[[], ProbeView],
                     train_step: Callable[[], Tensor]) -> tuple[Tensor, dict[str, list[float]], float]:
         """Run ``train_step`` (the update that produces ``step``), with the probes around it when due: the step's
         per-trial losses, the probe values (a list per metric, a value per trial) and the probes' seconds."""

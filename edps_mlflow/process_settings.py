@@ -1,34 +1,30 @@
-"""What a command's process takes from its environment, read or set in one place, importing neither torch
-nor MLflow (so the command line can use it before validating its input):
-
-- MLflow's HTTP request settings, which MLflow reads from the environment at every request. Our processes
-  give up on an unreachable server within about half a minute (MLflow's own defaults retry for minutes); a
-  user's own setting wins. :func:`configure_process` sets them once, when a command's process starts (its
-  worker processes and ``mlflow run`` children inherit them; Ray's workers get :func:`request_settings`).
-  Library code never sets them, so nothing leaks from one caller (or test) into the next.
-- libpq's connect timeout (``PGCONNECT_TIMEOUT``), which bounds every later connection of a PostgreSQL
-  store's client (the first one is bounded by ``store.require_database``).
-- The command's log file (``EDPS_LOG_FILE``): where MLflow's, alembic's and SQLAlchemy's log records go
-  instead of the terminal (``store.route_library_logs``), one file per command, shared by its processes.
-- The run that ``mlflow run`` made for this process (``MLFLOW_RUN_ID``): :func:`launcher_run_id`.
+"""What a command's process takes from its environment, read or set in one place, without torch or MLflow (the
+command line uses it before it validates its input): MLflow's HTTP request settings and libpq's connect timeout
+(our processes give up on an unreachable store within about half a minute; a user's own setting wins), the
+command's log file for the libraries' log records (store/logs.py), and the run that ``mlflow run`` made for us;
+and how a store error ends a command (:func:`store_errors_in_one_line`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import MutableMapping
+from typing import Iterator, MutableMapping
 
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                        "PGCONNECT_TIMEOUT": "10"}
+                   "PGCONNECT_TIMEOUT": "10"}
 LOG_FILE_VARIABLE = "EDPS_LOG_FILE"
 
 
 def configure_process(environment: MutableMapping[str, str] | None = None, program: str = "edps") -> None:
-    """Our request defaults where MLflow reads them, unless the user set their own; the command's log file
-    (created when something is first logged to it)."""
+    """Our request defaults where MLflow reads them, unless the user set their own, and the command's log file
+    (created when something is first logged to it). Set once, when a command's process starts (its workers and
+    ``mlflow run`` children inherit them); library code never sets them, so nothing leaks from one caller into
+    the next."""
     environment = os.environ if environment is None else environment
     for name, value in CLIENT_DEFAULTS.items():
         environment.setdefault(name, value)
@@ -45,7 +41,7 @@ def library_log_file() -> Path | None:
 
 
 def log_note() -> str:
-    """`` (MLflow's log: PATH)`` when the command's log file holds something, to end its error line with; else ``""``."""
+    """`` (MLflow's log: PATH)`` to end an error line with, when the command's log file holds something."""
     path = library_log_file()
     try:
         return f" (MLflow's log: {path})" if path is not None and path.stat().st_size > 0 else ""
@@ -61,4 +57,25 @@ def request_settings() -> dict[str, str]:
 def launcher_run_id() -> str | None:
     """The run id that ``mlflow run`` passes to its entry point (``MLFLOW_RUN_ID``), if any."""
     return os.environ.get("MLFLOW_RUN_ID") or None
+
+
+@contextmanager
+def store_errors_in_one_line(program: str) -> Iterator[None]:
+    """A tracking-store error, or a full or read-only disk, escaping a command: one line and exit code 2, not a
+    traceback. Afterwards MLflow's loggers are as they were before the command routed them to its log file (for a
+    command run inside another program, a test); a command that never opened the store changed nothing."""
+    try:
+        yield
+    except Exception as error:
+        from edps_mlflow.store.trouble import store_error_line  # imports MLflow: only once a command has failed
+
+        line = store_error_line(error)
+        if line is None:
+            raise
+        print(f"{program}: error: {line}{log_note()}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        logs = sys.modules.get("edps_mlflow.store.logs")
+        if logs is not None:
+            logs.restore_library_logs()
 

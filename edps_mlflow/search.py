@@ -1,10 +1,6 @@
-"""Metaparameter search spaces as data, and the paper's quasi-random Sobol points.
-
-The original code draws points from an unscrambled Sobol generator (Bratley and Fox's direction
-numbers) with ``skip=2``, i.e. the sequence without its leading all-zero point: the first point is 0.5 in every dimension, so the
-first learning rate on the paper's 1e-4..1 log range is 0.01. The same list of points is reused
-at every batch size.
-"""
+"""Metaparameter search spaces as data, and the paper's quasi-random Sobol points: as the original, unscrambled
+(Bratley and Fox's direction numbers) without the leading all-zero point, so the first point is 0.5 in every
+dimension (a learning rate of 0.01 on the paper's 1e-4..1 log range); every batch size gets the same points."""
 
 from __future__ import annotations
 
@@ -33,11 +29,8 @@ class Dimension:
     integer: bool = False
 
     def value(self, unit: float) -> float:
-        """Map a coordinate in [0, 1] onto the range as the original code does.
-
-        Linear and log: 0 -> low, 1 -> high. Reverse log: 1 - value is log-uniform and, as in the
-        original, 0 -> high (momentum 0.9999), 1 -> low (0.9). Integers are truncated, as ``int()``.
-        """
+        """Map a coordinate in [0, 1] onto the range as the original does: linear and log 0 -> low, 1 -> high;
+        reverse log 0 -> high (momentum 0.9999), 1 -> low (0.9); integers truncated, as ``int()``."""
         if self.scale is Scale.LINEAR:
             value = self.low + unit * (self.high - self.low)
         elif self.scale is Scale.LOG:
@@ -60,8 +53,7 @@ class Dimension:
 @dataclass(frozen=True)
 class SearchSpace:
     """Tuned dimensions in a fixed order (the order decides which Sobol coordinate each gets), and fixed
-    metaparameters that every point carries (an Adam warm-up, say): part of each trial's metaparameters, so
-    of its key, but never tuned. A space without fixed values has the points (and trial keys) it always had."""
+    metaparameters that every point carries (an Adam warm-up, say): in each trial's key, never tuned."""
 
     dimensions: tuple[Dimension, ...]
     fixed: tuple[tuple[str, float], ...] = ()
@@ -88,18 +80,15 @@ class SearchSpace:
         return np.array([d.unit(point[d.name]) for d in self.dimensions])
 
 
-# Sobol points ported from the original code's sobol_lib (namhoonlee/effect-dps-public, MIT licence),
-# itself John Burkardt's i4_sobol (Python by Corrado Chisari, MIT licence) after Bratley and Fox,
-# ACM TOMS Algorithm 659 (1988). scipy's generator uses Joe and Kuo's direction numbers instead: it
-# agrees in one and two dimensions and differs from the third on, which changes the CIFAR-10
-# Nesterov trials (decay steps, end learning-rate factor). The paper's points are these.
+# Sobol points ported from the original code's sobol_lib (namhoonlee/effect-dps-public, MIT licence), itself John
+# Burkardt's i4_sobol (Python by Corrado Chisari, MIT licence) after Bratley and Fox, ACM TOMS Algorithm 659 (1988).
+# Not scipy's: its direction numbers (Joe and Kuo's) differ from the third dimension on (CIFAR-10 Nesterov's).
 
 # Bits per coordinate: points are multiples of 2**-30, so float64 holds them exactly.
 _SOBOL_BITS = 30
 
-# Per dimension: the primitive polynomial over GF(2) as an integer (bit k is the coefficient of
-# x**k) and the initial direction numbers m_1..m_degree, in the original's dimension order.
-# The first dimension is the van der Corput sequence (every direction number 1).
+# Per dimension: the primitive polynomial over GF(2) as an integer (bit k is the coefficient of x**k) and the
+# initial direction numbers m_1..m_degree, in the original's order; the first is van der Corput's (every one 1).
 _SOBOL_TABLE: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1, (1,)),
     (3, (1,)),
@@ -144,17 +133,13 @@ _SOBOL_TABLE: tuple[tuple[int, tuple[int, ...]], ...] = (
 )
 
 MAX_SOBOL_DIMENSIONS = len(_SOBOL_TABLE)
-# The original refuses the index whose lowest zero bit lies past the last direction number
-# (2**30 - 1); with the leading zero point skipped, that leaves this many points.
+# The original refuses the index whose lowest zero bit lies past the last direction number (2**30 - 1).
 MAX_SOBOL_POINTS = 2**_SOBOL_BITS - 2
 
 
 def _direction_numbers(dimension: int) -> list[int]:
-    """The ``_SOBOL_BITS`` direction numbers m_j of one dimension (0-based), as odd integers < 2**(j+1).
-
-    Bratley and Fox's recurrence for a polynomial x**s + a_1 x**(s-1) + ... + a_(s-1) x + 1:
-    m_j = 2 a_1 m_(j-1) ^ 4 a_2 m_(j-2) ^ ... ^ 2**s m_(j-s) ^ m_(j-s).
-    """
+    """The ``_SOBOL_BITS`` direction numbers m_j of one dimension (0-based), odd integers < 2**(j+1), by Bratley and
+    Fox's recurrence for x**s + a_1 x**(s-1) + ... + 1: m_j = 2 a_1 m_(j-1) ^ ... ^ 2**s m_(j-s) ^ m_(j-s)."""
     polynomial, initial = _SOBOL_TABLE[dimension]
     degree = polynomial.bit_length() - 1
     if degree == 0:
@@ -170,12 +155,8 @@ def _direction_numbers(dimension: int) -> list[int]:
 
 
 def sobol_points(count: int, dimensions: int) -> np.ndarray:
-    """The original's ``i4_sobol_generate(dimensions, count, skip=2)``, transposed to (count, dimensions).
-
-    Unscrambled Sobol points without the leading all-zero point. Each dimension's sequence does not
-    depend on how many dimensions are asked for, so a d-dimensional list is the first d columns of
-    any longer one.
-    """
+    """The original's ``i4_sobol_generate(dimensions, count, skip=2)``, transposed to (count, dimensions): a
+    d-dimensional list is the first d columns of any longer one."""
     if count < 1 or dimensions < 1:
         raise ValueError("count and dimensions must be positive")
     if dimensions > MAX_SOBOL_DIMENSIONS:
@@ -185,8 +166,8 @@ def sobol_points(count: int, dimensions: int) -> np.ndarray:
     # Column j of dimension i, scaled so that its leading bit is 2**-(j+1) of the unit interval.
     directions = np.array([[m << (_SOBOL_BITS - 1 - j) for j, m in enumerate(_direction_numbers(i))]
                            for i in range(dimensions)], dtype=np.int64)
-    # Antonov and Saleev: point n is the XOR of the direction numbers at the set bits of n's Gray
-    # code. The original walks the same sequence one XOR at a time; skip=2 starts it at n = 1.
+    # Antonov and Saleev: point n is the XOR of the direction numbers at the set bits of n's Gray code (the
+    # original walks the same sequence one XOR at a time); skip=2 starts it at n = 1.
     index = np.arange(1, count + 1, dtype=np.int64)
     gray = index ^ (index >> 1)
     integers = np.zeros((count, dimensions), dtype=np.int64)
@@ -201,8 +182,8 @@ LEARNING_RATE = Dimension("learning_rate", 1e-4, 1.0, Scale.LOG)
 MOMENTUM = Dimension("momentum", 0.9, 0.9999, Scale.REVERSE_LOG)
 DECAY_STEPS = Dimension("decay_steps", 30_000, 60_000, Scale.LINEAR, integer=True)
 END_LEARNING_RATE_FACTOR = Dimension("end_learning_rate_factor", 1e-4, 0.1, Scale.LOG)
-# Adam's: the learning rate around its customary 1e-3 (the first Sobol point), AdamW's decoupled weight decay
-# (each step multiplies the weights by 1 - learning_rate * weight_decay), and a beta2 a workload may tune.
+# Adam's: the learning rate around its customary 1e-3 (the first Sobol point), AdamW's decoupled weight decay, and
+# a beta2 a workload may tune.
 ADAM_LEARNING_RATE = Dimension("learning_rate", 1e-5, 0.1, Scale.LOG)
 WEIGHT_DECAY = Dimension("weight_decay", 1e-4, 1.0, Scale.LOG)
 BETA2 = Dimension("beta2", 0.99, 0.9999, Scale.REVERSE_LOG)

@@ -1,9 +1,6 @@
-"""``edps status``: the grid of an experiment from the tracking store alone.
-
-One table per (workload, optimizer, pruning method) (a curve's axes, curves.CurveId, but the sparsity): batch
-sizes down, sparsities across, the dense column (pruned by no method) in each table of its workload and
-optimizer; a cell is the study's steps-to-result, ``-`` when it finished without a reaching trial,
-``k/N trials (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``.
+"""``edps status``: the grid of an experiment from the tracking store alone, one table per curve but its
+sparsity. A cell is the study's steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials
+(running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``.
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ def default_experiment(tracking_uri: str | None = None) -> str:
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
-    """One table per curve family (the curve's axes but the sparsity: workload, optimizer, pruning method),
-    keyed by their values; batch sizes down, sparsities across. Studies on different curves never share a
-    cell."""
+    """One table per curve family (workload, optimizer, pruning method), keyed by their values; batch sizes down,
+    sparsities across, the dense column in each table of its workload and optimizer."""
     rows = study_rows(experiment, lease_seconds(), tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
@@ -59,8 +55,7 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
             cell = "-" if steps is None else str(steps)
         else:
             latest = max(group, key=lambda r: r.start_time)
-            # A live lease: a process trains it now. Otherwise its process died (or was stopped):
-            # running the same command again resumes it.
+            # Without a live lease its process died (or was stopped): the same command again resumes it.
             state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
             cell = f"{latest.finished_trials}/{latest.trials} trials ({state})"
         cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": cell})

@@ -95,7 +95,7 @@ def order_trials(trials: list[TrialSpec], workload: Workload, neighbour: dict[st
     """Promising metaparameters first: nearest (in unit-cube coordinates) to a neighbour's best."""
     if neighbour is None or not trials:
         return trials
-    space = workload.search_space(trials[0].study.optimizer.value)
+    space = workload.search_space(trials[0].study.optimizer)
     if set(neighbour) != set(space.names):
         return trials
     target = space.units(neighbour)
@@ -145,7 +145,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,
                device: str, train_size: int, curve_interval: int) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
-    space = workload.search_space(spec.optimizer.value)
+    space = workload.search_space(spec.optimizer)
     # A study that probes only its best trial trains (and shares) the plain study's trials.
     trained = spec.training_spec
     trials = [TrialSpec(trained, index, point) for index, point in enumerate(space.points(spec.trials))]
@@ -226,7 +226,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
 def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySpec, Workload, str, DataSplits]:
     """The workload, the device and the data, each refused in one line when unusable; the spec fingerprinted."""
     workload = get_workload(spec.workload)
-    workload.search_space(spec.optimizer.value)
+    workload.search_space(spec.optimizer)
     device = str(resources.resolve_device(options.device))
     data = workload.load_data(options.data_dir)
     fingerprint = splits_fingerprint(data)
@@ -253,7 +253,7 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
         experiment_id = resolve_experiment(client, launcher.experiment_name if launcher else
                                            experiment_name_for(spec.workload, options.experiment),
                                            EXPERIMENT_DESCRIPTION)
-        label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer.value} bs={spec.batch_size} " \
+        label = f"study {spec.study_key[:12]} ({spec.workload} {spec.optimizer} bs={spec.batch_size} " \
                 f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
         rules = ClaimRules(
             kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
@@ -353,7 +353,7 @@ def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, da
         print("probes: no trial reached the goal, so there is no best trial to probe", file=out, flush=True)
         return ProbedTrials("best", None, None)
     probe_spec = spec.probe_spec
-    points = workload.search_space(spec.optimizer.value).points(spec.trials)
+    points = workload.search_space(spec.optimizer).points(spec.trials)
     trials = [TrialSpec(probe_spec, index, point) for index, point in enumerate(points)]
     trial = trials[best.trial.index]
     stored = finished_trials(tracker.client, tracker.experiment_id, probe_spec).get(trial.trial_key)
@@ -379,7 +379,7 @@ def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, da
 def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device: str, full_trials: bool,
                 out: TextIO) -> None:
     layout = plan.layout
-    print(f"study {spec.workload} {spec.optimizer.value} bs={spec.batch_size} sparsity={spec.sparsity:g}"
+    print(f"study {spec.workload} {spec.optimizer} bs={spec.batch_size} sparsity={spec.sparsity:g}"
           f"{pruned_by(spec)} goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in "
           f"experiment {tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
     if plan.reused:

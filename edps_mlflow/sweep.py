@@ -206,15 +206,15 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
              f"reached the goal); each study is a child run."]
-    steps = {(s.spec.optimizer.value, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result
+    steps = {(s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result
              for s in plan}
     for optimizer, pruning in ((o, m) for o in spec.optimizers for m in spec.prunings):
         header = "| batch size | " + " | ".join(f"sparsity {s:g}" for s in spec.sparsities) + " |"
         rule = "|---|" + "---|" * len(spec.sparsities)
         rows = [f"| {b} | " + " | ".join(
-            str(steps.get((optimizer.value, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-")
+            str(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-")
             for s in spec.sparsities) + " |" for b in spec.batch_sizes]
-        title = optimizer.value + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
+        title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
         parts.append("\n".join([f"**{title}**", "", header, rule, *rows]))
     return "\n\n".join(parts)
 

@@ -1,9 +1,5 @@
-"""What a sweep is and how it runs, validated on construction: the grid (``SweepSpec``: optimizers x
-sparsities x pruning methods x batch sizes of one study protocol) and the execution options (``SweepOptions``).
-
-Importing this module imports neither torch nor MLflow (only the specs, the workloads and the launch
-settings), so that `edps sweep` refuses a bad value in a moment, before the sweep's machinery is loaded
-(``sweep.py``, which re-exports both names).
+"""What a sweep is (``SweepSpec``, its grid) and how it runs (``SweepOptions``), validated on construction.
+No torch, no MLflow: `edps sweep` refuses a bad value before the sweep's machinery (sweep.py) is loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
-from edps_mlflow.optimizers import OptimizerName
+from edps_mlflow.optimizers import parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
@@ -24,16 +20,11 @@ from edps_mlflow.workloads import get_workload
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """The grid of one sweep: optimizers x sparsities x pruning methods x batch sizes of one study protocol.
-
-    ``protocol`` is a study of the sweep's workload with its trials, goal, cap, check interval, seed and
-    probes; every study of the grid is that study at one grid point. Sparsity 0 prunes nothing, so it is
-    one dense study whatever the methods (StudySpec names its method snip). Validated on construction, with
-    every study it holds.
-    """
+    """Optimizers x sparsities x pruning methods x batch sizes of one study protocol: every study of the grid is
+    ``protocol`` at one grid point. Sparsity 0 prunes nothing: one dense study whatever the methods."""
 
     protocol: StudySpec
-    optimizers: tuple[OptimizerName, ...]
+    optimizers: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
     prunings: tuple[str, ...] = (DEFAULT_METHOD,)
@@ -46,11 +37,9 @@ class SweepSpec:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
                 raise EdpsError(f"{name} repeat a value: {', '.join(str(v) for v in values)}")
-        object.__setattr__(self, "optimizers", tuple(OptimizerName(o) for o in self.optimizers))
-        # Constructing the studies validates every value (each batch size against the training split too);
-        # their normalised sparsities (-0.0 is 0.0) are kept.
-        studies = self.studies()
-        object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in studies)))
+        object.__setattr__(self, "optimizers", tuple(parse_optimizer(o) for o in self.optimizers))
+        # Constructing the studies validates every value; their normalised sparsities (-0.0 is 0.0) are kept.
+        object.__setattr__(self, "sparsities", tuple(dict.fromkeys(s.sparsity for s in self.studies())))
 
     @classmethod
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
@@ -63,7 +52,7 @@ class SweepSpec:
             batch_sizes = get_workload(workload).batch_size_range()
         first = optimizers[0] if optimizers else "sgd"
         study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
-        return cls(study, tuple(OptimizerName(o) for o in optimizers), batch_sizes,
+        return cls(study, tuple(parse_optimizer(o) for o in optimizers), batch_sizes,
                    (0.0,) if sparsities is None else sparsities, prunings)
 
     @property
@@ -79,19 +68,18 @@ class SweepSpec:
 
     @property
     def sweep_key(self) -> str:
-        # The protocol's key fields (with their omissions: fields.STUDY_FIELDS) but for the axes the grid
-        # spans, which the protocol holds only as placeholders.
+        # The protocol's key fields but for the grid's axes, which the protocol holds only as placeholders.
         protocol = {k: v for k, v in self.protocol.key_fields().items() if k not in GRID_AXES}
         # SNIP alone is every sweep's grid before methods existed: those sweeps keep their keys.
         methods = {} if self.prunings == (DEFAULT_METHOD,) else {"prunings": list(self.prunings)}
         return content_key({
-            "kind": "sweep", "optimizers": [o.value for o in self.optimizers], "batch_sizes": list(self.batch_sizes),
+            "kind": "sweep", "optimizers": list(self.optimizers), "batch_sizes": list(self.batch_sizes),
             "sparsities": list(self.sparsities), **methods, **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
         p = self.protocol
-        return {"workload": self.workload, "optimizers": ",".join(o.value for o in self.optimizers),
+        return {"workload": self.workload, "optimizers": ",".join(self.optimizers),
                 "batch_sizes": ",".join(map(str, self.batch_sizes)),
                 "sparsities": ",".join(f"{s:g}" for s in self.sparsities), "pruning": ",".join(self.prunings),
                 "trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,

@@ -1,20 +1,12 @@
-"""Where the trials of a study train: in this process, or in single-thread worker processes.
-
-The study's chunks of trials are split into shares; a process trains a share by interleaving its
-chunks (engine.interleave). Breadth-first (the default), each worker takes one share of the chunks,
-dealt round-robin in the study's trial order, and advances them one check interval at a time; depth-first,
-every chunk is a share of its own and trains to its end before the next. The shared best step stops every
-trial, in every worker, as soon as any trial reaches.
-
-Workers never touch MLflow. They send events (trial started with its mask, check, finished) to
-the parent, which is the only writer to the tracking store. The best reached step lives in shared
-memory so that exact early stopping works across workers.
+"""Where the trials of a study train: in this process, or in single-thread worker processes. The study's chunks
+of trials are split into shares (``shares``), each trained by one process interleaving its chunks
+(engine.interleave); the best reached step lives in shared memory, so it stops every trial in every worker. Workers
+never touch MLflow: they send their events to the parent, the only writer to the tracking store.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -23,7 +15,7 @@ import torch
 
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.splits import DataSplits
-from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, Pace, StepBound, interleave
+from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, Observer, SharedPace, StepBound, interleave
 from edps_mlflow.pool import PoolSpec, Worker, run_pool, shared_int, shared_ints
 from edps_mlflow.resources import configure_training_process, device_type
 from edps_mlflow.results import Check, PruningRecord, TrialResult
@@ -33,14 +25,8 @@ from edps_mlflow.trials import prepare_trial
 from edps_mlflow.workloads import get_workload
 
 
-class TrainingSink(Protocol):
+class TrainingSink(Observer, Protocol):
     def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None: ...
-
-    def on_check(self, trial_index: int, check: Check) -> None: ...
-
-    def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None: ...
-
-    def on_finish(self, result: TrialResult) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -136,30 +122,8 @@ def shares(chunks: Sequence[Sequence[int]], processes: int, schedule: Schedule) 
 
 
 def train_share(job: TrainingJob, share: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
-                sink: TrainingSink, pace: Pace | None = None) -> None:
+                sink: TrainingSink, pace: SharedPace | None = None) -> None:
     interleave([_Chunk(job, chunk, data, sink) for chunk in share], bound, pace)
-
-
-class SharedPace:
-    """A Pace over shared memory: one slot per breadth-first share with its place, step * TURNS + turn.
-
-    Every share is taken by a worker of its own as the pool starts (a worker takes its next task only
-    when its share is done, and a share waits only for shares behind it), so the wait always ends."""
-
-    DONE = 2**62
-    TURNS = 2**20  # more than the chunks of any share, so that places order as (step, turn) do
-    POLL_SECONDS = 0.002  # an advance is at least a few steps (milliseconds each)
-
-    def __init__(self, steps: Any, slot: int) -> None:
-        self.steps, self.slot = steps, slot
-
-    def publish(self, step: int | None, turn: int) -> None:
-        self.steps[self.slot] = self.DONE if step is None else step * self.TURNS + turn
-
-    def wait_for(self, step: int, turn: int) -> None:
-        place = step * self.TURNS + turn
-        while min(v for i, v in enumerate(self.steps[:]) if i != self.slot) < place:
-            time.sleep(self.POLL_SECONDS)
 
 
 def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSplits, bound: StepBound,
@@ -170,23 +134,23 @@ def train_inline(job: TrainingJob, chunks: Sequence[Sequence[int]], data: DataSp
 
 
 class _QueueSink:
-    """The sink of a worker process: every event goes to the parent, which records it."""
+    """The sink of a worker process: every call goes to the parent (``_record``), by the method's name."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
     def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
         arrays = None if mask is None else {n: t.numpy().astype(bool) for n, t in mask.tensors.items()}
-        self.worker.send(("started", trial_index, arrays, pruning))
+        self.worker.send(("trial_started", trial_index, arrays, pruning))
 
     def on_check(self, trial_index: int, check: Check) -> None:
-        self.worker.send(("check", trial_index, check))
+        self.worker.send(("on_check", trial_index, check))
 
     def on_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
-        self.worker.send(("probe", trial_index, step, values))
+        self.worker.send(("on_probe", trial_index, step, values))
 
     def on_finish(self, result: TrialResult) -> None:
-        self.worker.send(("finished", result))
+        self.worker.send(("on_finish", result))
 
 
 def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any, share_steps: Any) -> None:
@@ -202,19 +166,11 @@ def _trial_worker(worker: Worker, job: TrainingJob, best_value: Any, share_steps
 
 
 def _record(event: tuple[Any, ...], sink: TrainingSink) -> None:
-    """Replay one worker event on the parent's sink."""
-    kind = event[0]
-    if kind == "started":
-        arrays = event[2]
-        mask = None if arrays is None else Mask(
-            {n: torch.from_numpy(a.astype(np.float32)) for n, a in arrays.items()})
-        sink.trial_started(event[1], mask, event[3])
-    elif kind == "check":
-        sink.on_check(event[1], event[2])
-    elif kind == "probe":
-        sink.on_probe(event[1], event[2], event[3])
-    elif kind == "finished":
-        sink.on_finish(event[1])
+    """Replay one worker call on the parent's sink (a mask travels as boolean arrays)."""
+    method, *arguments = event
+    if method == "trial_started" and arguments[1] is not None:
+        arguments[1] = Mask({n: torch.from_numpy(a.astype(np.float32)) for n, a in arguments[1].items()})
+    getattr(sink, method)(*arguments)
 
 
 def train_in_workers(job: TrainingJob, chunks: Sequence[Sequence[int]], workers: int, best_step: int | None,
@@ -222,7 +178,6 @@ def train_in_workers(job: TrainingJob, chunks: Sequence[Sequence[int]], workers:
     """Train ``chunks`` in ``workers`` worker processes; events reach ``sink`` in this process."""
     best_value = shared_int(SharedStepBound.initial_value(job.settings.max_steps, job.settings.check_interval,
                                                           best_step))
-    # The parent decides what an interrupt means; trial workers hold no state worth a clean stop.
     tasks = shares(chunks, workers, job.schedule)
     # Breadth-first shares keep pace with each other (one slot each); depth-first ones run freely.
     paced = job.schedule is Schedule.BREADTH_FIRST and len(tasks) > 1

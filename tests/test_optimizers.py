@@ -12,7 +12,7 @@ import torch
 
 from edps_mlflow.engine import BatchStream, LocalStepBound, PackedTrainer, train_trials
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.optimizers import OptimizerName, get_optimizer, optimizer_names, parse_optimizer
+from edps_mlflow.optimizers import get_optimizer, optimizer_names, parse_optimizer
 from edps_mlflow.optimizers.base import LearningRateSchedule
 from edps_mlflow.search import BETA2, SearchSpace
 from edps_mlflow.workloads import WORKLOADS
@@ -58,13 +58,22 @@ def test_a_packed_trial_equals_its_lone_torch_trial_to_the_bit(name):
 
 def test_the_registry_names_parses_and_imports_no_torch_until_asked():
     assert optimizer_names()[:5] == ("sgd", "momentum", "nesterov", "adam", "adamw")
-    assert parse_optimizer("lion") == "lion" and OptimizerName("adamw").value == "adamw"
+    assert parse_optimizer("lion") == "lion" and type(study_spec("adamw").optimizer) is str
     with pytest.raises(EdpsError, match="unknown optimizer 'lbfgs'; known optimizers: sgd, momentum, nesterov, "):
-        OptimizerName("lbfgs")
-    probe = ("import sys; from edps_mlflow.optimizers import OPTIMIZERS, parse_optimizer; parse_optimizer('lion'); "
-             "print('torch' in sys.modules, any(m.startswith('edps_mlflow.optimizers.') for m in sys.modules))")
+        parse_optimizer("lbfgs")
+    # Parsing a name imports no family module; the spaces, a trial's settings, a sweep's specs, the memory it plans
+    # and `edps trials` import no torch.
+    probe = ("import sys; from edps_mlflow.optimizers import OPTIMIZERS, get_optimizer, parse_optimizer; "
+             "parse_optimizer('lion'); print(any(m.startswith('edps_mlflow.optimizers.') for m in sys.modules)); "
+             "[get_optimizer(n).trial(get_optimizer(n).space.points(2)[1]) for n in OPTIMIZERS]; "
+             "from edps_mlflow.sweep_spec import SweepSpec; from edps_mlflow.resources import held_bytes_per_trial; "
+             "SweepSpec.build('cifar10-resnet8', tuple(OPTIMIZERS), None, (0.0, 0.9)).studies(); "
+             "[held_bytes_per_trial(6090, n, True, 1618) for n in OPTIMIZERS]; from edps_mlflow.cli import cli; "
+             "cli.main(['trials', '--workload', 'digits-simple-cnn', '--optimizer', 'lion'], standalone_mode=False); "
+             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
-    assert out.split() == ["False", "False"]
+    lines = out.splitlines()
+    assert (lines[0], lines[-1], len(lines)) == ("False", "False", 2 + 1 + 32), out
     for name in optimizer_names():
         assert get_optimizer(name).name == name and get_optimizer(name).space.names[0] == "learning_rate"
     assert [get_optimizer(n).state_buffers for n in optimizer_names()] == [0, 1, 1, 2, 2, 1]
@@ -111,7 +120,8 @@ def test_packed_and_single_paths_agree_on_digits_outcomes(name):
     packed = train_trials(DIGITS, data, setups, settings, LocalStepBound(200, 20, False))
     single = []
     for setup in setups:
-        single += train_trials(DIGITS, data, [setup], replace(settings, channels_last=False), LocalStepBound(200, 20, False))
+        single += train_trials(DIGITS, data, [setup], replace(settings, channels_last=False),
+                               LocalStepBound(200, 20, False))
     outcomes = [(r.index, r.status, r.steps_to_result) for r in sorted(packed, key=lambda r: r.index)]
     assert outcomes == [(r.index, r.status, r.steps_to_result) for r in single]
     assert any(steps is not None for _, _, steps in outcomes), outcomes

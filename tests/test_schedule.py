@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
-from edps_mlflow.engine import ChunkRun, LocalStepBound, interleave, train_trials
+from edps_mlflow.engine import ChunkRun, LocalStepBound, SharedPace, interleave, train_trials
 from edps_mlflow.pool import shared_int, shared_ints
 from edps_mlflow.results import TrialRecord, TrialStatus, best_reached_step, trial_steps_lower_bound
-from edps_mlflow.trial_workers import SharedPace, SharedStepBound, shares
+from edps_mlflow.trial_workers import SharedStepBound, shares
 
 from helpers import DIGITS, digits_data, engine_settings, setups_for, study_spec
 

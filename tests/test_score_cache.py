@@ -24,7 +24,7 @@ def _spec(pruning: str = "snip", sparsity: float = 0.9, batch_size: int = 64, op
 
 
 def _trial(spec: StudySpec, index: int = 2) -> TrialSpec:
-    return TrialSpec(spec, index, {"learning_rate": 0.1, "momentum": 0.9} if spec.optimizer.value != "sgd"
+    return TrialSpec(spec, index, {"learning_rate": 0.1, "momentum": 0.9} if spec.optimizer != "sgd"
                      else {"learning_rate": 0.1})
 
 

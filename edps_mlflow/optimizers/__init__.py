@@ -1,7 +1,11 @@
 """Optimizers: one module per family behind this registry, as pruning methods are. A family module (``sgd.py``,
 ``adam.py``, ``lion.py``) holds a ``base.Optimizer`` class per optimizer: its settings, its default search space, its
 torch optimizer for a lone trial and its update of trials packed in lockstep. Adding one is a module and a line of
-:data:`OPTIMIZERS`. Importing this module imports neither torch nor a family module (``get_optimizer`` does)."""
+:data:`OPTIMIZERS`.
+
+No module here imports torch at its top, so that listing a space's points, planning and validating need none: the
+settings and spaces are plain data, a packed update uses only the methods of the tensors it is given, and torch is
+imported where a torch optimizer or a packed state is built (tests/test_optimizers.py checks it)."""
 
 from __future__ import annotations
 
@@ -35,19 +39,7 @@ def parse_optimizer(name: object) -> str:
     raise EdpsError(f"unknown optimizer {name!r}; known optimizers: {', '.join(OPTIMIZERS)}")
 
 
-class OptimizerName(str):
-    """A study's optimizer: a registered name, checked once when made; ``value`` is the plain name (as the enum
-    this replaced spelled it)."""
-
-    def __new__(cls, name: object) -> "OptimizerName":
-        return super().__new__(cls, parse_optimizer(name))
-
-    @property
-    def value(self) -> str:
-        return str(self)
-
-
 def get_optimizer(name: str) -> "Optimizer":
-    """The optimizer called ``name`` (imports its family module, and torch)."""
+    """The optimizer called ``name`` (imports its family module)."""
     module_name, _, class_name = OPTIMIZERS[parse_optimizer(name)][0].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)(str(name))
+    return getattr(importlib.import_module(module_name), class_name)(name)

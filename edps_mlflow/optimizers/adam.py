@@ -1,20 +1,19 @@
 """Adam and AdamW, as ``torch.optim.Adam`` and ``AdamW`` (foreach, no amsgrad): m = lerp(m, g, 1 - beta1); v = beta2 v
-+ (1 - beta2) g^2; [AdamW: w *= 1 - lr wd]; w -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
-
-Their default spaces (not the paper's): the learning rate on a log range around Adam's customary 1e-3 (the first
-Sobol point), the betas and epsilon at PyTorch's defaults; AdamW also tunes its decoupled weight decay.
-"""
++ (1 - beta2) g^2; [AdamW: w *= 1 - lr wd]; w -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps). Their
+default spaces (not the paper's) tune the learning rate, and AdamW's weight decay; the rest keep PyTorch's defaults."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.optimizers.base import Optimizer, PackedState, TrialOptimizer, per_trial
 from edps_mlflow.search import ADAM_LEARNING_RATE, WEIGHT_DECAY, SearchSpace
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,8 @@ class Adam(Optimizer):
     decoupled = False
 
     def torch_optimizer(self, parameters: list[Tensor], trial: TrialOptimizer) -> torch.optim.Optimizer:
+        import torch
+
         s = trial.settings
         return torch.optim.Adam(parameters, lr=trial.schedule.learning_rate, betas=(s.beta1, s.beta2), eps=s.epsilon,
                                 foreach=True)
@@ -73,6 +74,8 @@ class AdamW(Adam):
     decoupled = True
 
     def torch_optimizer(self, parameters: list[Tensor], trial: TrialOptimizer) -> torch.optim.Optimizer:
+        import torch
+
         s = trial.settings
         return torch.optim.AdamW(parameters, lr=trial.schedule.learning_rate, betas=(s.beta1, s.beta2),
                                  eps=s.epsilon, weight_decay=s.weight_decay, foreach=True)

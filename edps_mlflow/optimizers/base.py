@@ -1,20 +1,19 @@
 """What every optimizer shares: the learning-rate schedule, a trial's optimizer, the interface of an optimizer's
-class, and the state of K trials packed in lockstep that its packed update works on.
-
-A packed update runs the kernels of the lone trial's torch optimizer in its order, each trial with its own values,
-so that on CPU a packed trial equals a lone one to the bit given the same gradients (tests/test_optimizers.py).
-"""
+class, and the state of K trials packed in lockstep that its packed update works on. A packed update runs the lone
+trial's torch kernels in their order, each trial with its own values, so that on CPU a packed trial equals a lone
+one to the bit given the same gradients (tests/test_optimizers.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.search import SearchSpace
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,8 @@ class PackedState:
     parameter, stacked like it) and the count of updates; ``keep`` keeps the trials that train on."""
 
     def __init__(self, trials: Sequence[TrialOptimizer], params: dict[str, Tensor]) -> None:
+        import torch  # here, as in the families' torch_optimizer: planning needs no torch
+
         self.settings = [trial.settings for trial in trials]
         self.rates = [trial.schedule.learning_rate for trial in trials]
         count = trials[0].kind.state_buffers
@@ -107,6 +108,8 @@ class PackedState:
         self._columns: dict[str, Tensor] = {}
 
     def tensor(self, values: Sequence[float]) -> Tensor:
+        import torch
+
         return torch.tensor(list(values), device=self.device)
 
     def column(self, name: str, value: Callable[[float, Any], float] | None = None) -> Tensor:
@@ -121,7 +124,7 @@ class PackedState:
         self.rates, self._columns = list(rates), {}
 
     def keep(self, positions: Sequence[int]) -> None:
-        index = torch.tensor(list(positions), device=self.device)
+        index = self.tensor(positions)
         self.settings, self.rates = [self.settings[k] for k in positions], [self.rates[k] for k in positions]
         self.buffers = {n: [b.index_select(0, index) for b in buffers] for n, buffers in self.buffers.items()}
         self._columns = {}

@@ -5,12 +5,14 @@ PyTorch (buf = m buf + g; w -= lr buf) and Nesterov's (w -= lr (g + m buf)). The
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from edps_mlflow.optimizers.base import Optimizer, PackedState, TrialOptimizer, per_trial
 from edps_mlflow.search import LEARNING_RATE, MOMENTUM, SearchSpace
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class Sgd(Optimizer):
     space = SearchSpace((LEARNING_RATE,))
 
     def torch_optimizer(self, parameters: list[Tensor], trial: TrialOptimizer) -> torch.optim.Optimizer:
+        import torch
+
         return torch.optim.SGD(parameters, lr=trial.schedule.learning_rate, foreach=True)
 
     def packed_step(self, packed: PackedState, params: dict[str, Tensor], gradients: dict[str, Tensor]) -> None:
@@ -43,6 +47,8 @@ class Momentum(Sgd):
     nesterov = False
 
     def torch_optimizer(self, parameters: list[Tensor], trial: TrialOptimizer) -> torch.optim.Optimizer:
+        import torch
+
         return torch.optim.SGD(parameters, lr=trial.schedule.learning_rate, momentum=trial.settings.momentum,
                                nesterov=self.nesterov, foreach=True)
 
@@ -50,7 +56,7 @@ class Momentum(Sgd):
         for name, gradient in gradients.items():
             momentum, (buffer,) = per_trial(packed.column("momentum"), gradient), packed.buffers[name]
             buffer.mul_(momentum).add_(gradient)
-            step = torch.addcmul(gradient, momentum, buffer) if self.nesterov else buffer
+            step = gradient.addcmul(momentum, buffer) if self.nesterov else buffer
             params[name].addcmul_(per_trial(packed.column("rate"), gradient), step, value=-1)
 
 

@@ -1,8 +1,7 @@
 """The workload registry: the built-in workloads (one module each, one line in ``WORKLOADS``), those that installed
 packages declare in the entry-point group ``edps_mlflow.workloads``, and ``package.module:NAME`` references, which
-this process then also finds by name, and so do the processes it starts (through ``$EDPS_WORKLOAD_MODULES``).
-The contract's names (``Workload``, ``InputLayout``, ``GoalMetric``, the default losses) are importable from here.
-"""
+this process and those it starts (through ``$EDPS_WORKLOAD_MODULES``) then also find by name. The contract's names
+are importable from here."""
 
 from __future__ import annotations
 
@@ -23,12 +22,10 @@ __all__ = ["PAPER_SPARSITIES", "ErrorCount", "GoalMetric", "Initialiser", "Input
 WORKLOADS: dict[str, Workload] = {item.name: item for item in (DIGITS, MNIST, FASHION_MNIST, CIFAR10, SHAKESPEARE)}
 # The entry-point group through which an installed package offers workloads (docs/workloads.md).
 ENTRY_POINT_GROUP = "edps_mlflow.workloads"
-# ``package.module:NAME`` references imported in this process, for the processes it starts (pool workers,
-# Ray workers, `mlflow run` processes), separated by commas.
+# ``package.module:NAME`` references imported in this process, comma-separated, for the processes it starts.
 MODULES_ENV = "EDPS_WORKLOAD_MODULES"
 
-# Workloads of this process that are not built in: imported from ``package.module:NAME`` references and
-# entry points, by name (a cache of what was imported, as Python's own module cache).
+# Workloads of this process that are not built in (from references and entry points), by name and by reference.
 _LOADED: dict[str, Workload] = {}
 _BY_REFERENCE: dict[str, Workload] = {}
 

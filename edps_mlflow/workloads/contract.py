@@ -1,10 +1,7 @@
-"""The workload contract: what the engine, the pruning methods and the probes ask of the problem they train.
-
-The workload owns its objective, as AlgoPerf's workload contract does: its ``loss``, its goal metric
-(``validation_total``: wrong examples, or the summed loss of a loss goal), its network's initialisation, and
-its input layout (only images are laid out channels-last). It owns its target (``goal_bound``: the loop never
-hard-codes ``error <= goal``), its protocol defaults, and its split sizes, so that planning never loads data.
-docs/workloads.md documents it for workloads of one's own. No torch at import.
+"""The workload contract: what the engine, the pruning methods and the probes ask of the problem they train. As in
+AlgoPerf, the workload owns its objective (loss, goal metric, initialisation, input layout), its target
+(``goal_bound``: the loop never hard-codes ``error <= goal``), its protocol defaults and its split sizes, so that
+planning never loads data. docs/workloads.md documents it for workloads of one's own. No torch at import.
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 class InputLayout(Enum):
-    """What a workload's input tensors are (``DataSplits.train_images`` and ``validation_images``, whatever
-    they hold). Only images are laid out channels-last: it is a memory format of 4-D tensors."""
+    """What a workload's inputs (``DataSplits.train_images`` and ``validation_images``) are: only images are laid
+    out channels-last, a memory format of 4-D tensors."""
 
     IMAGES = "images"  # [N, C, H, W] floats
     TOKENS = "tokens"  # [N, T] integer token ids
@@ -45,11 +42,11 @@ class InputLayout(Enum):
 class GoalMetric(Enum):
     """What a workload's goal is a bound on, measured on the whole validation split at each check."""
 
-    # The validation error: ``errors`` counts the wrong examples of a batch; the goal is met when their
-    # rate is at most the goal (in (0, 1)), counted as the original does (goal.allowed_errors).
+    # The validation error: ``errors`` counts a batch's wrong examples; met when their rate is at most the goal
+    # (in (0, 1)), counted as the original does (goal.allowed_errors).
     ERROR_RATE = "error_rate"
-    # The validation loss: ``loss_sum`` sums a batch's per-example losses (each >= 0); the goal is met when
-    # their mean over the validation split is at most the goal (a positive number, e.g. nats per token).
+    # The validation loss: ``loss_sum`` sums a batch's per-example losses (each >= 0); met when their mean over
+    # the validation split is at most the goal (a positive number, e.g. nats per token).
     LOSS = "loss"
 
 
@@ -96,9 +93,8 @@ def fan_in_truncated_normal(model: "nn.Module", generator: "torch.Generator") ->
 
 @dataclass(frozen=True)
 class Workload:
-    """One workload: what the engine, SNIP and the probes ask about the problem they train
-    (docs/workloads.md, "The workload contract"). Validated on construction: one line naming the workload
-    and its first bad field."""
+    """One workload (docs/workloads.md, "The workload contract"). Validated on construction: one line naming the
+    workload and its first bad field."""
 
     name: str
     description: str
@@ -119,8 +115,7 @@ class Workload:
     search_spaces: Mapping[str, SearchSpace] = field(default_factory=dict)
     # The mean training loss of a batch; SNIP's sensitivities and the probes' gradients are of it too.
     loss: Loss = cross_entropy
-    # The number of wrong examples in a batch, at most its size: the validation error is their count over
-    # the validation split's size, and the goal test (allowed_errors) counts them, stopping early and exactly.
+    # The number of wrong examples in a batch, at most its size (the goal test counts them, stopping early).
     errors: ErrorCount = argmax_errors
     # Protocol defaults of a study on this workload.
     default_trials: int = 32
@@ -129,8 +124,7 @@ class Workload:
     probe_interval: int = 1000
     # What the goal bounds: the error rate (``errors``) or the mean validation loss (``loss_sum``).
     goal_metric: GoalMetric = GoalMetric.ERROR_RATE
-    # The summed per-example validation loss of a batch (each term >= 0, so that a partial sum only grows and
-    # the goal test may stop early, exactly): the goal metric of a loss goal.
+    # The summed per-example validation loss of a batch (each term >= 0, so the goal test may stop early).
     loss_sum: Loss = cross_entropy_sum
     # Sets the network's initial parameters from the trial's seeded generator.
     initialise: Initialiser = fan_in_truncated_normal
@@ -180,11 +174,7 @@ class Workload:
         return "validation loss" if self.goal_metric is GoalMetric.LOSS else "validation error"
 
     def allowed_errors(self, goal_error: float, validation_size: int) -> int:
-        """Most misclassified validation examples that still meet ``error <= goal_error``.
-
-        As the original computes the error (float32 mean accuracy), not in exact arithmetic: at
-        goal 0.12 on 6,000 images that is 719, not 720.
-        """
+        """Most misclassified validation examples that still meet the goal, as the original counts (goal.py)."""
         return goal.allowed_errors(goal_error, validation_size)
 
     def goal_bound(self, goal_value: float, validation_size: int) -> int | float:
@@ -230,10 +220,10 @@ class Workload:
         """The largest power of two that fits the training split."""
         return 1 << (self.train_size.bit_length() - 1)
 
-    def paper_grid(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        """The paper's grid on this workload: (batch sizes, sparsities)."""
-        return self.batch_size_range(), PAPER_SPARSITIES
-
     def batch_size_range(self) -> tuple[int, ...]:
         """The powers of two from 2 to the largest that fits the training split."""
         return tuple(2 ** e for e in range(1, self.largest_batch_size().bit_length()))
+
+    def paper_grid(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The paper's grid on this workload: (batch sizes, sparsities)."""
+        return self.batch_size_range(), PAPER_SPARSITIES

@@ -282,7 +282,7 @@ class StudyTracker:
         self.trial_specs[trial.index] = trial
         params = {**trial.metaparameters, n.PARAM_SEED: trial.init_seed, n.PARAM_TRIAL_INDEX: trial.index,
                   n.PARAM_BATCH_SIZE: spec.batch_size, n.PARAM_SPARSITY: spec.sparsity,
-                  n.PARAM_OPTIMIZER: spec.optimizer.value, n.PARAM_WORKLOAD: spec.workload, **pruning_params(spec)}
+                  n.PARAM_OPTIMIZER: spec.optimizer, n.PARAM_WORKLOAD: spec.workload, **pruning_params(spec)}
         metrics = {n.METRIC_HP_PREFIX + k: v for k, v in trial.metaparameters.items()}
         metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
         if pruning is not None:
