@@ -202,9 +202,10 @@ def encode_trial_outcomes(outcomes: Iterable[TrialOutcome]) -> str:
 
 
 # A text is checked whole before its trials are read, so that one in another format is refused, never
-# half-read. At most 18 digits: a 64-bit integer holds them, and no index or step count is longer.
-_NUMBER = "[0-9]{1,18}"
-_OUTCOME = rf"({_NUMBER}):([{''.join(_LETTER_STATUSES)}])({_NUMBER})(?:@({_NUMBER}))?"
+# half-read. An index has at most 18 digits (a 64-bit integer holds them), a step count at most 15 (the columns
+# hold steps as floats, exact below 2**53); no trial's numbers are longer.
+_INDEX, _STEPS = "[0-9]{1,18}", "[0-9]{1,15}"
+_OUTCOME = rf"({_INDEX}):([{''.join(_LETTER_STATUSES)}])({_STEPS})(?:@({_STEPS}))?"
 _OUTCOMES_TEXT = re.compile(rf"{TRIAL_OUTCOMES_FORMAT}(?: {_OUTCOME})*")
 _OUTCOME_PARTS = re.compile(_OUTCOME)
 
@@ -249,7 +250,7 @@ def trial_outcome_columns(texts: Sequence[str | None]) -> TrialOutcomeColumns:
     numbers_per_trial[reached] = 3
     first = np.cumsum(numbers_per_trial) - numbers_per_trial
     numbers = (np.fromstring(joined.translate(_SEPARATORS).decode("ascii"), dtype=np.int64, sep=" ")
-               if len(letters) else np.zeros(0, dtype=np.int64))  # every number fits: at most 18 digits
+               if len(letters) else np.zeros(0, dtype=np.int64))  # every number fits (_INDEX, _STEPS)
     steps_to_result = np.full(len(letters), np.nan)
     steps_to_result[reached] = numbers[first[reached] + 2]
     return TrialOutcomeColumns(readable=readable, counts=counts, trial_index=numbers[first].astype(np.int64),

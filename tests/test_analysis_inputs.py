@@ -432,15 +432,18 @@ def test_the_trial_outcomes_tag_reads_back_what_was_written_and_refuses_anything
 
 
 def test_trial_outcome_numbers_are_read_exactly_and_too_long_ones_refused():
-    """An index beyond a float's 53 bits is read exactly by both readers; a number of 19 digits or more is
-    no trial's (it would not fit the table's 64-bit integers): its text is refused by both, as a text in
-    another format is, and the other texts of the batch are read as they are."""
+    """An index beyond a float's 53 bits is read exactly by both readers; an index of 19 digits or more, or a step
+    count of 16, is no trial's: its text is refused by both, as a text in another format is, and the other texts
+    of the batch are read as they are."""
     exact = "v1 9007199254740993:r10@7 1:n5"
     too_long = "v1 0:r5@1000000000000000000"
-    columns = trial_outcome_columns([exact, too_long, "v1 000000000000000002:s3"])
-    assert list(columns.readable) == [True, False, True] and list(columns.counts) == [2, 0, 1]
+    # Steps are held as floats by the columns: a step count of 16 digits would be read rounded, so it is refused.
+    long_steps = "v1 1:r9007199310000001"
+    columns = trial_outcome_columns([exact, too_long, long_steps, "v1 000000000000000002:s3"])
+    assert list(columns.readable) == [True, False, False, True] and list(columns.counts) == [2, 0, 0, 1]
     assert columns.trial_index.tolist() == [9007199254740993, 1, 2]
-    assert trial_outcome_fields(exact)[0][0] == 9007199254740993 and trial_outcome_fields(too_long) is None
+    assert trial_outcome_fields(exact)[0][0] == 9007199254740993
+    assert trial_outcome_fields(too_long) is None and trial_outcome_fields(long_steps) is None
 
 
 @settings(max_examples=50, deadline=None)
