@@ -40,7 +40,7 @@ from edps_mlflow.engine import PackedTrainer, SingleTrainer  # noqa: E402
 from edps_mlflow.optimizers import get_optimizer  # noqa: E402
 from edps_mlflow.resources import uses_channels_last  # noqa: E402
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal  # noqa: E402
-from edps_mlflow.pruning import Mask  # noqa: E402
+from edps_mlflow.pruning.mask import Mask  # noqa: E402
 from edps_mlflow.trials import TrialSetup  # noqa: E402
 from edps_mlflow.workloads import get_workload  # noqa: E402
 

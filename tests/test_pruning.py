@@ -4,7 +4,8 @@ import torch
 
 from edps_mlflow.engine import BatchStream, PackedTrainer, SingleTrainer
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal
-from edps_mlflow.pruning import Mask, snip_mask
+from edps_mlflow.pruning.mask import Mask
+from edps_mlflow.pruning.snip import snip_mask
 
 from helpers import DIGITS, digits_data, setups_for, study_spec
 

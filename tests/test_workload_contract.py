@@ -15,7 +15,7 @@ from edps_mlflow.config import TrialSpec
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.engine import ChunkRun, EngineSettings, LocalStepBound, train_trials
 from edps_mlflow.models import init_fan_in_truncated_normal
-from edps_mlflow.pruning import snip_mask
+from edps_mlflow.pruning.snip import snip_mask
 from edps_mlflow.resources import uses_channels_last
 from edps_mlflow.results import TrialStatus
 from edps_mlflow.trials import prepare_trial

@@ -19,7 +19,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal
 from edps_mlflow.models.resnet8 import ResNet8
 from edps_mlflow.optimizers import get_optimizer
-from edps_mlflow.pruning import snip_mask
+from edps_mlflow.pruning.snip import snip_mask
 from edps_mlflow.study import ExecutionOptions, run_study
 from edps_mlflow.workloads import WORKLOADS, get_workload
 

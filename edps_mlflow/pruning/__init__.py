@@ -11,7 +11,7 @@ import importlib
 import re
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edps_mlflow.errors import EdpsError
 
@@ -130,14 +130,3 @@ def get_method(name: str) -> "Method":
     strategy = getattr(importlib.import_module(module_name), class_name)
     return strategy(info)
 
-
-# The names this package exported when it was one module, loaded on first use (they import torch).
-_MOVED = {"Mask": "edps_mlflow.pruning.mask", "dense_mask": "edps_mlflow.pruning.mask",
-          "snip_mask": "edps_mlflow.pruning.snip", "snip_scores": "edps_mlflow.pruning.snip",
-          "SNIP_BATCH_SIZE": "edps_mlflow.pruning.snip"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
 from edps_mlflow.uris import redact_uri
 
 if TYPE_CHECKING:
-    from edps_mlflow.pruning import Mask
+    from edps_mlflow.pruning.mask import Mask
 
 
 def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
