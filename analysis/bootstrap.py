@@ -6,6 +6,7 @@ minimum lies above the estimate, so S_min and B_crit get basic (reflected) inter
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,14 +98,12 @@ def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tole
     s_min, b_crit = fit_hyperbolas(sizes, minima)  # NaN where a resample has too few points
     for repeat in range(repeats):
         found = np.isfinite(minima[repeat])
-        try:
+        with suppress(InsufficientData):
             bounds = regime_boundaries(sizes[found], minima[repeat][found], tolerance)
             samples["perfect_scaling_end"].append(bounds.perfect_scaling_end or math.nan)
             samples["maximal_parallelism_start"].append(bounds.maximal_parallelism_start or math.nan)
             samples["b_crit_threshold"].append(threshold_critical_batch(sizes[found], minima[repeat][found],
                                                                         tolerance))
-        except InsufficientData:
-            pass
     samples = {"s_min": list(s_min), "b_crit": list(b_crit), **samples}
     return {name: _interval(name, values, repeats, estimate) for name, values in samples.items()}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +89,9 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
                                f"boundaries with a {settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% "
                                f"bootstrap intervals). The figures are under `figures/`, the whole report in the "
                                f"report artifact.\n\n{fits}\n")[:20_000]
-    try:
+    with suppress(MlflowException):  # its sweep run is gone: not nested
         if len(sweeps) == 1 and client.get_run(sweeps[0]).info.experiment_id == experiment_id:
             tags[n.MLFLOW_PARENT_RUN_ID] = sweeps[0]
-    except MlflowException:
-        pass  # its sweep run is gone: not nested
     run_id = launcher_run_id() or client.create_run(experiment_id, tags=tags).info.run_id
     log_batch(client, run_id, params={k: str(v)[:500] for k, v in settings.items()}, tags=tags,
               metrics=curve_metrics(tables["fit"]) if "fit" in tables else {})

@@ -5,6 +5,7 @@ a fit does not mean what it seems; and the sparsity comparison."""
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 
 import numpy as np
 import pandas as pd
@@ -93,13 +94,11 @@ def _curve_row(key: tuple, columns: list[str], siblings: list[tuple], group: pd.
                     "b_crit_threshold_fit": fitted_threshold(fit, points(b, s)[0][0], tolerance)})
     except InsufficientData as error:
         _add_note(row, f"no fit: {error}")
-    try:
+    with suppress(InsufficientData):
         bounds = regime_boundaries(b, s, tolerance)
         row.update({"perfect_scaling_end": bounds.perfect_scaling_end,
                     "maximal_parallelism_start": bounds.maximal_parallelism_start,
                     "b_crit_threshold": threshold_critical_batch(b, s, tolerance)})
-    except InsufficientData:
-        pass
     row["slopes"] = " ".join(f"{lo}-{hi}:{slope:+.2f}" for lo, hi, slope in local_slopes(b, s))
     return row, fit
 

@@ -3,6 +3,7 @@ dense network, time to result, the probes), with the tables they add to an analy
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 
 import pandas as pd
@@ -71,7 +72,7 @@ def probe_sections(experiments: tuple[str, ...], tracking_uri: str | None, fits:
     """The probes' summaries, when the studies logged probes."""
     sections: list[Section] = []
     tables: Tables = {}
-    try:
+    with suppress(EdpsError):
         by_study = lipschitz_by_study(load_best_trial_probes(experiments, n.METRIC_PROBE_LIPSCHITZ, tracking_uri))
         summary = lipschitz_table(by_study)
         tables.update(lipschitz=by_study, lipschitz_per_sparsity=summary,
@@ -80,13 +81,9 @@ def probe_sections(experiments: tuple[str, ...], tracking_uri: str | None, fits:
                       by_study, lipschitz_figure(by_study, directory, formats)),
                      ("Lipschitz constant per sparsity (over batch sizes)", summary, []),
                      ("Does the constant rise with sparsity?", tables["lipschitz_verdict"], [])]
-    except EdpsError:
-        pass
-    try:
+    with suppress(EdpsError):
         latest = load_probe_values(experiments, n.METRIC_PROBE_NOISE_SCALE, tracking_uri)
         tables["noise_scale"] = noise_scale_table(latest, fits)
         sections.append(("Gradient noise scale B_simple beside the fitted B_crit", tables["noise_scale"],
                          noise_scale_figure(tables["noise_scale"], directory, formats)))
-    except EdpsError:
-        pass
     return sections, tables

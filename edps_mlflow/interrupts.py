@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import Iterator
 
@@ -62,11 +62,9 @@ def _catch_swallowed_interrupts() -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
             timer = threading.Timer(_REDELIVER_SECONDS, os.kill, (os.getpid(), _last_signal))
             timer.daemon = True
-            try:
+            with suppress(RuntimeError):  # no new thread while the interpreter shuts down: it is ending anyway
                 timer.start()
                 return
-            except RuntimeError:  # no new thread while the interpreter shuts down: it is ending anyway
-                pass
         previous(unraisable)
 
     redeliver._edps_redelivers = True  # type: ignore[attr-defined]

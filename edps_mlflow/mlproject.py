@@ -18,7 +18,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -328,10 +328,8 @@ class SubmittedStudy:
         return log_file_tail(self.log_path, lines)
 
     def cancel(self) -> None:
-        try:
+        with suppress(Exception):  # a run that is already gone needs no cancelling
             self._submitted.cancel()
-        except Exception:  # noqa: BLE001 - a run that is already gone needs no cancelling
-            pass
 
 
 def submit(launch: ProjectLaunch, project: Path, parameters: dict[str, str], tracking_uri: str,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -102,13 +103,10 @@ def describe_device(device: str, threads: int) -> str:
 
 
 def _processor_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.lower().startswith("model name") and ":" in line:
-                    return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        for line in cpuinfo:
+            if line.lower().startswith("model name") and ":" in line:
+                return " ".join(line.split(":", 1)[1].split())
     return platform.processor() or "unknown model"
 
 
@@ -165,13 +163,10 @@ def available_memory(device: str) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 

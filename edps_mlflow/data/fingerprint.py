@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -40,18 +41,14 @@ def cached_fingerprint(files: list[Path], load: Callable[[], DataSplits], scope:
     stats = [(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(files)]
     entry = _cache_dir() / (hashlib.sha256(json.dumps([_SCHEME, scope, __version__, stats]).encode()).hexdigest()
                             + ".txt")
-    try:
+    with suppress(OSError):
         text = entry.read_text().strip()
         if len(text) == 64:
             return text
-    except OSError:
-        pass
     value = splits_fingerprint(load())
-    try:
+    with suppress(OSError):  # an unwritable cache costs a reload next time, nothing else
         entry.parent.mkdir(parents=True, exist_ok=True)
         temporary = entry.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(value + "\n")
         os.replace(temporary, entry)
-    except OSError:
-        pass  # an unwritable cache costs a reload next time, nothing else
     return value

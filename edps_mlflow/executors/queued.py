@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -262,20 +263,16 @@ class _JobQueue:
         path = entry.job.log_path if entry.job else None
         if path is None or not path.exists():
             return
-        try:
+        with suppress(Exception):  # the log stays on disk; the sweep goes on
             log_launch_log(self.sweep.client, entry.run_id, path)
-        except Exception:  # noqa: BLE001 - the log stays on disk; the sweep goes on
-            pass
 
     def _renew(self) -> None:
         """Keep the submitted runs live while their job is: the entry point beats only once started, maybe minutes
         later."""
         for entry in self.running:
             if entry.job is not None and entry.job.state() is RunState.RUNNING:
-                try:
+                with suppress(Exception):  # the next beat tries again; the lease absorbs misses
                     renew_heartbeat(self.sweep.client, entry.run_id)
-                except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
-                    pass
 
     def _cancel_all(self) -> None:
         """The sweep was interrupted: stop the jobs it submitted (a SIGKILL leaves them training)."""
@@ -283,15 +280,13 @@ class _JobQueue:
             if entry.job is None:
                 continue
             entry.job.cancel()
-            try:
+            with suppress(Exception):  # interrupted: leave what cannot be written to the lease
                 run = get_leased(self.sweep.client, entry.run_id)
                 if run.state is RunState.RUNNING:
                     # Its trial runs too: once its run is marked, the study's own abort (if its process
                     # gets that far) finds the run taken from it and writes nothing more, by design.
                     trials = running_trial_runs(self.sweep.client, self.sweep.experiment_id, entry.run_id)
                     mark_dead(self.sweep.client, [entry.run_id, *trials], "the sweep that submitted it was interrupted")
-            except Exception:  # noqa: BLE001 - interrupted: leave what cannot be written to the lease
-                pass
 
     def _trials_finished(self) -> int:
         """Trial runs finished by the study runs this sweep has run or watched: each run's own count, read while it

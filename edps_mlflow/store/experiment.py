@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import suppress
 
 from mlflow.exceptions import MlflowException
 
@@ -124,10 +125,8 @@ def record_doctor_check(client: StoreClient, experiment_id: str, checked_until: 
                         recheck: list[str], searched_keyless: bool) -> None:
     """What the next ``edps doctor`` need not read again: the runs that started or ended before ``checked_until``
     (ms; None: all) but ``recheck``, and whether they were checked for their kind and keys. Best effort."""
-    try:
+    with suppress(MlflowException):
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_CHECKED_UNTIL,
                                   "" if checked_until is None else str(checked_until))
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_RECHECK, ",".join(recheck))
         client.set_experiment_tag(experiment_id, n.EXPERIMENT_TAG_SEARCHED_KEYLESS, str(searched_keyless).lower())
-    except MlflowException:
-        pass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, NamedTuple, TextIO
@@ -255,11 +256,9 @@ def launcher_run(client: StoreClient, study_key: str | None = None) -> LauncherR
 def mark_refused(run_id: str, message: str) -> None:
     """Why a command was refused, on the run that ``mlflow run`` made before we started (which MLflow marks FAILED
     when we exit non-zero; deleting it would crash ``mlflow run``)."""
-    try:
+    with suppress(MlflowException):
         client = MlflowClient()
         run = client.get_run(run_id)
         # Only the launcher's own new run: a finished study named by mistake keeps its tags.
         if run.info.status == _RUNNING and n.TAG_KIND not in run.data.tags:
             client.set_tag(run_id, n.TAG_ERROR, message[:5000])
-    except MlflowException:
-        pass

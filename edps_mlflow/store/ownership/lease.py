@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator
 
 from mlflow.tracking import MlflowClient
@@ -76,13 +76,11 @@ class OwnedRun:
 
         def beat() -> None:
             while not self._stop.wait(every):
-                try:
+                with suppress(Exception):  # the next beat tries again; the lease absorbs misses
                     if self._why_not_ours(client.get_run(self.run_id)) is not None:
                         self.lost.set()  # woken after a stall: never renew a run that is not ours
                         return
                     renew_heartbeat(client, self.run_id)
-                except Exception:  # noqa: BLE001 - the next beat tries again; the lease absorbs misses
-                    pass
 
         self._thread = threading.Thread(target=beat, name=f"edps-heartbeat-{self.run_id[:8]}", daemon=True)
         self._thread.start()
@@ -131,22 +129,18 @@ class OwnedRun:
         # One try each, and none after a write that fails: a locked, full or read-only store would make
         # every run wait out the retries again, and the lease marks what is left.
         client = self.client.without_retries()
-        try:
+        with suppress(Exception):  # the store is failing: marking is best effort, the lease covers the rest
             if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
                 return
-        except Exception:  # noqa: BLE001 - the store is failing: marking is best effort, the lease covers the rest
-            pass
         status = (RunState.KILLED if interrupted else RunState.FAILED).value
         for run_id in [*(open_runs or []), self.run_id]:
             try:
                 client.set_terminated(run_id, status)
             except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
                 return
-        try:
+        with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
             # A study run's entry in the study index says RUNNING until this (a sweep run has none).
             index_study_run(client, self.run_id)
-        except Exception:  # noqa: BLE001 - best effort: an entry that says RUNNING is read from the store
-            pass
 
 
 @contextmanager
