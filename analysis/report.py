@@ -12,6 +12,7 @@ import pandas as pd
 from analysis.bootstrap import BASIS_COLUMNS
 from analysis.regimes import with_curve_axes
 from analysis.timing import TIME_COLUMNS, duration_words
+from edps_mlflow import descriptions
 
 
 def _number(value: object, digits: int = 4) -> str:
@@ -128,12 +129,8 @@ def interval_basis_text(fits: pd.DataFrame) -> str | None:
 
 
 def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
-    if index:
-        frame = frame.reset_index()
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.astype(str).itertuples(index=False)]
-    return "\n".join([header, rule, *body])
+    frame = frame.reset_index() if index else frame
+    return descriptions.markdown_table(frame.columns, frame.astype(str).itertuples(index=False))
 
 
 def html_table(frame: pd.DataFrame) -> str:

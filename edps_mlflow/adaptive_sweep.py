@@ -21,6 +21,7 @@ from edps_mlflow import adaptive
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, content_key
 from edps_mlflow.curves import CurveId
+from edps_mlflow.descriptions import markdown_table
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
@@ -307,16 +308,6 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
     return rows
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return ""
-    header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("" if r[h] is None or (isinstance(r[h], float) and pd.isna(r[h])) else str(r[h])
-                                for h in header) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def goal_text(settings: adaptive.AdaptiveSettings) -> str:
     """The question of an adaptive sweep, in words."""
     if settings.goal is adaptive.Goal.B_CRIT:
@@ -332,6 +323,9 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
     """The adaptive sweep run's description: why it stopped, the answer per curve, every decision."""
     p = spec.grid.protocol
     budget = spec.settings.budget
+    rows = result_rows(result)
+    decisions = result.decisions[["round", "decision", "optimizer", "sparsity", "pruning", "batch_size", "reason",
+                                  "uncertainty_before"]].astype(object).fillna("")
     limits = ", ".join(part for part in (
         f"at most {spec.settings.max_studies} studies" if spec.settings.max_studies else "",
         (f"a budget of {budget.amount:g} trial-steps" if budget.kind is adaptive.BudgetKind.TRIAL_STEPS
@@ -342,11 +336,9 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
              f"trial-steps. Target: {goal_text(spec.settings)}" + (f"; limits: {limits}" if limits else "")
              + ".",
              f"**Stopped: {result.stop.value}.** Still uncertain: {'; '.join(result.uncertain()) or 'nothing'}.",
-             _markdown(result_rows(result)),
+             markdown_table(list(rows[0]), [list(row.values()) for row in rows]) if rows else "",
              f"Decisions (also `{n.ARTIFACT_ADAPTIVE_DECISIONS}`):",
-             _markdown([{k: r[k] for k in ("round", "decision", "optimizer", "sparsity", "pruning", "batch_size",
-                                          "reason", "uncertainty_before")}
-                        for r in result.decisions.to_dict("records")])]
+             markdown_table(decisions.columns, decisions.itertuples(index=False))]
     return "\n\n".join(parts)
 
 

@@ -3,6 +3,8 @@ tags and every run's provenance tags; plain strings from specs and outcomes (no 
 
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 from edps_mlflow import __version__, provenance
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family, trial_families
@@ -76,6 +78,12 @@ def provenance_tags(launched_by_mlflow: bool = False, command: str | None = None
         if code.commit:
             tags[n.MLFLOW_GIT_COMMIT] = code.commit
     return tags
+
+
+def markdown_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table, each cell as ``str`` writes it (the run descriptions' and the analysis report's)."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [header, *rows]]
+    return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
 
 
 def pruned_by(spec: StudySpec) -> str:

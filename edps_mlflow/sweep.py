@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
-from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION
+from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, markdown_table
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import Executor, SweepRun, study_label
@@ -208,14 +208,12 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
              f"reached the goal); each study is a child run."]
     steps = {(s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result
              for s in plan}
+    header = ["batch size", *(f"sparsity {s:g}" for s in spec.sparsities)]
     for optimizer, pruning in ((o, m) for o in spec.optimizers for m in spec.prunings):
-        header = "| batch size | " + " | ".join(f"sparsity {s:g}" for s in spec.sparsities) + " |"
-        rule = "|---|" + "---|" * len(spec.sparsities)
-        rows = [f"| {b} | " + " | ".join(
-            str(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-")
-            for s in spec.sparsities) + " |" for b in spec.batch_sizes]
+        rows = [[b, *(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-"
+                      for s in spec.sparsities)] for b in spec.batch_sizes]
         title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
-        parts.append("\n".join([f"**{title}**", "", header, rule, *rows]))
+        parts.append(f"**{title}**\n\n{markdown_table(header, rows)}")
     return "\n\n".join(parts)
 
 
