@@ -65,19 +65,14 @@ class PlainLogFormatter(LogFormatter):
         return _plain_number(x) if super().__call__(x, pos) else ""
 
 
-def _log_scale(axis: plt.Axes, which: str, base: float = 10) -> None:
-    (axis.set_xscale if which == "x" else axis.set_yscale)("log", base=base)
-    ticks = axis.xaxis if which == "x" else axis.yaxis
-    ticks.set_major_formatter(PlainLogFormatter(base))
-    ticks.set_minor_formatter(PlainLogFormatter(base, labelOnlyBase=False))
-
-
 def _axes(axis: plt.Axes, ylabel: str, title: str | None = None, x_base: float | None = 2,
           y_base: float | None = 2, xlabel: str | None = BATCH_AXIS) -> None:
     """Log scales (a base of None: linear), labels, a title and a light grid."""
-    for which, base in (("x", x_base), ("y", y_base)):
+    for ticks, set_scale, base in ((axis.xaxis, axis.set_xscale, x_base), (axis.yaxis, axis.set_yscale, y_base)):
         if base is not None:
-            _log_scale(axis, which, base)
+            set_scale("log", base=base)
+            ticks.set_major_formatter(PlainLogFormatter(base))
+            ticks.set_minor_formatter(PlainLogFormatter(base, labelOnlyBase=False))
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
     if title:
