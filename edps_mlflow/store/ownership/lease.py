@@ -147,16 +147,15 @@ class OwnedRun:
 def abort_guard(owned: OwnedRun, open_runs: Callable[[], list[str]] = list,
                 cleanup: Callable[[], None] | None = None) -> Iterator[None]:
     """The one abort guard of studies and sweeps: when the block fails, ``owned`` and its ``open_runs()`` are
-    KILLED (an interrupt) or FAILED, unless the run is no longer ours; ``cleanup()`` runs after either."""
+    KILLED (an interrupt) or FAILED, unless the run is no longer ours; ``cleanup()`` runs last in any case."""
     try:
         yield
     except LeaseLost:
         owned.stop_heartbeat()
-        if cleanup:
-            cleanup()
         raise
     except BaseException as error:
         owned.abort(isinstance(error, KeyboardInterrupt), open_runs())
+        raise
+    finally:
         if cleanup:
             cleanup()
-        raise
