@@ -15,7 +15,7 @@ from typing import Any, Callable
 import click
 
 from edps_mlflow.config import PROBE_NAMES, ProbeTrials, parse_probes
-from edps_mlflow.executors import executor_names
+from edps_mlflow.executors import EXECUTORS
 from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, STUDY_FIELDS, Option
 from edps_mlflow.mlproject import Backend, EnvManager
@@ -128,7 +128,7 @@ class ExperimentName(click.ParamType):
 # The registries whose names an option takes (a kind below) or its help lists ({optimizers} in fields.py).
 REGISTRIES: dict[str, tuple[str, ...]] = {
     "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
-    "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": executor_names(),
+    "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": tuple(EXECUTORS),
     "backends": tuple(b.value for b in Backend), "env_managers": tuple(e.value for e in EnvManager),
 }
 LISTS = {name: ", ".join(names) for name, names in REGISTRIES.items()}

@@ -20,10 +20,6 @@ EXECUTORS: dict[str, str] = {
 }
 
 
-def executor_names() -> tuple[str, ...]:
-    return tuple(EXECUTORS)
-
-
 def check_executor_name(name: str) -> None:
     if name not in EXECUTORS:
         raise EdpsError(f"unknown executor {name!r}; known executors: {', '.join(EXECUTORS)}")
