@@ -28,7 +28,6 @@ class LeasedRun:
     start_time: int  # ms
     renewed: float  # unix seconds of the last heartbeat (the start time when there is none)
     parent_run_id: str | None
-    owner: str | None
     steps_to_result: int | None
     full_trials: bool
 
@@ -54,8 +53,7 @@ def leased(run: Any) -> LeasedRun:
     return LeasedRun(
         run_id=run.info.run_id, kind=kind, key=tags.get(key_tag, ""),
         state=RunState(run.info.status), start_time=run.info.start_time or 0, renewed=renewed,
-        parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), owner=tags.get(n.TAG_LEASE_OWNER),
-        steps_to_result=int(steps) if steps is not None else None,
+        parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), steps_to_result=int(steps) if steps is not None else None,
         full_trials=tags.get(n.TAG_STOPPING) == n.STOPPING_FULL_TRIALS)
 
 
