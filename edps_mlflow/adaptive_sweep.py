@@ -126,12 +126,10 @@ class AdaptiveResult:
 Measure = Callable[[list[StudySpec]], "dict[str, MeasuredStudy] | None"]
 
 
-def curve_tables(spec: AdaptiveSweepSpec, curve: CurveId,
-                 measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def curve_tables(curve: CurveId, measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The analysis' study table and trial table of one curve's measured studies."""
     mine = [m for m in measured.values() if CurveId.of(m.spec) == curve]
-    points = pd.DataFrame([{**curve.as_dict(),
-                            "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
+    points = pd.DataFrame([{**curve.as_dict(), "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
                             "study_key": m.spec.study_key} for m in mine])
     points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")
     trials = pd.DataFrame([{"study_key": m.spec.study_key, "trial_index": t.trial_index, "status": t.status.value,
@@ -155,7 +153,7 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         if found is None:
             return None
         measured.update(found)
-        states = [adaptive.assess_curve(curve, *curve_tables(spec, curve, measured), spec.candidates, spec.settings)
+        states = [adaptive.assess_curve(curve, *curve_tables(curve, measured), spec.candidates, spec.settings)
                   for curve in spec.curves]
         studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
         round_index += 1
