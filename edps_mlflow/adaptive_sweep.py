@@ -29,7 +29,7 @@ from edps_mlflow.results import TrialOutcome
 from edps_mlflow.store.client import ui_link
 from edps_mlflow.store.ownership.claim import clear_expired
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
-from edps_mlflow.store.read.runs import StoredStudy, study_runs, study_views
+from edps_mlflow.store.read.runs import study_runs, study_views
 from edps_mlflow.store.read.trials import study_trial_outcomes
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.sweep import (PlanState, SweepOptions, SweepRun, SweepSpec, dispatch, finished_sweep, open_sweep,
@@ -173,11 +173,8 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
     """The finished runs of ``studies`` with their trials (None when one is not done), from one read of the
     workload's study runs (or ``views``, as study_views read them since the last change)."""
     missing = [study for study in studies if study.study_key not in cache]
-    latest: dict[tuple[str, bool], StoredStudy] = {}
-    if missing:
-        stored = study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views)
-        for run in sorted((r for r in stored if r.finished), key=lambda r: r.order):
-            latest[(run.study_key, run.full_trials)] = run
+    stored = study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views) if missing else []
+    latest = {(run.study_key, run.full_trials): run for run in sorted(stored, key=lambda r: r.order) if run.finished}
     found = {}
     for study in studies:
         key = study.study_key

@@ -174,9 +174,7 @@ def planned_trial_counts(client: StoreClient, experiment_id: str, stored: list[S
                          study_keys: Iterable[str]) -> dict[str, int]:
     """study key -> its finished trials, for studies with study runs (``stored``) but none finished: a live
     study's latest run says it; a dead one's run may be one short, and earlier runs may have finished some."""
-    latest: dict[str, StoredStudy] = {}
-    for run in sorted(stored, key=lambda r: r.order):
-        latest[run.study_key] = run
+    latest = {run.study_key: run for run in sorted(stored, key=lambda r: r.order)}
     counts: dict[str, int] = {}
     for key in dict.fromkeys(study_keys):
         run = latest.get(key)
