@@ -27,21 +27,9 @@ from analysis.report import fit_summary, markdown_table, steps_grids, write_repo
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
-from edps_mlflow.cli_options import FiniteRange
+from edps_mlflow.cli_options import ExperimentName, FiniteRange
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
-
-
-def _experiments(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
-    """Experiment names or glob patterns, by the rule ``edps`` applies to the names it creates: refused in one
-    line before any store is opened."""
-    for text in names:
-        problem = experiment_name_problem(text)
-        if problem is not None:
-            empty = " (leave the option out for every experiment with study runs)" if not text.strip() else ""
-            raise click.BadParameter(problem + empty, ctx, param)
-    return names
 
 
 def _devices(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int, ...]:
@@ -60,7 +48,9 @@ def _options(*options: Callable) -> Callable:
 _STORE = _options(
     click.option("--tracking-uri", default=None,
                  help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db)."),
-    click.option("--experiment", "experiments", multiple=True, metavar="NAME|PATTERN", callback=_experiments,
+    # Names and patterns by the rule `edps` applies to the names it creates: refused before any store is opened.
+    click.option("--experiment", "experiments", multiple=True, metavar="NAME|PATTERN",
+                 type=ExperimentName(omitted="every experiment with study runs"),
                  help="Experiment name or glob pattern (repeatable; default: every experiment with study runs)."))
 _SOURCE = _options(
     _STORE,
