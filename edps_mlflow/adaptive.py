@@ -141,10 +141,6 @@ class AdaptiveSettings:
                 "max_studies": self.max_studies, "budget": self.budget.text() if self.budget else None}
 
 
-def is_power_of_two(value: int) -> bool:
-    return isinstance(value, int) and value > 0 and value & (value - 1) == 0
-
-
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
     """The powers of two in [low, high]."""
     return tuple(1 << e for e in range(max(low, 1).bit_length() - 1, high.bit_length()) if low <= 1 << e <= high)

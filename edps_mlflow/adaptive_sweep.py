@@ -47,7 +47,7 @@ class AdaptiveSweepSpec:
     settings: adaptive.AdaptiveSettings
 
     def __post_init__(self) -> None:
-        odd = [b for b in self.grid.batch_sizes if not adaptive.is_power_of_two(b)]
+        odd = [b for b in self.grid.batch_sizes if b not in self.range]  # every power of two between the ends
         if odd:
             raise EdpsError(f"an adaptive sweep measures powers of two: batch size {odd[0]} is not one "
                             f"(give the range, e.g. --batch-sizes 2..1024)")
