@@ -63,12 +63,6 @@ def grasp_scores(model: torch.nn.Module, names: list[str], images: Tensor, label
     return {name: (-w.detach() * hg).cpu() for name, w, hg in zip(names, weights, product)}
 
 
-def grasp_cut(scores: dict[str, Tensor], sparsity: float) -> dict[str, Tensor]:
-    """Normalise by |sum| + eps, keep the k lowest (the highest scores are pruned, the authors' sign)."""
-    norm = torch.cat([score.flatten() for score in scores.values()]).sum().abs() + EPSILON
-    return global_cut({name: -(score / norm) for name, score in scores.items()}, sparsity)
-
-
 class GraSP(Method):
     def scores(self, context: ScoreContext) -> dict[str, Tensor]:
         names = self.prunable(parameter_shapes(context.model))
@@ -78,4 +72,6 @@ class GraSP(Method):
         return grasp_scores(context.model, names, images, labels, context.workload.loss)
 
     def mask(self, scores: dict[str, Tensor], shapes: Shapes, sparsity: float, init_seed: int) -> Mask:
-        return assemble(shapes, grasp_cut(scores, sparsity))
+        """Normalised by |sum| + eps, the k lowest kept (the highest scores are pruned, the authors' sign)."""
+        norm = torch.cat([score.flatten() for score in scores.values()]).sum().abs() + EPSILON
+        return assemble(shapes, global_cut({name: -(score / norm) for name, score in scores.items()}, sparsity))
