@@ -66,11 +66,6 @@ def _number(value: object) -> float:
         return math.nan
 
 
-def _overlap(a: dict, b: dict) -> bool | None:
-    low_a, high_a, low_b, high_b = (_number(fit.get(f"b_crit_{end}")) for fit in (a, b) for end in ("low", "high"))
-    return None if any(map(math.isnan, (low_a, high_a, low_b, high_b))) else bool(low_a <= high_b and low_b <= high_a)
-
-
 def _geometric_mean(values: pd.Series) -> float:
     values = values[(values > 0) & np.isfinite(values)]
     return float(np.exp(np.log(values).mean())) if len(values) else math.nan
@@ -108,13 +103,14 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
             row.update({"shape_deviation": math.nan, "same_shape": None,
                         "shape": f"{len(both)} batch size(s) where it and the dense curve both have a result: too few "
                                  f"to compare"})
-        row["b_crit_overlaps_dense"] = _overlap(fit, dense_fit)
         # Intervals that rest on one reaching trial per study (exact early stopping) have no width: two of
         # them not overlapping says nothing, so no answer is given, and the note says why.
         little = [f"{name}: {warning}" for name, warning in (("its", interval_basis_warning(fit)),
                                                               ("dense", interval_basis_warning(dense_fit))) if warning]
-        if little:
-            row["b_crit_overlaps_dense"] = None
+        low, high, dense_low, dense_high = (_number(f.get(f"b_crit_{end}")) for f in (fit, dense_fit)
+                                            for end in ("low", "high"))
+        row["b_crit_overlaps_dense"] = (None if little or any(map(math.isnan, (low, high, dense_low, dense_high)))
+                                        else bool(low <= dense_high and dense_low <= high))
         row["note"] = "; ".join(little)
         row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, sparsity, pruning)
         rows.append(row)

@@ -70,8 +70,8 @@ def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
                     if count > ARCHIVE_MAX_MEMBERS:
                         raise EdpsError(f"{archive} is not the CIFAR-10 archive: more than "
                                         f"{ARCHIVE_MAX_MEMBERS} entries")
-                    name = _batch_name(member.name)
-                    if name is not None:
+                    folder, _, name = member.name.partition("/")
+                    if folder == ARCHIVE_FOLDER and name in TRAIN_BATCHES:
                         found[name] = _read_member(bundle, member, f"{archive}:{name}")
             # To the end of the gzip stream, so that its checksum refuses damage after the batches too.
             read_at_most(stream, ARCHIVE_MAX_BYTES)
@@ -84,11 +84,6 @@ def _read_archive(archive: Path) -> list[tuple[bytes, str]]:
     if missing:
         raise EdpsError(f"{archive} does not contain " + ", ".join(f"{ARCHIVE_FOLDER}/{name}" for name in missing))
     return [(found[name], f"{archive}:{name}") for name in TRAIN_BATCHES]
-
-
-def _batch_name(member_name: str) -> str | None:
-    folder, _, name = member_name.partition("/")
-    return name if folder == ARCHIVE_FOLDER and name in TRAIN_BATCHES else None
 
 
 def _read_member(bundle: tarfile.TarFile, member: tarfile.TarInfo, label: str) -> bytes:

@@ -39,10 +39,7 @@ def _directory(path: Path, source: str) -> Path:
 
 
 def find_file(directory: Path, stem: str) -> Path | None:
-    for candidate in (directory / stem, directory / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((path for path in (directory / stem, directory / f"{stem}.gz") if path.is_file()), None)
 
 
 # The only element type the paper's files use: one unsigned byte per value.
