@@ -57,8 +57,9 @@ class CurveId:
         return {name: value for name, value in self.as_dict().items() if name != "workload"}
 
     def tags(self) -> dict[str, str]:
-        """The tags of the runs on this curve, as tracking writes them."""
-        return {CURVE_TAGS[name]: _tag_text(value) for name, value in self.as_dict().items()}
+        """The tags of the curve's runs as tracking writes them, a float as its repr (0.9: "0.9", 0: "0.0")."""
+        return {CURVE_TAGS[name]: repr(value) if isinstance(value, float) else str(value)
+                for name, value in self.as_dict().items()}
 
     def search_tags(self) -> dict[str, str]:
         """The tags a search for this curve's runs may filter on: those every run has (compare :meth:`from_tags`
@@ -91,8 +92,3 @@ def _read_tag(name: str, tags: Mapping[str, str]) -> Any:
             return TAG_DEFAULTS[name]
         raise KeyError(CURVE_TAGS[name])
     return float(text) if _AXIS_TYPES[name] == "float" else text
-
-
-def _tag_text(value: Any) -> str:
-    # The sparsity tag is the float's repr (as tracking writes it): 0.9 -> "0.9", 0 -> "0.0".
-    return repr(float(value)) if isinstance(value, float) else str(value)
