@@ -133,16 +133,13 @@ def _repair(client: StoreClient, experiment_id: str, name: str, facts: list[RunF
             out: TextIO) -> None:
     """Mark FAILED the runs of dead owners and the trial runs finished after their lease was lost, FINISHED
     the sweep runs that finished their grid, and complete the study index."""
-    dead = expired(facts, lease, time.time())
-    mark_dead(client, [f.run_id for f in dead], expired_reason(lease))
-    for fact in dead:
-        print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED (owner gone)", file=out)
-    late = finished_after_lease_lost(facts)
-    mark_dead(client, [f.run_id for f in late], "finished after its lease was lost: not a measurement "
-                                                "this store trusts (marked FAILED by edps doctor --repair)")
-    for fact in late:
-        print(f"{name}: repaired: trial run {fact.run_id} marked FAILED (finished after its lease was lost)",
-              file=out)
+    for runs, reason, why in (
+            (expired(facts, lease, time.time()), expired_reason(lease), "owner gone"),
+            (finished_after_lease_lost(facts), "finished after its lease was lost: not a measurement this store "
+             "trusts (marked FAILED by edps doctor --repair)", "finished after its lease was lost")):
+        mark_dead(client, [f.run_id for f in runs], reason)
+        for fact in runs:
+            print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED ({why})", file=out)
     for fact in finished_sweeps_marked_failed(facts):
         client.update_run(fact.run_id, status=RunState.FINISHED.value)
         print(f"{name}: repaired: sweep run {fact.run_id} marked FINISHED (it had finished its grid)", file=out)
