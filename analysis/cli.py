@@ -273,13 +273,9 @@ def time_to_result(tracking_uri, experiments, csv_path, workload, optimizer, spa
     model = CostModel(bandwidth * GIGABYTE, latency * MICROSECOND, device_counts)
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     table, _, summary, rows, paths = time_results(studies, model, Path(out_dir))
-    if output_format in ("csv", "json"):
-        _emit(table, output_format, "")
-    else:
-        render = markdown_table if output_format == "markdown" else lambda frame: frame.to_string(index=False)
-        click.echo(f"Time to result from {source}; one device: as measured; more: {model.describe()}\n")
-        click.echo("Fastest batch size per number of devices:\n" + render(summary) + "\n")
-        click.echo("Every batch size:\n" + render(rows))
+    render = markdown_table if output_format == "markdown" else lambda frame: frame.to_string(index=False)
+    _emit(table, output_format, f"Time to result from {source}; one device: as measured; more: {model.describe()}"
+          f"\n\nFastest batch size per number of devices:\n{render(summary)}\n\nEvery batch size:\n{render(rows)}")
     for path in paths:
         click.echo(str(path), err=True)
 
