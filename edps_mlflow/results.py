@@ -33,10 +33,6 @@ class RunState(str, Enum):
     FAILED = "FAILED"
     KILLED = "KILLED"
 
-    @property
-    def is_finished(self) -> bool:
-        return self is RunState.FINISHED
-
 
 class ScoreSource(str, Enum):
     """Where a trial's pruning scores came from."""

@@ -12,6 +12,7 @@ import pandas as pd
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
+from edps_mlflow.results import RunState
 from edps_mlflow.store.ownership.lease import lease_seconds
 from edps_mlflow.store.read.status import StudyRow, experiments_with_studies, study_rows
 
@@ -49,7 +50,7 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
     for row in rows:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():
-        finished = sorted((r for r in group if r.state.is_finished), key=lambda r: r.start_time)
+        finished = sorted((r for r in group if r.state is RunState.FINISHED), key=lambda r: r.start_time)
         if finished:
             steps = finished[-1].steps_to_result
             cell = "-" if steps is None else str(steps)

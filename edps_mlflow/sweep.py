@@ -27,6 +27,7 @@ from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.resources import cuda_devices
+from edps_mlflow.results import RunState
 from edps_mlflow.store.client import open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim_launched, clear_expired, launcher_run
@@ -132,7 +133,7 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
             return None
         studies = study_views(client, found.experiment_id)
         runs = sweep_runs(client, found.experiment_id, sweep_key, studies)
-    if not runs or not all(r.state.is_finished for r in runs):
+    if not runs or not all(r.state is RunState.FINISHED for r in runs):
         return None
     return FinishedSweep(client, found.experiment_id, runs, studies)
 

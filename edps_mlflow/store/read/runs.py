@@ -72,7 +72,7 @@ def latest_finished_study(client: StoreClient, experiment_id: str, study_key: st
                           full_trials: bool) -> LeasedRun | None:
     """The latest FINISHED study run of the key in the same early-stopping mode (None: not done)."""
     done = [r for r in keyed_runs(client, experiment_id, n.KIND_STUDY, study_key)
-            if r.state.is_finished and r.full_trials == full_trials]
+            if r.state is RunState.FINISHED and r.full_trials == full_trials]
     return done[-1] if done else None
 
 
@@ -130,7 +130,7 @@ class StoredStudy:
 
     @property
     def finished(self) -> bool:
-        return self.state.is_finished
+        return self.state is RunState.FINISHED
 
     @property
     def order(self) -> tuple[int, str]:
