@@ -44,11 +44,9 @@ class ScoreSource(str, Enum):
 
 @dataclass(frozen=True)
 class PruningRecord:
-    """How one trial was pruned at initialisation; ``seconds``: spent on its scores here (computing, or waiting
-    for and loading them); ``seconds_saved``: for cached scores, what computing them took less that."""
+    """What one trial's pruning scores cost: where they came from, ``seconds`` spent on them here (computing, or
+    waiting for and loading them), ``seconds_saved``: for cached scores, what computing them took less that."""
 
-    method: str
-    prunes: str
     source: ScoreSource
     seconds: float = 0.0
     seconds_saved: float = 0.0

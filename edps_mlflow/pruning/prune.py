@@ -21,9 +21,8 @@ def prune_at_initialisation(method_name: str, context: ScoreContext, data_finger
     """The trial's mask and how it was made. The cache is used for a method whose scores are costly
     (``MethodInfo.cached``) when the data's fingerprint is known; the mask is the same either way."""
     method = get_method(method_name)
-    name, prunes = method.info.name, method.info.prunes.value
     if context.sparsity == 0.0:
-        return dense_mask(context.model), PruningRecord(name, prunes, ScoreSource.NONE)
+        return dense_mask(context.model), PruningRecord(ScoreSource.NONE)
     shapes = parameter_shapes(context.model)
     scorer = METHODS[method.scorer]
     started = time.perf_counter()
@@ -35,8 +34,8 @@ def prune_at_initialisation(method_name: str, context: ScoreContext, data_finger
                         context.sparsity if scorer.sparsity_dependent else None)
         scores, computing_seconds = _cached_scores(method, context, shapes, cache, key, started)
     seconds = time.perf_counter() - started
-    record = (PruningRecord(name, prunes, ScoreSource.COMPUTED, seconds) if computing_seconds is None
-              else PruningRecord(name, prunes, ScoreSource.CACHED, seconds, computing_seconds - seconds))
+    record = (PruningRecord(ScoreSource.COMPUTED, seconds) if computing_seconds is None
+              else PruningRecord(ScoreSource.CACHED, seconds, computing_seconds - seconds))
     return method.mask(scores, shapes, context.sparsity, context.init_seed), record
 
 

@@ -73,7 +73,6 @@ class Claim:
     owned: OwnedRun | None = None
     done: LeasedRun | None = None
     busy: LeasedRun | None = None
-    created: bool = False  # ``owned`` is a run made by this claim (not a resumed one)
 
 
 def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Callable[[str | None], str],
@@ -115,7 +114,7 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
                 time.sleep(_SETTLE_SECONDS)
                 rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
             if rival is None:
-                return Claim(owned=OwnedRun(client, run_id, token, rules.label), created=True)
+                return Claim(owned=OwnedRun(client, run_id, token, rules.label))
             (give_way or (lambda mine, winner: yield_run(client, mine, winner.run_id)))(run_id, rival)
             own = None
         if rules.on_live is OnLive.WATCH:

@@ -118,7 +118,6 @@ class StoredStudy:
     run_id: str
     study_key: str
     state: RunState
-    parent_run_id: str | None
     steps_to_result: int | None
     full_trials: bool  # measured with every trial run to its own end
     start_time: int = 0  # ms
@@ -149,9 +148,8 @@ def stored_study(run: Any, lease: float, now: float) -> StoredStudy:
     leased_run = leased(run)
     reused = tags.get(n.TAG_REUSED, "0")
     return StoredStudy(
-        run_id=leased_run.run_id, study_key=leased_run.key, state=leased_run.state,
-        parent_run_id=leased_run.parent_run_id, steps_to_result=leased_run.steps_to_result,
-        full_trials=leased_run.full_trials, start_time=leased_run.start_time,
+        run_id=leased_run.run_id, study_key=leased_run.key, state=leased_run.state, start_time=leased_run.start_time,
+        steps_to_result=leased_run.steps_to_result, full_trials=leased_run.full_trials,
         trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES), live=leased_run.live(lease, now),
         trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0)))
 
