@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from edps_mlflow.models.init import init_fan_in_truncated_normal
+from edps_mlflow.models.init import init_fan_in_truncated_normal, truncated_normal_
 
 # The embeddings' initial standard deviation (GPT-2's, nanoGPT's).
 EMBEDDING_STD = 0.02
@@ -77,7 +77,4 @@ def init_char_transformer(model: nn.Module, generator: torch.Generator) -> None:
     init_fan_in_truncated_normal(model, generator)
     for layer in model.modules():
         if isinstance(layer, nn.Embedding):
-            values = torch.empty(layer.weight.shape, dtype=layer.weight.dtype)
-            nn.init.trunc_normal_(values, mean=0.0, std=EMBEDDING_STD, a=-2 * EMBEDDING_STD, b=2 * EMBEDDING_STD,
-                                  generator=generator)
-            layer.weight.copy_(values)
+            truncated_normal_(layer.weight, EMBEDDING_STD, generator)

@@ -19,9 +19,13 @@ def init_fan_in_truncated_normal(module: nn.Module, generator: torch.Generator) 
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
             weight = layer.weight
             fan_in = weight[0].numel()
-            std = math.sqrt(1.0 / fan_in) / _TRUNCATED_STD
-            values = torch.empty(weight.shape, dtype=weight.dtype)
-            nn.init.trunc_normal_(values, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=generator)
-            weight.copy_(values)
+            truncated_normal_(weight, math.sqrt(1.0 / fan_in) / _TRUNCATED_STD, generator)
             if layer.bias is not None:
                 layer.bias.zero_()
+
+
+def truncated_normal_(weight: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    """``weight`` (on any device) drawn on the CPU from a normal truncated to two ``std`` either side of 0."""
+    values = torch.empty(weight.shape, dtype=weight.dtype)
+    nn.init.trunc_normal_(values, mean=0.0, std=std, a=-2 * std, b=2 * std, generator=generator)
+    weight.copy_(values)
