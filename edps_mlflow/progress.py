@@ -249,11 +249,8 @@ class SweepProgress(_Line):
         """Executors that report finished trials only: their count and rate."""
         rate = self.trials_done / elapsed if elapsed > 0 else 0.0
         left = max(0, self.trials_to_train - self.trials_done)
-        if self.trials_done and rate > 0:
-            eta_text = f"~{left / rate / 60:.1f} min left"
-        else:
-            eta_text = "time left: after the first trial"
-        return f"trials {self.trials_done}/{self.trials_to_train} | {rate:.2f} trials/s | {eta_text}"
+        eta = f"~{left / rate / 60:.1f} min left" if self.trials_done and rate else "time left: after the first trial"
+        return f"trials {self.trials_done}/{self.trials_to_train} | {rate:.2f} trials/s | {eta}"
 
     def render(self, force: bool = False, event: str | None = None) -> None:
         if not self._due(force):
