@@ -13,7 +13,7 @@ from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, every_experiment, searcher
-from edps_mlflow.store.read.runs import leased
+from edps_mlflow.store.read.runs import LeasedRun, leased
 from edps_mlflow.uris import redact_uri
 
 # A client's clock may be behind doctor's: a run it starts now may carry a time up to this much earlier.
@@ -22,18 +22,12 @@ _FINISHED = RunState.FINISHED.value
 
 
 @dataclass(frozen=True)
-class RunFacts:
-    """What ``edps doctor`` checks of one run of ours."""
+class RunFacts(LeasedRun):
+    """What ``edps doctor`` checks of one run of ours: its lease, and what else can break."""
 
-    run_id: str
-    kind: str | None
     study_key: str | None
     trial_key: str | None
     sweep_key: str | None
-    state: RunState
-    renewed: float
-    parent_run_id: str | None
-    full_trials: bool
     ours: bool  # carries a tag that only this project writes
     gave_way: bool  # a run that yielded to an earlier live run of its key
     end_time: int | None = None  # ms; None while RUNNING
@@ -162,13 +156,10 @@ def _trial_families(search: index.Search, run: Any) -> list[str]:
 
 def _facts(run: Any) -> RunFacts:
     tags = run.data.tags
-    lease = leased(run)
     return RunFacts(
-        run_id=run.info.run_id, kind=tags.get(n.TAG_KIND), study_key=tags.get(n.TAG_STUDY_KEY),
-        trial_key=tags.get(n.TAG_TRIAL_KEY), sweep_key=tags.get(n.TAG_SWEEP_KEY), state=lease.state,
-        renewed=lease.renewed, parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), full_trials=lease.full_trials,
-        ours=any(tag in tags for tag in (n.TAG_KIND, n.TAG_VERSION, n.TAG_HEARTBEAT)),
-        gave_way=n.TAG_YIELDED_TO in tags, end_time=run.info.end_time, marked_dead=n.TAG_ERROR in tags,
+        **vars(leased(run)), study_key=tags.get(n.TAG_STUDY_KEY), trial_key=tags.get(n.TAG_TRIAL_KEY),
+        sweep_key=tags.get(n.TAG_SWEEP_KEY), gave_way=n.TAG_YIELDED_TO in tags, end_time=run.info.end_time,
+        ours=any(tag in tags for tag in (n.TAG_KIND, n.TAG_VERSION, n.TAG_HEARTBEAT)), marked_dead=n.TAG_ERROR in tags,
         summarised=n.METRIC_STUDIES_DONE in run.data.metrics, indexed=getattr(run, "indexed", False))
 
 
