@@ -20,6 +20,7 @@ class _Line:
         self.live = stream.isatty()
         self.interval = live_interval if self.live else log_interval
         self._last = 0.0
+        self.started = time.monotonic()
 
     def _due(self, force: bool) -> bool:
         now = time.monotonic()
@@ -49,7 +50,6 @@ class StudyProgress(_Line):
         self.training: dict[int, int] = {}  # trial index -> latest step
         self.best_validation_error: float | None = None
         self.best_steps: int | None = None
-        self.started = time.monotonic()
         self.on_trial = on_trial  # told of every finished trial (a sweep worker forwards it to the sweep)
         # Told (trial-steps so far, furthest step) at most every steps_interval s and at every finished trial:
         # a breadth-first study finishes no trial until one reaches, so a sweep's progress comes from steps.
@@ -163,7 +163,6 @@ class SweepProgress(_Line):
         self.unfinished = {study.label for study in studies if study.trials > 0}
         self.steps: dict[str, tuple[int, int]] = {}  # running study -> (trial-steps, furthest step)
         self.finished_trial_steps = 0  # trial-steps of the studies finished in this sweep
-        self.started = time.monotonic()
 
     def started_study(self) -> None:
         self.running += 1
