@@ -328,14 +328,12 @@ def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineS
     elif plan.chunks:
         train_in_workers(job, plan.chunks, plan.layout.workers, best_known, recorder)
     progress.close()
-    records = dict(recorder.records)
-    for index, stored in plan.reused.items():
-        records[index] = TrialRecord(
-            trial=plan.trials[index], status=stored.status, steps_to_result=stored.steps_to_result,
-            steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error,
-            run_id=stored.run_id, reused=True, seconds_per_step=stored.seconds_per_step,
-            pack_size=stored.pack_size, device=stored.device)
-    return records, dict(recorder.pruning)
+    reused = {index: TrialRecord(
+        trial=plan.trials[index], status=stored.status, steps_to_result=stored.steps_to_result,
+        steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error, run_id=stored.run_id,
+        reused=True, seconds_per_step=stored.seconds_per_step, pack_size=stored.pack_size, device=stored.device)
+        for index, stored in plan.reused.items()}
+    return {**recorder.records, **reused}, dict(recorder.pruning)
 
 
 def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, data: DataSplits, device: str,
