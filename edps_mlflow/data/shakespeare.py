@@ -57,10 +57,9 @@ def windows(ids: np.ndarray, context: int = CONTEXT) -> tuple[torch.Tensor, torc
     return torch.from_numpy(inputs.copy()), torch.from_numpy(targets.copy())
 
 
-def split_text(ids: np.ndarray, context: int = CONTEXT, source: str = "the text",
-               validation_windows: int | None = VALIDATION_WINDOWS) -> DataSplits:
-    """The first 90% of the characters train, the first ``validation_windows`` windows of the last 10%
-    validate (all of them when None, or when there are fewer)."""
+def split_text(ids: np.ndarray, context: int = CONTEXT, source: str = "the text") -> DataSplits:
+    """The first 90% of the characters train, the first VALIDATION_WINDOWS windows of the last 10% validate (all
+    of them when there are fewer)."""
     boundary = int(len(ids) * TRAIN_FRACTION)
     train, validation = ids[:boundary], ids[boundary:]
     if len(validation) < context + 1:
@@ -68,8 +67,8 @@ def split_text(ids: np.ndarray, context: int = CONTEXT, source: str = "the text"
                         f"{context + 1}, so at least {10 * (context + 1)} are needed")
     train_inputs, train_targets = windows(train, context)
     validation_inputs, validation_targets = windows(validation, context)
-    return DataSplits(train_inputs, train_targets, validation_inputs[:validation_windows],
-                      validation_targets[:validation_windows])
+    return DataSplits(train_inputs, train_targets, validation_inputs[:VALIDATION_WINDOWS],
+                      validation_targets[:VALIDATION_WINDOWS])
 
 
 def load_shakespeare_splits(directory: Path, context: int = CONTEXT) -> DataSplits:
