@@ -63,15 +63,14 @@ class Observer(Protocol):
     def on_finish(self, result: TrialResult) -> None: ...
 
 
+@dataclass
 class LocalStepBound:
     """A StepBound for one process. ``exact_early_stopping=False`` never limits (full trials)."""
 
-    def __init__(self, max_steps: int, check_interval: int, exact_early_stopping: bool = True,
-                 best_step: int | None = None) -> None:
-        self.max_steps = max_steps
-        self.check_interval = check_interval
-        self.exact_early_stopping = exact_early_stopping
-        self.best_step = best_step
+    max_steps: int
+    check_interval: int
+    exact_early_stopping: bool = True
+    best_step: int | None = None
 
     def limit(self) -> int:
         return training_limit(self.max_steps, self.check_interval, self.best_step, self.exact_early_stopping)
