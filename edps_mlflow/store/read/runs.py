@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, TypeVar
+from typing import Any, Iterable
 
 from edps_mlflow import names as n
 from edps_mlflow.filters import filter_string
@@ -14,7 +14,6 @@ from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, search_all, searcher
 
 _RUNNING = filter_string(status=RunState.RUNNING.value)
-_Run = TypeVar("_Run")
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[
     return expired([leased(r) for r in search_all(client, experiment_id, _RUNNING)], lease, time.time())
 
 
-def expired(runs: list[_Run], lease: float, now: float) -> list[_Run]:
+def expired(runs: Iterable[LeasedRun], lease: float, now: float) -> list[LeasedRun]:
     """The runs left RUNNING by dead owners: study and sweep runs whose lease ran out, and trial runs whose study
     run is not live (left behind by a killed process). ``runs``: LeasedRun, or doctor's RunFacts."""
     owners = (n.KIND_STUDY, n.KIND_SWEEP)
