@@ -187,3 +187,16 @@ END_LEARNING_RATE_FACTOR = Dimension("end_learning_rate_factor", 1e-4, 0.1, Scal
 ADAM_LEARNING_RATE = Dimension("learning_rate", 1e-5, 0.1, Scale.LOG)
 WEIGHT_DECAY = Dimension("weight_decay", 1e-4, 1.0, Scale.LOG)
 BETA2 = Dimension("beta2", 0.99, 0.9999, Scale.REVERSE_LOG)
+
+# Workloads of one's own written before the optimizer registry name these: the registered optimizers' default
+# spaces, made when asked (the registry is imported then, not with this module, which it builds on).
+_SPACE_GROUPS = {"PAPER_SPACES": ("sgd", "momentum", "nesterov"), "ADAM_SPACES": ("adam", "adamw"),
+                 "DEFAULT_SPACES": None}
+
+
+def __getattr__(name: str) -> dict[str, SearchSpace]:
+    if name not in _SPACE_GROUPS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from edps_mlflow.optimizers import get_optimizer, optimizer_names
+
+    return {optimizer: get_optimizer(optimizer).space for optimizer in _SPACE_GROUPS[name] or optimizer_names()}

@@ -2,6 +2,7 @@
 
 import http.server
 import io
+import os
 import tarfile
 import threading
 from dataclasses import replace
@@ -18,7 +19,7 @@ from edps_mlflow.data.cifar import RECORD_BYTES, load_cifar10_splits
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.models import SimpleCNN, init_fan_in_truncated_normal
 from edps_mlflow.models.resnet8 import ResNet8
-from edps_mlflow.optimizers import get_optimizer
+from edps_mlflow.optimizers import get_optimizer, optimizer_names
 from edps_mlflow.pruning.snip import snip_mask
 from edps_mlflow.study import ExecutionOptions, run_study
 from edps_mlflow.workloads import WORKLOADS, get_workload
@@ -130,6 +131,18 @@ def test_search_spaces_per_workload():
     assert {(w.goal_error, w.max_steps) for n, w in WORKLOADS.items()
             if n not in ("digits-simple-cnn", "shakespeare-char-transformer")} == \
         {(0.02, 40_000), (0.12, 40_000), (0.40, 100_000)}
+
+
+def test_a_workload_written_against_the_old_space_names_still_tunes_the_same_spaces():
+    """Workloads of one's own once named search.PAPER_SPACES, ADAM_SPACES or DEFAULT_SPACES (the example did):
+    they are still there, the registered optimizers' default spaces, so such a workload tunes what it did."""
+    from edps_mlflow.search import ADAM_SPACES, DEFAULT_SPACES, PAPER_SPACES
+
+    digits = get_workload("digits-simple-cnn")
+    old_style = replace(digits, name="old-style", search_spaces={**PAPER_SPACES, **ADAM_SPACES})
+    assert set(PAPER_SPACES) | set(ADAM_SPACES) < set(DEFAULT_SPACES) == set(optimizer_names())
+    for optimizer in DEFAULT_SPACES:
+        assert old_style.search_space(optimizer) == digits.search_space(optimizer) == DEFAULT_SPACES[optimizer]
 
 
 # ---- CIFAR-10 binary ------------------------------------------------------------------------------
@@ -252,6 +265,28 @@ def test_download_offline_says_where_to_put_the_files(tmp_path, monkeypatch):
     with pytest.raises(EdpsError, match=r"put it in .*cifar10"):
         catalog.download(catalog.SOURCES["cifar10"], tmp_path, timeout=5, report=lambda line: None)
     assert not (tmp_path / "cifar10").exists()
+
+
+def test_download_into_a_read_only_folder_says_so_before_asking_any_server(tmp_path):
+    """The folder made read-only by a bind mount in a mount namespace of its own (root alone ignores modes); the
+    mirror is a server that would never answer, so only a refusal made before any request ends in time."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "data" / "mnist"
+    folder.mkdir(parents=True)
+    script = ("from edps_mlflow.cli import main; main(['data', 'download', 'mnist', '--data-dir', "
+              f"{str(tmp_path / 'data')!r}])")
+    mount = f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder}"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && exec {sys.executable} -c \"{script}\""],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, catalog.MIRROR_ENV: "http://10.255.255.1/"})
+    if "mount" in result.stderr or "unshare" in result.stderr:
+        pytest.skip(f"no read-only bind mount here: {result.stderr.strip()[:200]}")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"edps: error: cannot write in {folder}: ") and "Read-only file system" in line, line
+    assert "downloading" not in result.stdout
 
 
 # ---- short studies on generated files -------------------------------------------------------------

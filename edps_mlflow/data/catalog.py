@@ -11,6 +11,7 @@ import hashlib
 import http.client
 import os
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -230,6 +231,10 @@ def download(source: DatasetSource, data_dir: str | Path | None, timeout: float 
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise EdpsError(f"cannot create the data directory {directory}: {describe(error)}") from None
+    try:  # writable, said before any server is asked
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as error:
+        raise EdpsError(f"cannot write in {directory}: {describe(error)}") from None
     limits = _Limits(timeout=timeout, deadline=deadline, max_bytes=max_bytes)
     try:
         for remote in source.files:
