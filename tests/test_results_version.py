@@ -6,8 +6,8 @@ them. This test trains a tiny digits study the way a study does (Sobol points, t
 SNIP at sparsity 0.9, the batch order, the engine, the goal test) and compares what comes out with what was
 recorded. When it fails, the results changed: bump RESULTS_VERSION (edps_mlflow/config.py; this re-keys
 the store, so every study is trained again), record the new fingerprint here and the new keys in
-tests/test_golden_keys.py. A change that does not reach this fingerprint (the cost, logging, scheduling,
-packing) needs no bump. A change of the data needs none either: the data's fingerprint is in the keys.
+tests/test_golden_keys.py. A change that does not reach this fingerprint, alone or packed (the cost, logging,
+scheduling) needs no bump. A change of the data needs none either: the data's fingerprint is in the keys.
 
 Cheap (about a second of training) and deterministic on CPU: losses are compared to 4 significant
 digits and validation errors as counts, so thread counts and kernels that differ in the last bits of a
@@ -58,7 +58,7 @@ class _Checks:
 VALIDATION = 179
 
 
-def fingerprint() -> dict:
+def fingerprint(packed: bool = False) -> dict:
     workload = get_workload("digits-simple-cnn")
     data = workload.load_data(None)
     # Momentum at batch 32 (channels-last) and sparsity 0.9: SNIP, the momentum buffers and the mask all count.
@@ -67,9 +67,10 @@ def fingerprint() -> dict:
     points = workload.search_space(spec.optimizer).points(spec.trials)
     setups = [prepare_trial(workload, data, TrialSpec(spec, index, point)) for index, point in enumerate(points)]
     observer = _Checks()
-    # Full trials, one at a time (the single-trial fast path): every check of each trial is seen.
-    results = [result for setup in setups for result in train_trials(
-        workload, data, [setup], engine_settings(spec, workload, data.validation_size, ExecutionOptions()),
+    # Full trials, one at a time (the single-trial fast path) or packed in lockstep: every check of each is seen.
+    chunks = [setups] if packed else [[setup] for setup in setups]
+    results = [result for chunk in chunks for result in train_trials(
+        workload, data, chunk, engine_settings(spec, workload, data.validation_size, ExecutionOptions()),
         LocalStepBound(spec.max_steps, spec.check_interval, exact_early_stopping=False), observer)]
     return {"results_version": RESULTS_VERSION, "trials": [
         {"point": {k: float(f"{v:.10g}") for k, v in point.items()},
@@ -88,9 +89,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_results_fingerprint_is_the_recorded_one(one_thread):
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+def test_results_fingerprint_is_the_recorded_one(one_thread, packed):
+    """Packed trials (vmapped gradients, the optimizer's packed update) reach the same fingerprint as lone ones:
+    pack size is no part of a key, so neither path may move a result the other keeps."""
     assert get_workload("digits-simple-cnn").load_data(None).validation_size == VALIDATION
-    found = fingerprint()
+    found = fingerprint(packed)
     assert found["results_version"] == RECORDED["results_version"], \
         "RESULTS_VERSION was bumped: record the new fingerprint here and the new keys in test_golden_keys.py"
     assert found == RECORDED, f"{BUMP}; found {found}"
