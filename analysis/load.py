@@ -241,9 +241,12 @@ def _downloaded_trials(client, studies: list[tuple[str, str]]) -> list[pd.DataFr
     def one(scratch: str, run_id: str, key: str) -> pd.DataFrame | None:
         try:
             path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=tempfile.mkdtemp(dir=scratch))
+        except (MlflowException, OSError):
+            return None  # no artifact: that study gets no intervals
+        try:
             frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
-        except (MlflowException, OSError, EdpsError):
-            return None  # no artifact, or not a trials table of ours: that study gets no intervals
+        except EdpsError:
+            return None  # not a trials table of ours: that study gets no intervals
         frame["study_key"] = key
         return frame[[c for c in TRIAL_COLUMNS if c in frame.columns]]
 

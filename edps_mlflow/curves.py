@@ -18,7 +18,7 @@ from edps_mlflow.pruning import DEFAULT_METHOD
 
 @dataclass(frozen=True, order=True)
 class CurveId:
-    """One curve: every field is a StudySpec field of the same name (its encoded value: the optimizer's name)."""
+    """One curve: every field is a StudySpec field of the same name."""
 
     workload: str
     optimizer: str
@@ -28,12 +28,11 @@ class CurveId:
     pruning: str = DEFAULT_METHOD
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "optimizer", getattr(self.optimizer, "value", self.optimizer))
         object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)  # -0.0 is 0.0, as in StudySpec
 
     @classmethod
     def of(cls, spec: Any) -> "CurveId":
-        """The curve of a study (a StudySpec, or anything with the axes as attributes: a registry row)."""
+        """The curve of a study (a StudySpec, or anything with the axes as attributes: a status row)."""
         return cls(**{name: getattr(spec, name) for name in CURVE_AXES})
 
     @classmethod

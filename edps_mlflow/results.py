@@ -1,4 +1,4 @@
-"""Plain records of what was measured (the engine makes them, the tracking layer stores them, the registry
+"""Plain records of what was measured (the engine makes them, the tracking layer stores them, the store's readers
 reads them back), and the rules of a study's result, each written once: :func:`best_reached_step`,
 :func:`training_limit` and :func:`trial_steps_lower_bound`. No torch, no MLflow.
 """
@@ -25,7 +25,7 @@ class TrialStatus(str, Enum):
 
 
 class RunState(str, Enum):
-    """The life-cycle state of a run in the store, as the registry reports it."""
+    """The life-cycle state of a run in the store, as the store's readers report it."""
 
     RUNNING = "RUNNING"
     SCHEDULED = "SCHEDULED"

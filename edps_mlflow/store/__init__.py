@@ -2,8 +2,8 @@
 
     trouble.py    a store error as one line: locked (by whom), read-only, full
     sqlite.py     a sqlite store built safely and checked before use; plugin.py hands that to MLflow
-    client.py     a client that survives blips; open_store and connect; paged searches; batched writes
     index.py      the study index: every study run of an experiment without a search of its trial runs
+    client.py     a client that survives blips; open_store and connect; paged searches; batched writes
     read/         what commands read: a study's trials, study and sweep runs, status rows, doctor's facts
     experiment.py an experiment, made with its study index; the index's entries; doctor's marks
     ownership/    who owns a study or sweep run: leases, heartbeats, the claim
