@@ -51,11 +51,13 @@ def harmless(facts: list[RunFacts]) -> list[tuple[str, str]]:
     found = []
     for fact in _trials(facts, counting=False):
         epoch, key = max(fact.trial_epochs)
-        found.append((fact.run_id, f"trial run {late} (epoch {epoch} of study {key[:12]}, whose epoch is now "
-                                   f"{fence.keys.get(key)}): harmless, nothing counts it"))
-    return found + [(f.run_id, f"study run {late} (epoch {f.epoch}, the study's is now "
-                               f"{fence.modes.get((f.key, f.full_trials))}): harmless, nothing counts it")
-                    for f in facts if f.kind == KIND_STUDY and f.state is RunState.FINISHED and not fence.counts(f)]
+        now = fence.keys.get(key)
+        found.append((fact.run_id, f"trial run {late} (epoch {epoch} of study {key[:12]}, whose epoch is now {now})"))
+    for fact in facts:
+        if fact.kind == KIND_STUDY and fact.state is RunState.FINISHED and not fence.counts(fact):
+            now = fence.modes.get((fact.key, fact.full_trials))
+            found.append((fact.run_id, f"study run {late} (epoch {fact.epoch}, the study's is now {now})"))
+    return [(run_id, f"{text}: harmless, nothing counts it") for run_id, text in found]
 
 
 def finished_after_lease_lost(facts: list[RunFacts]) -> list[RunFacts]:

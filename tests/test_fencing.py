@@ -20,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from analysis.load import load_studies, load_trials
 from conftest import REPO, clean_environment, edps_here, fresh_store, run_edps, sqlite_locked
 from test_paused import _wake
 
@@ -119,12 +121,12 @@ def _runs(client: MlflowClient, experiment_id: str, kind: str) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_at, store", [("trial-end", "sqlite"), ("trial-outcome", "server")])
-def test_a_trial_end_written_after_a_takeover_counts_nowhere(stop_at, store, tmp_path, mlflow_server):
+def test_a_trial_end_written_after_a_takeover_counts_nowhere(stop_at, store, tmp_path, request):
     if store == "sqlite":
         uri = fresh_store(tmp_path / "mlflow.db")
         database = {"EDPS_TEST_DATABASE": str(tmp_path / "mlflow.db")}
     else:
-        uri, database = mlflow_server, {}
+        uri, database = request.getfixturevalue("mlflow_server"), {}
     experiment = f"fenced-{stop_at}-{time.time_ns()}"
     study = [*STUDY, "--experiment", experiment]
     client = MlflowClient(uri)
@@ -153,20 +155,16 @@ def test_a_trial_end_written_after_a_takeover_counts_nowhere(stop_at, store, tmp
     late_run = late[0].info.run_id
 
     # Nothing counts it: the other study stands, a third study of the family reuses only the other's trials, ...
-    assert [r.info.run_id for r in _runs(client, experiment_id, "study") if r.info.status == "FINISHED"
-            ] == [taken.info.run_id] or client.get_run(stalled_study).info.status != "FINISHED"
+    assert client.get_run(stalled_study).info.status == "FAILED"
     code, printed = edps_here([*STUDY[:4], "3", *STUDY[5:], "--experiment", experiment], uri,
                               EDPS_LEASE_SECONDS=LEASE)
     assert code == 0 and "reusing 2 finished trials" in printed, printed
     third = client.search_runs([experiment_id], "tags.`edps.kind` = 'study' and params.`spec.trials` = '3'")[0]
-    reused = client.download_artifacts(third.info.run_id, "trials.csv", str(tmp_path / "third"))
-    import pandas as pd
-    table = pd.read_csv(reused)
+    table = pd.read_csv(client.download_artifacts(third.info.run_id, "trials.csv", str(tmp_path / "third")))
     assert set(table.loc[table["reused"], "run_id"]) <= taker_trials and late_run not in set(table["run_id"])
     # ... `edps status` shows the other study's result, the analysis its trials ...
     code, printed = edps_here(["status", "--experiment", experiment], uri)
     assert code == 0 and (str(int(steps)) if steps is not None else "-") in printed, printed
-    from analysis.load import load_studies, load_trials
     studies = load_studies((experiment,), uri)
     row = studies[studies["study_key"] == taken.data.tags["edps.study_key"]]
     assert list(row["study_run_id"]) == [taken.info.run_id]
@@ -192,11 +190,11 @@ def test_a_sweep_woken_after_another_finished_its_grid_writes_nothing_to_its_run
     assert finished.info.status == "FINISHED"
 
     woken = _wake(stalled)
-    assert woken.returncode == 0 and "already complete" in woken.stdout, woken.stdout[-2000:] + woken.stderr[-3000:]
     time.sleep(1)  # anything the woken process still wrote would be in the store by now
     [after] = _runs(client, experiment_id, "sweep")
     assert (after.info.status, after.info.end_time) == (finished.info.status, finished.info.end_time)
     assert after.data.tags.get("edps.lease_owner") == finished.data.tags.get("edps.lease_owner")
+    assert woken.returncode == 0 and "already complete" in woken.stdout, woken.stdout[-2000:] + woken.stderr[-3000:]
     code, printed = edps_here(["doctor", "--experiment", experiment], mlflow_server, EDPS_LEASE_SECONDS=LEASE)
     assert code == 0, printed
 
@@ -230,6 +228,7 @@ def test_a_trial_finished_late_counts_once_in_every_reader_whatever_the_order(la
     from edps_mlflow.store.experiment import index_study_run, resolve_experiment
     from edps_mlflow.store.ownership.claim import mark_dead
     from edps_mlflow.store.read.runs import latest_finished_study, planned_trial_counts, study_runs
+    from edps_mlflow.store.read.status import study_rows
     from edps_mlflow.store.read.trials import finished_trials
 
     client, raw = StoreClient(sqlite_store), MlflowClient(sqlite_store)
@@ -275,6 +274,8 @@ def test_a_trial_finished_late_counts_once_in_every_reader_whatever_the_order(la
     assert latest_finished_study(client, experiment_id, spec.study_key, False).run_id == taker.study_run_id
     assert [s.run_id for s in study_runs(client, experiment_id, spec.workload, 60) if s.finished] == [
         taker.study_run_id]
+    assert sorted(row.state.value for row in study_rows("orders", 60, sqlite_store)) == ["FAILED", "FINISHED"]
+    assert list(load_studies(("orders",), sqlite_store)["study_run_id"]) == [taker.study_run_id]
     out = io.StringIO()
     assert run_doctor("orders", False, out, sqlite_store) == 0, out.getvalue()
     assert f"{stalled.study_run_id}: study run FINISHED by a process after its study was taken over" in out.getvalue()

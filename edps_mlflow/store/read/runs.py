@@ -133,7 +133,6 @@ class StoredStudy:
     trials_so_far: int = 0
     epoch: int = 0  # as LeasedRun's, for the Fence (fence.py)
     planned: bool = False
-    stale: bool = False  # FINISHED by a process whose run had been taken over: not a finished study (fence.py)
     kind = n.KIND_STUDY
 
     @property
@@ -142,7 +141,7 @@ class StoredStudy:
 
     @property
     def finished(self) -> bool:
-        return self.state is RunState.FINISHED and not self.stale
+        return self.state is RunState.FINISHED
 
     @property
     def order(self) -> tuple[int, str]:
@@ -157,7 +156,7 @@ class StoredStudy:
 
 def stored_studies(runs: Iterable[Any], lease: float) -> list[StoredStudy]:
     """Study runs (MLflow's, or the study index's views of them) as readers of studies see them; those of a key
-    are read together, so that a run finished by a process that had lost it is told apart (``stale``)."""
+    are read together: a run FINISHED by a process that had lost it (fence.py) is FAILED, as the taker marked it."""
     now, runs = time.time(), list(runs)
     found = [leased(run) for run in runs]
     fence = Fence.of(found)
@@ -165,12 +164,12 @@ def stored_studies(runs: Iterable[Any], lease: float) -> list[StoredStudy]:
     for run, leased_run in zip(runs, found):
         tags, metrics = run.data.tags, run.data.metrics
         reused = tags.get(n.TAG_REUSED, "0")
+        stale = leased_run.state is RunState.FINISHED and not fence.counts(leased_run)
         studies.append(StoredStudy(
-            run_id=leased_run.run_id, study_key=leased_run.key, state=leased_run.state,
+            run_id=leased_run.run_id, study_key=leased_run.key, state=RunState.FAILED if stale else leased_run.state,
             start_time=leased_run.start_time, steps_to_result=leased_run.steps_to_result,
             full_trials=leased_run.full_trials, trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES),
             live=leased_run.live(lease, now), epoch=leased_run.epoch, planned=leased_run.planned,
-            stale=leased_run.state is RunState.FINISHED and not fence.counts(leased_run),
             trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0))))
     return studies
 

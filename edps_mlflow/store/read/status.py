@@ -71,9 +71,7 @@ def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -
             trials = int(run.data.params.get(n.PARAM_SPEC_TRIALS, 0))
             rows.append(StudyRow(
                 curve=CurveId.from_tags(run.data.tags), batch_size=int(run.data.tags[n.TAG_BATCH_SIZE]),
-                # A stale FINISHED is a process's write after it lost the run, which had been marked FAILED.
-                study_key=study.study_key, state=RunState.FAILED if study.stale else study.state,
-                steps_to_result=study.steps_to_result, trials=trials,
+                study_key=study.study_key, state=study.state, steps_to_result=study.steps_to_result, trials=trials,
                 finished_trials=counts.get(study.study_key, trials), start_time=study.start_time, live=study.live))
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
