@@ -17,7 +17,7 @@ from edps_mlflow import names as n
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialOutcomeColumns, trial_outcome_columns
+from edps_mlflow.results import TrialOutcomeColumns, trial_outcome_columns
 from edps_mlflow.store import index as study_index
 from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
 
@@ -124,7 +124,16 @@ def _searcher(client, experiment_ids: list[str]) -> study_index.Search:
 
 
 def _finished(runs: list) -> list:
-    return [run for run in runs if run.info.status == RunState.FINISHED.value]
+    """The finished study runs that count: not one that a process finished after it had lost it (fence.py)."""
+    from edps_mlflow.store.read.fence import Fence
+    from edps_mlflow.store.read.runs import leased
+
+    facts = [leased(run) for run in runs]
+    experiments: dict[str, list] = {}  # epochs are an experiment's: a study key may be run in several
+    for run, fact in zip(runs, facts):
+        experiments.setdefault(str(run.info.experiment_id), []).append(fact)
+    fences = {experiment_id: Fence.of(found) for experiment_id, found in experiments.items()}
+    return [run for run, fact in zip(runs, facts) if fences[str(run.info.experiment_id)].counts(fact)]
 
 
 def _probed(run: Any) -> bool:

@@ -32,7 +32,7 @@ from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
 from edps_mlflow.store.read.runs import study_runs, study_views
 from edps_mlflow.store.read.trials import study_trial_outcomes
 from edps_mlflow.store.trouble import store_errors
-from edps_mlflow.sweep import (PlanState, SweepOptions, SweepRun, SweepSpec, dispatch, finished_sweep, open_sweep,
+from edps_mlflow.sweep import (FinishedSweep, PlanState, SweepOptions, SweepRun, SweepSpec, dispatch, open_sweep,
                                plan_studies, prepare, sweep_progress)
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
@@ -196,20 +196,18 @@ def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: Text
     out = out or sys.stdout
     started = time.monotonic()
     spec = replace(spec, grid=prepare(spec.grid, options))
-    complete = _already_complete(spec, options, out)
-    if complete is not None:
-        return complete
-    sweep = open_sweep(spec.grid, options, out, key=spec.sweep_key,
+    sweep = open_sweep(spec.grid, options, out, lambda done: _replayed(spec, options, done, out), key=spec.sweep_key,
                        name=f"adaptive sweep {spec.workload} {len(spec.curves)} curves")
+    if not isinstance(sweep, SweepRun):
+        return sweep
     with abort_guard(sweep.tracker.owned):
         return _run(spec, options, sweep, started, out)
 
 
-def _already_complete(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO) -> AdaptiveResult | None:
-    """The answer of an adaptive sweep whose run finished, replayed from the store; None when anything is to do."""
-    done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
-    if done is None:
-        return None
+def _replayed(spec: AdaptiveSweepSpec, options: SweepOptions, done: FinishedSweep,
+              out: TextIO) -> AdaptiveResult | None:
+    """The answer of an adaptive sweep whose runs finished (``done``), replayed from the store and said on ``out``;
+    None when anything is to do."""
     client, runs = done.client, done.runs
     with store_errors(client):
         cache: dict[str, MeasuredStudy] = {}

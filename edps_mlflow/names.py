@@ -36,6 +36,12 @@ TAG_ERROR = "edps.error"
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
+# Fencing (docs/reliability.md): a study run's epoch, one more than its key's runs had before it. A trial run has
+# one tag per epoch that counts it (its study run's, and that of a later run of the key that reused it), holding
+# the study key whose epoch it is. A sweep run has its owners' ends, each under its owner token: "<status> <ms>".
+TAG_EPOCH = "edps.epoch"
+TAG_EPOCH_PREFIX = "edps.epoch."
+TAG_END_PREFIX = "edps.end."
 # On a study run that MLflow Projects made for a sweep: the sweep run that submitted it.
 TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)

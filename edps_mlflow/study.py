@@ -206,6 +206,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         if options.system_metrics:
             tracker.start_system_metrics()
         plan = plan_study(spec, workload, tracker, options, device, data.train_size, settings.curve_interval)
+        tracker.adopt(plan.reused.values())
         tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
         tracker.log_datasets(workload.dataset, {
             "training": (data.train_images.numpy(), data.train_labels.numpy()),
@@ -259,8 +260,9 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
             kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
             finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
             clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
-        claimed = claim_launched(client, experiment_id, rules, lambda token, launched: create_study_run(
-            client, experiment_id, spec, options.parent_run_id, options.sweep_key, launched), out, launcher)
+        claimed = claim_launched(client, experiment_id, rules, lambda token, epoch, launched: create_study_run(
+            client, experiment_id, spec, options.parent_run_id, options.sweep_key, launched, epoch=epoch),
+                                 out, launcher)
     if claimed.done is not None:
         done = claimed.done
         print(f"study already done: steps_to_result = {done.steps_to_result} in the finished study run "
@@ -268,7 +270,7 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
         return StudyOutcome(done.run_id, experiment_id, done.steps_to_result, {}, 0, 0, 0,
                             time.perf_counter() - started)
     assert claimed.owned is not None  # a study never watches (OnLive.WATCH)
-    return StudyTracker(client, experiment_id, claimed.owned, options.sweep_key)
+    return StudyTracker(client, experiment_id, claimed.owned, options.sweep_key, spec.study_key)
 
 
 class _Recorder:

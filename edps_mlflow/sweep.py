@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO, TypeVar
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
@@ -40,6 +40,8 @@ from edps_mlflow.store.write.sweep import SweepTracker, create_sweep_run
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.uris import redact_uri
 from edps_mlflow.workloads import get_workload
+
+_R = TypeVar("_R")  # what a complete sweep answers (open_sweep)
 
 
 class PlanState(str, Enum):
@@ -99,10 +101,9 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
     """Plan against the registry, run what is missing, return study_key -> steps_to_result."""
     out = out or sys.stdout
     spec = prepare(spec, options)
-    complete = _already_complete(spec, options, out)
-    if complete is not None:
-        return complete
-    sweep = open_sweep(spec, options, out)
+    sweep = open_sweep(spec, options, out, complete=lambda done: _complete(spec, options, done, out))
+    if not isinstance(sweep, SweepRun):
+        return sweep
     with abort_guard(sweep.tracker.owned):
         plan = _plan(spec, options, sweep, out)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
@@ -138,11 +139,10 @@ def finished_sweep(workload: str, experiment: str | None, sweep_key: str) -> Fin
     return FinishedSweep(client, found.experiment_id, runs, studies)
 
 
-def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> dict[str, int | None] | None:
-    """The results of a sweep whose run finished and whose every study is done; None when anything is to do."""
-    done = finished_sweep(spec.workload, options.experiment, spec.sweep_key)
-    if done is None:
-        return None
+def _complete(spec: SweepSpec, options: SweepOptions, done: FinishedSweep,
+              out: TextIO) -> dict[str, int | None] | None:
+    """The results of a sweep whose runs finished (``done``) and whose every study is done, said on ``out``; None
+    when anything is to do."""
     client, runs = done.client, done.runs
     with store_errors(client):
         plan = plan_studies(client, done.experiment_id, spec.workload, spec.studies(), options.full_trials,
@@ -155,12 +155,24 @@ def _already_complete(spec: SweepSpec, options: SweepOptions, out: TextIO) -> di
     return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
-def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | None = None,
-               name: str | None = None) -> SweepRun:
-    """The sweep's run, live and ours (claim): its earlier run when that owner is gone, else a new one. ``key``
-    and ``name``: another sweep key and run name than the grid's (an adaptive sweep's)."""
+def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, complete: Callable[[FinishedSweep], _R | None],
+               key: str | None = None, name: str | None = None) -> SweepRun | _R:
+    """The sweep's run, live and ours (claim): its earlier run when that owner is gone, else a new one; or
+    ``complete(finished)``, the result of the sweep when its runs have finished and it is complete: then nothing
+    is written (a sweep woken after another finished it never takes that run over). ``key`` and ``name``: another
+    sweep key and run name than the grid's (an adaptive sweep's)."""
     client = open_store(writes=True)
     key = key or spec.sweep_key
+    results: list[_R] = []
+
+    def finished() -> LeasedRun | None:
+        done = finished_sweep(spec.workload, options.experiment, key)
+        result = complete(done) if done is not None else None
+        if result is None:
+            return None
+        results.append(result)
+        return done.runs[-1]
+
     name = name or f"sweep {spec.workload} {len(spec.studies())} studies"
     with store_errors(client):
         launched = launcher_run(client)
@@ -169,10 +181,13 @@ def open_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO, key: str | N
                                                                                            options.experiment)
         experiment_id = resolve_experiment(client, experiment_name, EXPERIMENT_DESCRIPTION)
         rules = ClaimRules(kind=KIND_SWEEP, key=key, label=f"sweep {key[:12]} ({spec.workload})",
-                           on_live=OnLive.WAIT if options.wait else OnLive.REFUSE, resume=True, tokens=True)
-        claimed = claim_launched(client, experiment_id, rules, lambda token, launcher_run_id: create_sweep_run(
+                           on_live=OnLive.WAIT if options.wait else OnLive.REFUSE, finished=finished, resume=True,
+                           tokens=True)
+        claimed = claim_launched(client, experiment_id, rules, lambda token, epoch, launcher_run_id: create_sweep_run(
             client, experiment_id, name, key, spec.workload, token, launcher_run_id), out, launched)
-    assert claimed.owned is not None  # a sweep is never done before it is claimed, and never watches
+    if claimed.done is not None:
+        return results[-1]
+    assert claimed.owned is not None  # a sweep never watches
     claimed.owned.start_heartbeat()
     return SweepRun(client, client.tracking_uri, experiment_name, experiment_id,
                     SweepTracker(client, experiment_id, claimed.owned), key)

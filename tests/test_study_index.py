@@ -34,8 +34,9 @@ def _spec(batch_size: int) -> StudySpec:
 
 def _study(client: StoreClient, experiment_id: str, spec: StudySpec) -> StudyTracker:
     """A study run as a study makes it (create_study_run), owned by this process (no lease renewal)."""
-    run_id = create_study_run(client, experiment_id, spec)
-    return StudyTracker(client, experiment_id, OwnedRun(client, run_id, None, f"study {spec.batch_size}"), None)
+    run_id = create_study_run(client, experiment_id, spec, epoch=1)
+    return StudyTracker(client, experiment_id, OwnedRun(client, run_id, None, f"study {spec.batch_size}"), None,
+                        spec.study_key)
 
 
 def _abort(tracker: StudyTracker, interrupted: bool) -> None:
@@ -342,8 +343,8 @@ def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_win
         tags = {**study_tags(spec), n.TAG_HEARTBEAT: f"{time.time():.3f}"}
         rival.append(client.create_run(experiment_id, start_time=started, tags=tags).info.run_id)
 
-    def create(token: str | None) -> str:
-        run_id = create_study_run(client, experiment_id, spec)
+    def create(token: str | None, epoch: int) -> str:
+        run_id = create_study_run(client, experiment_id, spec, epoch=epoch)
         threading.Thread(target=late_rival).start()
         return run_id
 

@@ -155,7 +155,7 @@ class _JobQueue:
                                       self.options.device, self.study_workers)
         jobs: dict[str, Job] = {}
 
-        def create(token: str | None) -> str:
+        def create(token: str | None, epoch: int) -> str:  # the job's own claim gives the run its epoch
             if self.backend.makes_runs:
                 job = self.backend.submit(spec, parameters, None, log_path)
                 claim_submitted_run(sweep.client, job.run_id, spec, sweep.run_id, sweep.key)

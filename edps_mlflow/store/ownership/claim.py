@@ -31,6 +31,7 @@ from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
 from edps_mlflow.store.ownership.lease import LEASE_VARIABLE, OwnedRun, expired_reason, heartbeat_tags, lease_seconds
+from edps_mlflow.store.read.fence import next_epoch
 from edps_mlflow.store.read.runs import LeasedRun, expired_runs, get_leased, keyed_runs
 from edps_mlflow.store.trouble import describe_store_error
 
@@ -75,11 +76,12 @@ class Claim:
     busy: LeasedRun | None = None
 
 
-def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Callable[[str | None], str],
+def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Callable[[str | None, int], str],
           out: TextIO, give_way: Callable[[str, LeasedRun], None] | None = None) -> Claim:
-    """The run of ``rules.key``, live and ours; or the reason there is none to own. ``create(token)`` makes our
-    run (with its kind, key, heartbeat and owner token) and returns its id; ``give_way(run_id, rival)`` gives
-    it up when an earlier live run of the key appeared at the same moment (default: FAILED, tagged)."""
+    """The run of ``rules.key``, live and ours; or the reason there is none to own. ``create(token, epoch)`` makes
+    our run (with its kind, key, heartbeat, owner token and epoch: one more than any run of the key had, fence.py)
+    and returns its id; ``give_way(run_id, rival)`` gives it up when an earlier live run of the key appeared at
+    the same moment (default: FAILED, tagged)."""
     lease = lease_seconds()
     own = rules.own_run_id
     while True:
@@ -97,13 +99,18 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
         if live:
             rival = live[0]
         elif rules.resume and runs:
+            # Finished since we looked (this process stalled in between, and another completed the work): done,
+            # never taken over and ended again. Looked again after reading the run, for what it read before.
+            done = rules.finished() if rules.finished and runs[0].state is RunState.FINISHED else None
+            if done is not None:
+                return Claim(done=done)
             token = _take_over(client, runs[0].run_id)
             if token is None:
                 continue  # taken over by another process this very moment: it is live now
             return Claim(owned=OwnedRun(client, runs[0].run_id, token, rules.label))
         else:
-            token = uuid.uuid4().hex if rules.tokens else None
-            run_id = create(token)
+            token, epoch = uuid.uuid4().hex if rules.tokens else None, next_epoch(runs)
+            run_id = create(token, epoch)
             if own is not None:
                 _require_running(client, own)
             rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
@@ -114,7 +121,7 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
                 time.sleep(_SETTLE_SECONDS)
                 rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
             if rival is None:
-                return Claim(owned=OwnedRun(client, run_id, token, rules.label))
+                return Claim(owned=OwnedRun(client, run_id, token, rules.label, epoch))
             (give_way or (lambda mine, winner: yield_run(client, mine, winner.run_id)))(run_id, rival)
             own = None
         if rules.on_live is OnLive.WATCH:
@@ -215,16 +222,17 @@ class LauncherRun(NamedTuple):
 
 
 def claim_launched(client: StoreClient, experiment_id: str, rules: ClaimRules,
-                   create: Callable[[str | None, str | None], str], out: TextIO, launcher: LauncherRun | None) -> Claim:
-    """:func:`claim`, whose first ``create(token, launcher_run_id)`` makes our run in the run that ``mlflow run``
-    made for us (``launcher``), which loses its kind if it gives way (yield_run)."""
+                   create: Callable[[str | None, int, str | None], str], out: TextIO,
+                   launcher: LauncherRun | None) -> Claim:
+    """:func:`claim`, whose first ``create(token, epoch, launcher_run_id)`` makes our run in the run that ``mlflow
+    run`` made for us (``launcher``), which loses its kind if it gives way (yield_run)."""
     unused = [launcher.run_id] if launcher is not None else []
 
     def give_way(run_id: str, rival: LeasedRun) -> None:
         yield_run(client, run_id, rival.run_id, keep_kind=launcher is None or run_id != launcher.run_id)
 
-    return claim(client, experiment_id, rules, lambda token: create(token, unused.pop() if unused else None), out,
-                 give_way)
+    return claim(client, experiment_id, rules,
+                 lambda token, epoch: create(token, epoch, unused.pop() if unused else None), out, give_way)
 
 
 def launcher_run(client: StoreClient, study_key: str | None = None) -> LauncherRun | None:

@@ -17,8 +17,9 @@ from mlflow.tracking import MlflowClient
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import RunState
-from edps_mlflow.store.client import StoreClient
+from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
+from edps_mlflow.store.read.fence import end_tags
 
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
@@ -61,10 +62,11 @@ class LeaseLost(EdpsError):
 
 class OwnedRun:
     """A study or sweep run this process owns. ``token``: the owner token on the run (``edps.lease_owner``) of a
-    run that can be taken over as it is (a sweep's); None for a study run, for which RUNNING says it is ours."""
+    run that can be taken over as it is (a sweep's), which is ours while it holds our token; None for a study run,
+    ours while RUNNING, whose ``epoch`` fences what it writes (read/fence.py)."""
 
-    def __init__(self, client: StoreClient, run_id: str, token: str | None, label: str) -> None:
-        self.client, self.run_id, self.token, self.label = client, run_id, token, label
+    def __init__(self, client: StoreClient, run_id: str, token: str | None, label: str, epoch: int = 0) -> None:
+        self.client, self.run_id, self.token, self.label, self.epoch = client, run_id, token, label, epoch
         self.lost = threading.Event()  # set by the heartbeat when it finds the run taken over
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,9 +79,13 @@ class OwnedRun:
         def beat() -> None:
             while not self._stop.wait(every):
                 with suppress(Exception):  # the next beat tries again; the lease absorbs misses
-                    if self._why_not_ours(client.get_run(self.run_id)) is not None:
+                    run = client.get_run(self.run_id)
+                    if self._why_not_ours(run) is not None:
                         self.lost.set()  # woken after a stall: never renew a run that is not ours
                         return
+                    if run.info.status != RunState.RUNNING.value and not self._stop.is_set():
+                        # Still our token: a former owner, woken after we took over, ended it (fence.py).
+                        client.update_run(self.run_id, RunState.RUNNING.value)
                     renew_heartbeat(client, self.run_id)
 
         self._thread = threading.Thread(target=beat, name=f"edps-heartbeat-{self.run_id[:8]}", daemon=True)
@@ -92,7 +98,7 @@ class OwnedRun:
             thread.join(timeout=min(_HEARTBEAT_EVERY, lease_seconds() / 6) + 30)
 
     def _why_not_ours(self, run: Any) -> str | None:
-        if run.info.status != RunState.RUNNING.value:
+        if self.token is None and run.info.status != RunState.RUNNING.value:
             return f"marked {run.info.status} by another process"
         if run.data.tags.get(n.TAG_LEASE_OWNER) != self.token:
             return "taken over by another process"
@@ -113,14 +119,22 @@ class OwnedRun:
 
     def _lost(self, why: str) -> LeaseLost:
         return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled "
-                         f"longer than the lease of {lease_seconds():g} s); its work was taken over and this process "
-                         f"wrote nothing more (raise {LEASE_VARIABLE} on machines that stall)")
+                         f"longer than the lease of {lease_seconds():g} s); its work was taken over, and nothing it "
+                         f"wrote since counts (raise {LEASE_VARIABLE} on machines that stall)")
 
     def finish(self) -> None:
         """FINISHED, if still ours (else :class:`LeaseLost`, and nothing written)."""
         self.stop_heartbeat()
         self.require()
-        self.client.set_terminated(self.run_id, RunState.FINISHED.value)
+        self._end(self.client, RunState.FINISHED.value)
+
+    def _end(self, client: StoreClient, status: str) -> None:
+        """End the run; on a run with an owner token, record the end under it first: the end a reader trusts is
+        its current owner's, whatever a former owner woken later writes (fence.py)."""
+        end_time = int(time.time() * 1000)
+        if self.token is not None:
+            log_batch(client, self.run_id, tags=end_tags(self.token, status, end_time))
+        client.set_terminated(self.run_id, status, end_time=end_time)
 
     def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> None:
         """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs), if still ours; a run
@@ -133,11 +147,12 @@ class OwnedRun:
             if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
                 return
         status = (RunState.KILLED if interrupted else RunState.FAILED).value
-        for run_id in [*(open_runs or []), self.run_id]:
-            try:
+        try:
+            for run_id in open_runs or []:
                 client.set_terminated(run_id, status)
-            except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
-                return
+            self._end(client, status)
+        except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
+            return
         with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
             # A study run's entry in the study index says RUNNING until this (a sweep run has none).
             index_study_run(client, self.run_id)

@@ -13,6 +13,7 @@ from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, every_experiment, searcher
+from edps_mlflow.store.read.fence import owner_end, trial_epochs
 from edps_mlflow.store.read.runs import LeasedRun, leased
 from edps_mlflow.uris import redact_uri
 
@@ -34,6 +35,8 @@ class RunFacts(LeasedRun):
     marked_dead: bool = False  # carries the reason a process wrote when it marked the run FAILED (edps.error)
     summarised: bool = False  # a sweep run that logged its end-of-sweep summary (studies/done)
     indexed: bool = False  # a study run with an entry in the study index
+    trial_epochs: tuple[tuple[int, str], ...] = ()  # a trial run's (fence.trial_epochs)
+    owner_end: tuple[str, int] | None = None  # a sweep run's end as its current owner recorded it (fence.owner_end)
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,9 @@ def _facts(run: Any) -> RunFacts:
         **vars(leased(run)), study_key=tags.get(n.TAG_STUDY_KEY), trial_key=tags.get(n.TAG_TRIAL_KEY),
         sweep_key=tags.get(n.TAG_SWEEP_KEY), gave_way=n.TAG_YIELDED_TO in tags, end_time=run.info.end_time,
         ours=any(tag in tags for tag in (n.TAG_KIND, n.TAG_VERSION, n.TAG_HEARTBEAT)), marked_dead=n.TAG_ERROR in tags,
-        summarised=n.METRIC_STUDIES_DONE in run.data.metrics, indexed=getattr(run, "indexed", False))
+        summarised=n.METRIC_STUDIES_DONE in run.data.metrics, indexed=getattr(run, "indexed", False),
+        trial_epochs=tuple(trial_epochs(tags)) if tags.get(n.TAG_KIND) == n.KIND_TRIAL else (),
+        owner_end=owner_end(tags))
 
 
 def unindexed_study_runs(client: StoreClient, experiment_id: str) -> list[str]:

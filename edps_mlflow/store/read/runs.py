@@ -12,6 +12,7 @@ from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, search_all, searcher
+from edps_mlflow.store.read.fence import Fence, epoch_of, trial_epochs
 
 _RUNNING = filter_string(status=RunState.RUNNING.value)
 
@@ -29,6 +30,8 @@ class LeasedRun:
     parent_run_id: str | None
     steps_to_result: int | None
     full_trials: bool
+    epoch: int  # a study run's fencing token (fence.py); 0 for other runs
+    planned: bool  # a study run that logged its start, after it adopted the trials it reuses (fence.py)
 
     def live(self, lease: float, now: float | None = None) -> bool:
         return self.state is RunState.RUNNING and (now or time.time()) - self.renewed < lease
@@ -53,7 +56,8 @@ def leased(run: Any) -> LeasedRun:
         run_id=run.info.run_id, kind=kind, key=tags.get(key_tag, ""),
         state=RunState(run.info.status), start_time=run.info.start_time or 0, renewed=renewed,
         parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), steps_to_result=int(steps) if steps is not None else None,
-        full_trials=tags.get(n.TAG_STOPPING) == n.STOPPING_FULL_TRIALS)
+        full_trials=tags.get(n.TAG_STOPPING) == n.STOPPING_FULL_TRIALS, epoch=epoch_of(tags),
+        planned=n.TAG_STOPPING in tags)
 
 
 def get_leased(client: StoreClient, run_id: str) -> LeasedRun:
@@ -69,9 +73,11 @@ def keyed_runs(client: StoreClient, experiment_id: str, kind: str, key: str) -> 
 
 def latest_finished_study(client: StoreClient, experiment_id: str, study_key: str,
                           full_trials: bool) -> LeasedRun | None:
-    """The latest FINISHED study run of the key in the same early-stopping mode (None: not done)."""
-    done = [r for r in keyed_runs(client, experiment_id, n.KIND_STUDY, study_key)
-            if r.state is RunState.FINISHED and r.full_trials == full_trials]
+    """The latest FINISHED study run of the key in the same early-stopping mode that counts (fence.py; None: not
+    done)."""
+    runs = keyed_runs(client, experiment_id, n.KIND_STUDY, study_key)
+    fence = Fence.of(runs)
+    done = [r for r in runs if fence.counts(r) and r.full_trials == full_trials]
     return done[-1] if done else None
 
 
@@ -125,6 +131,13 @@ class StoredStudy:
     # Trials done so far: those it reused when it started (its tag edps.trials_reused) and the trial runs it
     # finished since (its metric trials/runs_finished)
     trials_so_far: int = 0
+    epoch: int = 0  # as LeasedRun's, for the Fence (fence.py)
+    planned: bool = False
+    kind = n.KIND_STUDY
+
+    @property
+    def key(self) -> str:
+        return self.study_key
 
     @property
     def finished(self) -> bool:
@@ -141,16 +154,24 @@ class StoredStudy:
         return tuple(decoded) if decoded is not None else None
 
 
-def stored_study(run: Any, lease: float, now: float) -> StoredStudy:
-    """A study run (MLflow's, or the study index's view of one) as readers of studies see it."""
-    tags, metrics = run.data.tags, run.data.metrics
-    leased_run = leased(run)
-    reused = tags.get(n.TAG_REUSED, "0")
-    return StoredStudy(
-        run_id=leased_run.run_id, study_key=leased_run.key, state=leased_run.state, start_time=leased_run.start_time,
-        steps_to_result=leased_run.steps_to_result, full_trials=leased_run.full_trials,
-        trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES), live=leased_run.live(lease, now),
-        trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0)))
+def stored_studies(runs: Iterable[Any], lease: float) -> list[StoredStudy]:
+    """Study runs (MLflow's, or the study index's views of them) as readers of studies see them; those of a key
+    are read together: a run FINISHED by a process that had lost it (fence.py) is FAILED, as the taker marked it."""
+    now, runs = time.time(), list(runs)
+    found = [leased(run) for run in runs]
+    fence = Fence.of(found)
+    studies = []
+    for run, leased_run in zip(runs, found):
+        tags, metrics = run.data.tags, run.data.metrics
+        reused = tags.get(n.TAG_REUSED, "0")
+        stale = leased_run.state is RunState.FINISHED and not fence.counts(leased_run)
+        studies.append(StoredStudy(
+            run_id=leased_run.run_id, study_key=leased_run.key, state=RunState.FAILED if stale else leased_run.state,
+            start_time=leased_run.start_time, steps_to_result=leased_run.steps_to_result,
+            full_trials=leased_run.full_trials, trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES),
+            live=leased_run.live(lease, now), epoch=leased_run.epoch, planned=leased_run.planned,
+            trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0))))
+    return studies
 
 
 def study_views(client: StoreClient, experiment_id: str) -> list[index.RunView]:
@@ -163,22 +184,27 @@ def study_runs(client: StoreClient, experiment_id: str, workload: str, lease: fl
     """Every study run of a workload in the experiment; ``lease`` tells a live run; ``views``: the experiment's
     study runs as :func:`study_views` read them, instead of reading them again."""
     runs = index.with_tags(study_views(client, experiment_id) if views is None else views, {n.TAG_WORKLOAD: workload})
-    now = time.time()
-    return [stored_study(run, lease, now) for run in runs]
+    return stored_studies(runs, lease)
 
 
 def planned_trial_counts(client: StoreClient, experiment_id: str, stored: list[StoredStudy],
                          study_keys: Iterable[str]) -> dict[str, int]:
-    """study key -> its finished trials, for studies with study runs (``stored``) but none finished: a live
-    study's latest run says it; a dead one's run may be one short, and earlier runs may have finished some."""
+    """study key -> its finished trials, for studies with study runs (``stored``: the workload's) but none
+    finished: a live study's latest run says it; a dead one's run may be one short, and earlier runs may have
+    finished some (those that count: fence.py)."""
     latest = {run.study_key: run for run in sorted(stored, key=lambda r: r.order)}
+    fence = Fence.of(stored)
     counts: dict[str, int] = {}
     for key in dict.fromkeys(study_keys):
         run = latest.get(key)
+        if run is not None and run.live:
+            counts[key] = run.trials_so_far
+            continue
         # Else its FINISHED trial runs: one search per key (callers ask for a few).
-        counts[key] = run.trials_so_far if run is not None and run.live else len(search_all(
-            client, experiment_id, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_KEY: key},
-                                                 status=RunState.FINISHED.value)))
+        found = search_all(client, experiment_id, filter_string(tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_KEY: key},
+                                                                status=RunState.FINISHED.value))
+        counts[key] = len({trial.data.tags.get(n.TAG_TRIAL_KEY) for trial in found
+                           if fence.counts_trial(trial_epochs(trial.data.tags))})
     return counts
 
 

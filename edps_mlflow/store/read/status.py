@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState
 from edps_mlflow.store import index
 from edps_mlflow.store.client import every_experiment, open_store, resolve_tracking_uri, searcher
-from edps_mlflow.store.read.runs import planned_trial_counts, stored_study
+from edps_mlflow.store.read.runs import planned_trial_counts, stored_studies
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.uris import redact_uri, require_existing_store
 
@@ -62,9 +61,8 @@ def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -
         if found is None:
             raise EdpsError(f"no experiment named {experiment!r} in {redact_uri(str(client.tracking_uri))}")
         runs = index.study_runs(searcher(client, [found.experiment_id]))
-        now = time.time()
-        studies = [stored_study(run, lease, now) for run in runs]
-        done = {s.study_key for s in studies if s.state is RunState.FINISHED}
+        studies = stored_studies(runs, lease)
+        done = {s.study_key for s in studies if s.finished}
         counts = planned_trial_counts(client, found.experiment_id, studies,
                                       [s.study_key for s in studies if s.study_key and s.study_key not in done])
     rows = []

@@ -17,6 +17,8 @@ from edps_mlflow.curves import CurveId
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialOutcome, TrialStatus, decode_trial_outcomes
 from edps_mlflow.store.client import StoreClient, search_all
+from edps_mlflow.store.read.fence import Fence, trial_epochs
+from edps_mlflow.store.read.runs import keyed_runs
 
 
 @dataclass(frozen=True)
@@ -33,18 +35,23 @@ class StoredTrial:
     seconds_per_step: float | None = None
     pack_size: float | None = None
     device: str | None = None
+    epochs: tuple[tuple[int, str], ...] = ()  # (epoch, study key) pairs that count it (fence.trial_epochs)
 
 
 def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
-    """trial_key -> the latest finished trial run with that key, from any study of the same family."""
+    """trial_key -> the latest finished trial run with that key that counts (fence.py: not one finished by a process
+    that had lost its study), from any study of the same family."""
     runs = search_all(client, experiment_id, filter_string(
         tags={n.TAG_KIND: n.KIND_TRIAL, n.TAG_STUDY_FAMILY: study_family(spec)}, status=RunState.FINISHED.value))
+    # The study runs of the keys these trial runs count for (one search per key: a family has a few).
+    owners = {key for run in runs for _, key in trial_epochs(run.data.tags)} - {""}
+    fence = Fence.of(study for key in owners for study in keyed_runs(client, experiment_id, n.KIND_STUDY, key))
     found: dict[str, StoredTrial] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         tags, metrics = run.data.tags, run.data.metrics
         key = tags.get(n.TAG_TRIAL_KEY)
         status_name = tags.get(n.TAG_STATUS)
-        if key is None or status_name is None:
+        if key is None or status_name is None or not fence.counts_trial(trial_epochs(tags)):
             continue  # later runs replace earlier ones: the latest measurement of a key wins
         steps = metrics.get(n.METRIC_STEPS_TO_RESULT)
         found[key] = StoredTrial(
@@ -53,7 +60,7 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
             steps_trained=int(metrics.get(n.METRIC_STEPS_TRAINED, 0)),
             best_validation_error=metrics.get(n.METRIC_BEST_VALIDATION_ERROR),
             seconds_per_step=metrics.get(n.METRIC_SECONDS_PER_STEP), pack_size=metrics.get(n.METRIC_PACK_SIZE),
-            device=run.data.params.get(n.PARAM_DEVICE),
+            device=run.data.params.get(n.PARAM_DEVICE), epochs=tuple(trial_epochs(tags)),
         )
     return found
 

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
 
@@ -29,6 +29,7 @@ from edps_mlflow.store.client import StoreClient, log_batch, log_text
 from edps_mlflow.store.experiment import create_run, index_study_run
 from edps_mlflow.store.index import MAX_TAG_VALUE
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
+from edps_mlflow.store.read.trials import StoredTrial
 from edps_mlflow.uris import redact_uri
 
 if TYPE_CHECKING:
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
 
 
 def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, parent_run_id: str | None = None,
-                     sweep_key: str | None = None, launcher_run_id: str | None = None) -> str:
-    """The study run's id, with its kind, keys and a fresh heartbeat from its first moment: the run that
-    ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id`` (a sweep's)."""
-    run_id = create_run(client, experiment_id, _study_run_tags(spec, parent_run_id, sweep_key), launcher_run_id)
+                     sweep_key: str | None = None, launcher_run_id: str | None = None, *, epoch: int) -> str:
+    """The study run's id, with its kind, keys, epoch (read/fence.py) and a fresh heartbeat from its first moment:
+    the run that ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id``
+    (a sweep's)."""
+    tags = {**_study_run_tags(spec, parent_run_id, sweep_key), n.TAG_EPOCH: str(epoch)}
+    run_id = create_run(client, experiment_id, tags, launcher_run_id)
     # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
     index_study_run(client, run_id)
     return run_id
@@ -159,8 +162,10 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
 class StudyTracker:
     """The study run and its nested trial runs. Only this class writes to MLflow during a study."""
 
-    def __init__(self, client: StoreClient, experiment_id: str, owned: OwnedRun, sweep_key: str | None) -> None:
+    def __init__(self, client: StoreClient, experiment_id: str, owned: OwnedRun, sweep_key: str | None,
+                 study_key: str) -> None:
         self.client, self.experiment_id, self.owned, self.sweep_key = client, experiment_id, owned, sweep_key
+        self.study_key = study_key  # the study run's (a study that probes its best trial: not its trials')
         self.trial_runs: dict[int, str] = {}
         self.trial_specs: dict[int, TrialSpec] = {}
         self.trial_runs_finished = 0  # METRIC_TRIAL_RUNS_FINISHED: the trial runs this study run finished
@@ -204,6 +209,15 @@ class StudyTracker:
                 if attempt == 2 or "unique" not in str(error).lower():
                     raise
                 time.sleep(0.2 * (attempt + 1))
+
+    def adopt(self, reused: Iterable[StoredTrial]) -> None:
+        """Count the finished trial runs this study reuses in its epoch: those of earlier runs of its key would
+        count no more once it has logged its start (read/fence.py), and a trial run that the process of such a run
+        finishes after this read never does. Before :meth:`log_study_start`."""
+        for trial in reused:
+            epoch, key = max(trial.epochs, default=(0, ""))
+            if key == self.study_key and epoch < self.owned.epoch:
+                self.client.set_tag(trial.run_id, f"{n.TAG_EPOCH_PREFIX}{self.owned.epoch}", self.study_key)
 
     def log_study_start(self, spec: StudySpec, settings: dict[str, Any], reused: int) -> None:
         params = {**{n.PARAM_SPEC_PREFIX + k: v for k, v in spec.key_fields().items()}, **pruning_params(spec)}
@@ -271,7 +285,8 @@ class StudyTracker:
         spec = trial.study
         tags = {n.TAG_KIND: n.KIND_TRIAL, n.TAG_TRIAL_KEY: trial.trial_key, n.TAG_STUDY_KEY: spec.study_key,
                 n.TAG_STUDY_FAMILY: study_family(spec), **CurveId.of(spec).tags(),
-                n.TAG_BATCH_SIZE: str(spec.batch_size), n.TAG_VERSION: __version__}
+                n.TAG_BATCH_SIZE: str(spec.batch_size), n.TAG_VERSION: __version__,
+                f"{n.TAG_EPOCH_PREFIX}{self.owned.epoch}": self.study_key}
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
         run = self.client.create_run(self.experiment_id, tags={
