@@ -106,7 +106,7 @@ def problems(facts: list[RunFacts], lease: float, now: float) -> list[tuple[str,
     FINISHED after its lease was lost (older versions), a sweep run whose end is not its owner's, a run of ours
     without its kind or key, more than one FINISHED study run that counts per study key and early-stopping mode,
     or trial run per trial key (read/fence.py: what a process wrote after it lost its run counts nowhere)."""
-    found = [(f.run_id, f"{f.kind} run is RUNNING but its owner is gone ({expired_reason(lease)})")
+    found = [(f.run_id, f"{f.kind} run is RUNNING but its owner is gone ({expired_reason(lease, f.owner)})")
              for f in expired(facts, lease, now)]
     found += [(f.run_id, "trial run FINISHED after its lease was lost (a stalled process finished it after "
                          "another process had taken its study over)") for f in finished_after_lease_lost(facts)]

@@ -35,6 +35,7 @@ TAG_ERROR = "edps.error"
 # Leases: a RUNNING run whose heartbeat (unix s) is older than the lease is dead; the owner tells two takers apart.
 TAG_HEARTBEAT = "edps.heartbeat"
 TAG_LEASE_OWNER = "edps.lease_owner"
+TAG_OWNER_PROCESS = "edps.owner_process"  # pid, start time and machine of the owner (ownership/owner.py)
 TAG_YIELDED_TO = "edps.yielded_to"  # a run given up because an earlier live run has the same key
 # Fencing (docs/reliability.md): a study run's epoch, one more than its key's runs had before it. A trial run has
 # one tag per epoch that counts it (its study run's, and that of a later run of the key that reused it), holding

@@ -129,3 +129,29 @@ def test_a_sweep_paused_past_its_lease_leaves_the_resumed_sweep_finished(mlflow_
     _assert_wrote_nothing_after(client, experiment_id, stopped, stalled_studies)
     code, printed = edps_here(["doctor", "--experiment", experiment], mlflow_server)
     assert code == 0, printed
+
+
+@pytest.mark.slow
+def test_a_killed_study_is_taken_over_at_once_by_the_next_command_here(tmp_path):
+    """A SIGKILLed study leaves its runs RUNNING with a fresh heartbeat; its process is gone, and the next command
+    on this machine sees that: it marks them FAILED and trains at once, not after the lease of 120 s."""
+    uri = fresh_store(tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    study = ["study", "--bs", "64", "--trials", "2", "--goal-error", "0.1", "--max-steps", "100", "--check-interval",
+             "20", "--workers", "1", "--experiment", "killed"]
+    killed = subprocess.Popen([sys.executable, "-c", "from edps_mlflow.cli import main; main()", *study], cwd=tmp_path,
+                              env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=uri,
+                                                    EDPS_LEASE_SECONDS="120"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    experiment_id = _wait_for_a_running_trial(killed, client, "killed")
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+
+    started = time.time()
+    taker = run_edps(study, cwd=tmp_path, timeout=300, MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS="120")
+    assert taker.returncode == 0, taker.stderr[-3000:]
+    assert "left RUNNING by a dead process" in taker.stdout, taker.stdout
+    marked = client.search_runs([experiment_id], "attributes.status = 'FAILED'")
+    assert marked and all(run.info.end_time / 1000 - started < 20 for run in marked), "waited for the lease"
+    errors = [run.data.tags.get("edps.error", "") for run in marked]
+    assert any(f"process {killed.pid} on" in error and "exited" in error for error in errors), errors

@@ -363,3 +363,71 @@ def test_the_schema_head_read_from_the_migration_files_is_alembics():
 
     _schema_head.cache_clear()
     assert _schema_head() == _get_latest_schema_revision()
+
+
+# ---- a disk that fills while a study runs ----------------------------------------------------------------
+_FILL_AT_THE_FIRST_TRIAL = """
+import os, sqlite3, sys, time
+database, folder = sys.argv[1], sys.argv[2]
+while True:
+    connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.1)
+    try:
+        if connection.execute("select 1 from tags where key = 'edps.kind' and value = 'trial'").fetchone():
+            break
+    except sqlite3.Error:
+        pass
+    finally:
+        connection.close()
+    time.sleep(0.05)
+with open(os.path.join(folder, "filler"), "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(b"\\0" * 4096)
+    except OSError:
+        pass
+    os.ftruncate(filler.fileno(), os.fstat(filler.fileno()).st_size - 8192)
+print("filled", flush=True)
+"""
+
+
+def _run_ids(database: Path, where: str, *arguments: str) -> list[tuple]:
+    connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        return connection.execute(f"select run_uuid, end_time from runs where {where}", arguments).fetchall()
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_study_names_what_it_left_running_and_the_next_command_takes_over_at_once(tmp_path):
+    """The store's filesystem fills while the study trains, 8 KiB left: one line, which names every run the store
+    would not let it mark FAILED (each is tried); once space is freed the same command takes the study over at once
+    (its process exited), not after the lease of 120 s."""
+    with _small_filesystem(tmp_path / "small", f"{_store_files_size() // 1024 + 2048}k") as small:
+        database, uri = small / "mlflow.db", fresh_store(small / "mlflow.db")
+        filler = subprocess.Popen([sys.executable, "-c", _FILL_AT_THE_FIRST_TRIAL, str(database), str(small)],
+                                  stdout=subprocess.PIPE, text=True)
+        study = ["study", "--trials", "2", "--goal-error", "0.06", "--max-steps", "150", "--check-interval", "10",
+                 "--workers", "1", "--bs", "32", "--experiment", "filled"]
+        result = run_edps(study, cwd=tmp_path, MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS="120", timeout=600)
+        assert filler.communicate(timeout=60)[0].strip() == "filled"
+        line = _one_line(result.stderr)
+        assert result.returncode == 2 and "no space left on the disk" in line, line
+        # The study's own writes use up the 8 KiB before one fails, and a mark needs a journal page: each run
+        # still RUNNING is one the store refused, and the line names it.
+        running = [run_id for run_id, _ in _run_ids(database, "status = 'RUNNING' and run_uuid in (select run_uuid "
+                                                              "from tags where key = 'edps.kind' and value != ?)",
+                                                    "study_index")]
+        assert running and all(run_id in line for run_id in running), (line, running)
+        assert f"could not mark {len(running)} runs FAILED either" in line, line
+
+        (small / "filler").unlink()
+        started = time.time()
+        again = run_edps(study, cwd=tmp_path, MLFLOW_TRACKING_URI=uri, EDPS_LEASE_SECONDS="120", timeout=300)
+        ends = [end / 1000 - started for _, end in _run_ids(database, f"run_uuid in ({', '.join('?' * len(running))})",
+                                                            *running)]
+        final = _statuses(uri)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "left RUNNING by a dead process" in again.stdout, again.stdout
+    assert len(ends) == len(running) and max(ends) < 20, ends  # marked FAILED at its start, not after the lease
+    assert "RUNNING" not in final, final

@@ -213,7 +213,7 @@ class _JobQueue:
             if run.live(self.lease):
                 return
             if run.state is RunState.RUNNING:
-                mark_dead(sweep.client, [run.run_id], expired_reason(self.lease))
+                mark_dead(sweep.client, [run.run_id], expired_reason(self.lease, run.owner))
         self.running.remove(entry)
         done = latest_finished_study(sweep.client, sweep.experiment_id, key,
                                               entry.spec.full_trials(self.options.full_trials))

@@ -167,8 +167,9 @@ def wait_for(client: StoreClient, run_id: str, lease: float, out: TextIO, label:
         if run.state is not RunState.RUNNING:
             return run
         if not run.live(lease):
-            mark_dead(client, [run_id], expired_reason(lease))
-            print(f"run {run_id} of {label} stopped renewing its lease: taking over", file=out, flush=True)
+            reason = expired_reason(lease, run.owner)
+            mark_dead(client, [run_id], reason)
+            print(f"run {run_id} of {label} is left by a dead owner ({reason}): taking over", file=out, flush=True)
             return get_leased(client, run_id)
         time.sleep(poll)
 
@@ -197,7 +198,8 @@ def mark_dead(client: StoreClient, run_ids: list[str], reason: str) -> None:
 def clear_expired(client: StoreClient, experiment_id: str, lease: float, key: str | None = None) -> int:
     """Mark FAILED the runs left RUNNING by dead processes (only those of ``key`` when given)."""
     expired = [r for r in expired_runs(client, experiment_id, lease) if key is None or r.key == key]
-    mark_dead(client, [r.run_id for r in expired], expired_reason(lease))
+    for run in expired:
+        mark_dead(client, [run.run_id], expired_reason(lease, run.owner))
     return len(expired)
 
 

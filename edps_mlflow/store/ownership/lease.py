@@ -19,7 +19,9 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
+from edps_mlflow.store.ownership.owner import exited_owner, owner_tag
 from edps_mlflow.store.read.fence import end_tags
+from edps_mlflow.store.trouble import StoreTrouble, store_error_line, store_trouble
 
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
@@ -41,7 +43,9 @@ def lease_seconds() -> float:
 
 
 def heartbeat_tags() -> dict[str, str]:
-    return {n.TAG_HEARTBEAT: f"{time.time():.3f}"}
+    """A fresh heartbeat, and this process as the owner (the run's creator or taker)."""
+    owner = owner_tag()
+    return {n.TAG_HEARTBEAT: f"{time.time():.3f}", **({n.TAG_OWNER_PROCESS: owner} if owner else {})}
 
 
 def renew_heartbeat(client: StoreClient, run_id: str) -> None:
@@ -49,7 +53,11 @@ def renew_heartbeat(client: StoreClient, run_id: str) -> None:
     client.set_tag(run_id, n.TAG_HEARTBEAT, heartbeat_tags()[n.TAG_HEARTBEAT])
 
 
-def expired_reason(lease: float) -> str:
+def expired_reason(lease: float, owner: str | None = None) -> str:
+    """Why a run's owner is taken for gone (``owner``: the run's edps.owner_process)."""
+    exited = exited_owner(owner)
+    if exited:
+        return f"its owner, {exited}, exited"
     return f"no heartbeat for more than the lease of {lease:g} s: its process is gone"
 
 
@@ -136,40 +144,60 @@ class OwnedRun:
             log_batch(client, self.run_id, tags=end_tags(self.token, status, end_time))
         client.set_terminated(self.run_id, status, end_time=end_time)
 
-    def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> None:
+    def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> list[str]:
         """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs), if still ours; a run
-        another process took over keeps what that process wrote."""
+        another process took over keeps what that process wrote. Returns the runs the store refused to mark."""
         self.stop_heartbeat()
-        # One try each, and none after a write that fails: a locked, full or read-only store would make
-        # every run wait out the retries again, and the lease marks what is left.
+        # One try each: a locked or unreachable store would make every run wait out the retries again, so none
+        # after a write that fails, unless the disk is full: a status is a tiny write, which may still fit.
         client = self.client.without_retries()
-        with suppress(Exception):  # the store is failing: marking is best effort, the lease covers the rest
+        with suppress(Exception):  # the store is failing: marking is best effort, the owner's exit covers the rest
             if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
-                return
+                return []
         status = (RunState.KILLED if interrupted else RunState.FAILED).value
-        try:
-            for run_id in open_runs or []:
-                client.set_terminated(run_id, status)
-            self._end(client, status)
-        except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
-            return
-        with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
-            # A study run's entry in the study index says RUNNING until this (a sweep run has none).
-            index_study_run(client, self.run_id)
+        runs, unmarked = [*(open_runs or []), self.run_id], []
+        for at, run_id in enumerate(runs):
+            try:
+                if run_id == self.run_id:
+                    self._end(client, status)
+                else:
+                    client.set_terminated(run_id, status)
+            except Exception as error:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
+                if store_trouble(error) is not StoreTrouble.FULL:
+                    return [*unmarked, *runs[at:]]
+                unmarked.append(run_id)
+        if self.run_id not in unmarked:
+            with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
+                # A study run's entry in the study index says RUNNING until this (a sweep run has none).
+                index_study_run(client, self.run_id)
+        return unmarked
+
+
+def left_running(run_ids: list[str]) -> str:
+    """What an abort could not mark, for the end of its error line."""
+    return (f"could not mark {len(run_ids)} runs FAILED either ({', '.join(run_ids)}): they stay RUNNING "
+            f"until the next command takes them over, at once on this machine (their process has exited), "
+            f"elsewhere after the lease of {lease_seconds():g} s")
 
 
 @contextmanager
 def abort_guard(owned: OwnedRun, open_runs: Callable[[], list[str]] = list,
                 cleanup: Callable[[], None] | None = None) -> Iterator[None]:
     """The one abort guard of studies and sweeps: when the block fails, ``owned`` and its ``open_runs()`` are
-    KILLED (an interrupt) or FAILED, unless the run is no longer ours; ``cleanup()`` runs last in any case."""
+    KILLED (an interrupt) or FAILED, unless the run is no longer ours (an error's line names those the store could
+    not mark); ``cleanup()`` runs last in any case."""
     try:
         yield
     except LeaseLost:
         owned.stop_heartbeat()
         raise
     except BaseException as error:
-        owned.abort(isinstance(error, KeyboardInterrupt), open_runs())
+        unmarked = owned.abort(isinstance(error, KeyboardInterrupt), open_runs())
+        if unmarked and isinstance(error, Exception):  # the one line of a failing store says what it left RUNNING
+            uri = str(owned.client.tracking_uri)
+            line = str(error) if isinstance(error, EdpsError) else store_error_line(error, uri)
+            if line is not None:
+                raise EdpsError(f"{line}; {left_running(unmarked)}") from None
         raise
     finally:
         if cleanup:

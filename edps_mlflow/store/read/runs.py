@@ -12,6 +12,7 @@ from edps_mlflow.filters import filter_string
 from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, search_all, searcher
+from edps_mlflow.store.ownership.owner import exited_owner
 from edps_mlflow.store.read.fence import Fence, epoch_of, trial_epochs
 
 _RUNNING = filter_string(status=RunState.RUNNING.value)
@@ -32,9 +33,12 @@ class LeasedRun:
     full_trials: bool
     epoch: int  # a study run's fencing token (fence.py); 0 for other runs
     planned: bool  # a study run that logged its start, after it adopted the trials it reuses (fence.py)
+    owner: str | None  # the process that owns it (ownership/owner.py)
 
     def live(self, lease: float, now: float | None = None) -> bool:
-        return self.state is RunState.RUNNING and (now or time.time()) - self.renewed < lease
+        """RUNNING, renewed within the lease, and not owned by a process of this machine that has exited."""
+        return (self.state is RunState.RUNNING and (now or time.time()) - self.renewed < lease
+                and exited_owner(self.owner) is None)
 
     @property
     def order(self) -> tuple[int, str]:
@@ -57,7 +61,7 @@ def leased(run: Any) -> LeasedRun:
         state=RunState(run.info.status), start_time=run.info.start_time or 0, renewed=renewed,
         parent_run_id=tags.get(n.MLFLOW_PARENT_RUN_ID), steps_to_result=int(steps) if steps is not None else None,
         full_trials=tags.get(n.TAG_STOPPING) == n.STOPPING_FULL_TRIALS, epoch=epoch_of(tags),
-        planned=n.TAG_STOPPING in tags)
+        planned=n.TAG_STOPPING in tags, owner=tags.get(n.TAG_OWNER_PROCESS))
 
 
 def get_leased(client: StoreClient, run_id: str) -> LeasedRun:
@@ -103,11 +107,12 @@ def expired_runs(client: StoreClient, experiment_id: str, lease: float) -> list[
 
 
 def expired(runs: Iterable[LeasedRun], lease: float, now: float) -> list[LeasedRun]:
-    """The runs left RUNNING by dead owners: study and sweep runs whose lease ran out, and trial runs whose study
-    run is not live (left behind by a killed process). ``runs``: LeasedRun, or doctor's RunFacts."""
+    """The runs left RUNNING by dead owners: study and sweep runs whose lease ran out or whose owner on this machine
+    exited, and trial runs whose study run is not live (left behind by a killed process). ``runs``: LeasedRun, or
+    doctor's RunFacts."""
     owners = (n.KIND_STUDY, n.KIND_SWEEP)
     running = [r for r in runs if r.state is RunState.RUNNING]
-    live = {r.run_id for r in running if r.kind in owners and now - r.renewed < lease}
+    live = {r.run_id for r in running if r.kind in owners and r.live(lease, now)}
     return [r for r in running if (r.kind in owners and r.run_id not in live)
             or (r.kind == n.KIND_TRIAL and r.parent_run_id not in live)]
 
