@@ -6,7 +6,6 @@ its own before every write that matters and at every beat, and stops writing whe
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -16,9 +15,11 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import seconds_setting
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient
 from edps_mlflow.store.experiment import index_study_run
+from edps_mlflow.store.trouble import store_error_line
 
 LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
@@ -27,16 +28,7 @@ _HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the leas
 
 def lease_seconds() -> float:
     """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
-    text = os.environ.get(LEASE_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value == value and 1.0 <= value <= 86_400.0):
-        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
-    return value
+    return seconds_setting(LEASE_VARIABLE, DEFAULT_LEASE_SECONDS, 1.0, 86_400.0)
 
 
 def heartbeat_tags() -> dict[str, str]:
@@ -112,9 +104,9 @@ class OwnedRun:
             raise self._lost("taken over by another process")
 
     def _lost(self, why: str) -> LeaseLost:
-        return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled "
-                         f"longer than the lease of {lease_seconds():g} s); its work was taken over and this process "
-                         f"wrote nothing more (raise {LEASE_VARIABLE} on machines that stall)")
+        return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled, or "
+                         f"waited for the store, longer than the lease of {lease_seconds():g} s); its work was taken "
+                         f"over and this process wrote nothing more (raise {LEASE_VARIABLE} on machines that stall)")
 
     def finish(self) -> None:
         """FINISHED, if still ours (else :class:`LeaseLost`, and nothing written)."""
@@ -122,40 +114,55 @@ class OwnedRun:
         self.require()
         self.client.set_terminated(self.run_id, RunState.FINISHED.value)
 
-    def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> None:
+    def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> list[str]:
         """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs), if still ours; a run
-        another process took over keeps what that process wrote."""
+        another process took over keeps what that process wrote. Returns the runs it could not mark."""
         self.stop_heartbeat()
-        # One try each, and none after a write that fails: a locked, full or read-only store would make
-        # every run wait out the retries again, and the lease marks what is left.
+        # One try each, and none after a write that fails: a locked, full, read-only or unreachable store would
+        # make every run wait out the retries again, and the lease marks what is left.
         client = self.client.without_retries()
         with suppress(Exception):  # the store is failing: marking is best effort, the lease covers the rest
             if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
-                return
+                return []
         status = (RunState.KILLED if interrupted else RunState.FAILED).value
-        for run_id in [*(open_runs or []), self.run_id]:
+        runs = [*(open_runs or []), self.run_id]
+        for done, run_id in enumerate(runs):
             try:
                 client.set_terminated(run_id, status)
             except Exception:  # noqa: BLE001 - as above: aborting must not hide the error that caused it
-                return
+                return runs[done:]
         with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
             # A study run's entry in the study index says RUNNING until this (a sweep run has none).
             index_study_run(client, self.run_id)
+        return []
+
+    def unmarked_note(self, runs: list[str]) -> str:
+        """What an error line adds about ``runs`` (from :meth:`abort`) that stay RUNNING, and what becomes of them."""
+        trials = [run_id for run_id in runs if run_id != self.run_id]
+        which = f"run {self.run_id}" + (f" and trial runs {', '.join(trials)}" if trials else "")
+        return (f"; {self.label}: the store took no FAILED mark for {which}, left RUNNING: the same command takes "
+                f"them over once their lease of {lease_seconds():g} s has passed (`edps doctor --repair` marks them "
+                "FAILED then)")
 
 
 @contextmanager
 def abort_guard(owned: OwnedRun, open_runs: Callable[[], list[str]] = list,
                 cleanup: Callable[[], None] | None = None) -> Iterator[None]:
     """The one abort guard of studies and sweeps: when the block fails, ``owned`` and its ``open_runs()`` are
-    KILLED (an interrupt) or FAILED, unless the run is no longer ours; ``cleanup()`` runs last in any case."""
+    KILLED (an interrupt) or FAILED, unless the run is no longer ours; ``cleanup()`` runs last in any case. A
+    failure's one line says which runs the store did not take the mark for."""
     try:
         yield
     except LeaseLost:
         owned.stop_heartbeat()
         raise
     except BaseException as error:
-        owned.abort(isinstance(error, KeyboardInterrupt), open_runs())
-        raise
+        unmarked = owned.abort(isinstance(error, KeyboardInterrupt), open_runs())
+        line = (str(error) if isinstance(error, EdpsError) else store_error_line(error, owned.client.tracking_uri)
+                ) if unmarked and isinstance(error, Exception) else None
+        if line is None:
+            raise
+        raise EdpsError(line + owned.unmarked_note(unmarked)) from error
     finally:
         if cleanup:
             cleanup()
