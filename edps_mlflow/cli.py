@@ -23,7 +23,8 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.mlproject import ProjectLaunch
-from edps_mlflow.process_settings import configure_process, launcher_run_id, log_note, store_errors_in_one_line
+from edps_mlflow.process_settings import (configure_process, launcher_run_id, log_note, outage_seconds,
+                                          store_errors_in_one_line)
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, raise_interrupt)
     with store_errors_in_one_line("edps"):
         try:
+            outage_seconds()  # a bad setting is refused before any work, not when the store first fails
             cli.main(args=args, prog_name="edps", standalone_mode=False)
         except click.exceptions.Abort:
             click.echo("edps: interrupted", err=True)

@@ -1,12 +1,14 @@
 """What a command's process takes from its environment, read or set in one place, without torch or MLflow (the
 command line uses it before it validates its input): MLflow's HTTP request settings and libpq's connect timeout
 (our processes give up on an unreachable store within about half a minute; a user's own setting wins), the
-command's log file for the libraries' log records (store/logs.py), and the run that ``mlflow run`` made for us;
-and how a store error ends a command (:func:`store_errors_in_one_line`).
+command's log file for the libraries' log records (store/logs.py), how long the store may stay unreachable in
+the middle of work (``EDPS_OUTAGE_SECONDS``), and the run that ``mlflow run`` made for us; and how a store error
+ends a command (:func:`store_errors_in_one_line`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -15,9 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, MutableMapping
 
+from edps_mlflow.errors import EdpsError
+
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
                    "PGCONNECT_TIMEOUT": "10"}
 LOG_FILE_VARIABLE = "EDPS_LOG_FILE"
+OUTAGE_VARIABLE = "EDPS_OUTAGE_SECONDS"
+DEFAULT_OUTAGE_SECONDS = 300.0
 
 
 def configure_process(environment: MutableMapping[str, str] | None = None, program: str = "edps") -> None:
@@ -47,6 +53,28 @@ def log_note() -> str:
         return f" (MLflow's log: {path})" if path is not None and path.stat().st_size > 0 else ""
     except OSError:
         return ""
+
+
+def outage_seconds() -> float:
+    """How long a store call in the middle of work waits for an unreachable store (``EDPS_OUTAGE_SECONDS``, default
+    300): a server restarting, a network away; then the command gives up."""
+    return seconds_setting(OUTAGE_VARIABLE, DEFAULT_OUTAGE_SECONDS)
+
+
+def seconds_setting(variable: str, default: float, least: float = 0.0, most: float = float("inf")) -> float:
+    """The seconds that ``variable`` sets, ``default`` when unset; above ``least`` (at least it when it is not 0)
+    and finite, at most ``most``, else one line (EdpsError)."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and (least <= value if least else value > 0) and value <= most):
+        bounds = f"between {least:g} and {most:g}" if math.isfinite(most) else "above 0"
+        raise EdpsError(f"{variable} must be a number of seconds {bounds}, got {text!r}")
+    return value
 
 
 def request_settings() -> dict[str, str]:

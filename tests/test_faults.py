@@ -213,12 +213,17 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
     assert client.get_run(overwritten_sweep).info.status == "FINISHED"
 
 
-def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
+def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch, capsys):
+    """A locked store is tried STORE_ATTEMPTS times; an unreachable one up to EDPS_OUTAGE_SECONDS (on a clock that
+    the sleeps advance), said once on one line."""
     from mlflow.exceptions import MlflowException
 
     from edps_mlflow.store import client as store
 
-    monkeypatch.setattr(store.time, "sleep", lambda seconds: None)
+    clock = [0.0]
+    monkeypatch.setattr(store.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    monkeypatch.setattr(store.time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("EDPS_OUTAGE_SECONDS", "30")
     calls = []
 
     def flaky() -> str:
@@ -230,11 +235,21 @@ def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch):
     assert store.call_store(flaky) == "ok" and len(calls) == 3
     with pytest.raises(MlflowException):
         store.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
-    always = []
+    always, clock[0] = [], 0.0
     with pytest.raises(MlflowException):
         store.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
             MlflowException("API request failed: Max retries exceeded with url")))
-    assert len(always) == store.STORE_ATTEMPTS
+    assert clock[0] == 30 and len(always) > store.STORE_ATTEMPTS  # the pauses end at the bound
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("waiting for tracking store ") and "up to 30 s" in said[0], said
+    locked = []
+    with pytest.raises(MlflowException):
+        store.call_store(lambda: locked.append(1) or (_ for _ in ()).throw(MlflowException("database is locked")))
+    assert len(locked) == store.STORE_ATTEMPTS
+    once = []
+    with pytest.raises(MlflowException):  # the last try after a failure (an abort): never waits
+        store.call_store(lambda: once.append(1) or (_ for _ in ()).throw(MlflowException("connection refused")), 1)
+    assert len(once) == 1
 
 
 def test_keys_include_the_data_fingerprint():

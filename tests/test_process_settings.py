@@ -47,3 +47,15 @@ def test_the_launcher_run_is_read_in_one_place(monkeypatch):
     monkeypatch.setenv("MLFLOW_RUN_ID", "abc")
     assert launcher_run_id() == "abc"
 
+
+
+def test_an_outage_setting_that_is_not_a_positive_number_is_one_line_before_any_work(sqlite_uri):
+    from conftest import edps_here
+
+    for bad in ("0", "-5", "abc", "nan", "inf"):
+        code, printed = edps_here(["status"], sqlite_uri, EDPS_OUTAGE_SECONDS=bad)
+        assert code == 2 and printed.strip().count("\n") == 0, printed
+        assert f"EDPS_OUTAGE_SECONDS must be a number of seconds above 0, got {bad!r}" in printed, printed
+    assert not os.path.exists(sqlite_uri.removeprefix("sqlite:///"))  # refused before the store was touched
+    code, printed = edps_here(["workloads"], sqlite_uri, EDPS_OUTAGE_SECONDS="0.5")
+    assert code == 0, printed

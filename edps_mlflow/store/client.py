@@ -22,6 +22,7 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.interrupts import store_call
+from edps_mlflow.process_settings import OUTAGE_VARIABLE, outage_seconds
 from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
@@ -30,13 +31,17 @@ from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, sqlite_pa
 
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
 # dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
-_TRANSIENT_MARKERS = ("database is locked", "database table is locked", "connection reset", "connection aborted",
-                      "connection refused", "connection broken", "max retries exceeded", "remote end closed",
-                      "timed out", "temporarily unavailable", "too many requests", "internal server error",
-                      "bad gateway", "service unavailable", "gateway timeout", "status code 500", "status code 502",
-                      "status code 503", "status code 504", "too many 500 error", "too many 502 error",
-                      "too many 503 error", "too many 504 error")
-STORE_ATTEMPTS = 5  # tries per store call in the middle of work; about a minute with MLflow's own retries
+_LOCKED_MARKERS = ("database is locked", "database table is locked")
+_UNREACHABLE_MARKERS = ("connection reset", "connection aborted", "connection refused", "connection broken",
+                        "max retries exceeded", "remote end closed", "timed out", "temporarily unavailable",
+                        "too many requests", "internal server error", "bad gateway", "service unavailable",
+                        "gateway timeout", "status code 500", "status code 502", "status code 503",
+                        "status code 504", "too many 500 error", "too many 502 error", "too many 503 error",
+                        "too many 504 error")
+# A locked sqlite store: tries per call (about two minutes with MLflow's busy timeout); its holder is a process
+# that the error line names. An unreachable store is waited for up to EDPS_OUTAGE_SECONDS instead.
+STORE_ATTEMPTS = 5
+WAIT_SAID_AFTER = 5.0  # seconds of waiting for the store before a process says so, once per call
 _T = TypeVar("_T")
 
 
@@ -45,17 +50,33 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     return tracking_uri or get_tracking_uri()
 
 
-def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS) -> _T:
-    """``action()``, tried again with bounded, jittered backoff while it fails transiently."""
-    for attempt in range(attempts):
+def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: str = "") -> _T:
+    """``action()``, tried again with bounded, jittered backoff while it fails transiently: ``attempts`` times
+    while the store is locked, and up to :func:`outage_seconds` from the call's start while it is unreachable
+    (one line on stdout once that passes :data:`WAIT_SAID_AFTER`). ``attempts=1``: tried once, never waited."""
+    started, attempt, said = time.monotonic(), 0, False
+    while True:
         try:
             with store_call():  # a SIGTERM waits for the call's end: no transaction left open
                 return action()
         except (MlflowException, OSError) as error:
-            if attempt == attempts - 1 or not any(marker in str(error).lower() for marker in _TRANSIENT_MARKERS):
+            text, attempt = str(error).lower(), attempt + 1
+            pause = min(8.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
+            if any(marker in text for marker in _LOCKED_MARKERS):
+                if attempt >= attempts:
+                    raise
+            elif not any(marker in text for marker in _UNREACHABLE_MARKERS) or attempts == 1:
                 raise
-            time.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
-    raise AssertionError("unreachable")
+            else:
+                waited, bound = time.monotonic() - started, outage_seconds()
+                if waited >= bound:
+                    raise
+                pause = min(pause, bound - waited)
+                if not said and waited + pause >= WAIT_SAID_AFTER:
+                    said = True
+                    print(f"waiting for tracking store {redact_uri(uri or get_tracking_uri())}, unreachable "
+                          f"for {waited:.0f} s, up to {bound:g} s ({OUTAGE_VARIABLE})", flush=True)
+            time.sleep(pause)
 
 
 class StoreClient:
@@ -74,7 +95,8 @@ class StoreClient:
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
         """A full or read-only disk names where the run's artifacts go (the OS's error from the copy names none)."""
         try:
-            call_store(lambda: self._client.log_artifact(run_id, local_path, artifact_path), self.attempts)
+            call_store(lambda: self._client.log_artifact(run_id, local_path, artifact_path), self.attempts,
+                       self.tracking_uri)
         except OSError as error:
             if not is_disk_error(error) or error.filename:
                 raise
@@ -90,7 +112,7 @@ class StoreClient:
             return attribute
 
         def retried(*args: Any, **kwargs: Any) -> Any:
-            return call_store(lambda: attribute(*args, **kwargs), self.attempts)
+            return call_store(lambda: attribute(*args, **kwargs), self.attempts, self.tracking_uri)
 
         return retried
 

@@ -6,7 +6,6 @@ its own before every write that matters and at every beat, and stops writing whe
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -16,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import seconds_setting
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
@@ -30,16 +30,7 @@ _HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the leas
 
 def lease_seconds() -> float:
     """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
-    text = os.environ.get(LEASE_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value == value and 1.0 <= value <= 86_400.0):
-        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
-    return value
+    return seconds_setting(LEASE_VARIABLE, DEFAULT_LEASE_SECONDS, 1.0, 86_400.0)
 
 
 def heartbeat_tags() -> dict[str, str]:
@@ -126,9 +117,9 @@ class OwnedRun:
             raise self._lost("taken over by another process")
 
     def _lost(self, why: str) -> LeaseLost:
-        return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled "
-                         f"longer than the lease of {lease_seconds():g} s); its work was taken over, and nothing it "
-                         f"wrote since counts (raise {LEASE_VARIABLE} on machines that stall)")
+        return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled, "
+                         f"or waited for the store, longer than the lease of {lease_seconds():g} s); its work was "
+                         f"taken over, and nothing it wrote since counts (raise {LEASE_VARIABLE} on machines that stall)")
 
     def finish(self) -> None:
         """FINISHED, if still ours (else :class:`LeaseLost`, and nothing written)."""
