@@ -1,8 +1,9 @@
 """What a command's process takes from its environment, read or set in one place, without torch or MLflow (the
 command line uses it before it validates its input): MLflow's HTTP request settings and libpq's connect timeout
-(our processes give up on an unreachable store within about half a minute; a user's own setting wins), the
-command's log file for the libraries' log records (store/logs.py), and the run that ``mlflow run`` made for us;
-and how a store error ends a command (:func:`store_errors_in_one_line`).
+(they bound each request in the middle of work; a user's own setting wins), the lease of runs and locks, when the
+process started (the store's first answer is bounded from there), the command's log file for the libraries' log
+records (store/logs.py), and the run that ``mlflow run`` made for us; and how a store error ends a command
+(:func:`store_errors_in_one_line`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, MutableMapping
 
+from edps_mlflow.errors import EdpsError
+
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
                    "PGCONNECT_TIMEOUT": "10"}
 LOG_FILE_VARIABLE = "EDPS_LOG_FILE"
+LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
 
 
 def configure_process(environment: MutableMapping[str, str] | None = None, program: str = "edps") -> None:
@@ -52,6 +57,31 @@ def log_note() -> str:
 def request_settings() -> dict[str, str]:
     """This process's request settings, for processes that do not inherit its environment (Ray's)."""
     return {name: os.environ[name] for name in CLIENT_DEFAULTS if name in os.environ}
+
+
+def lease_seconds() -> float:
+    """How long a run, or a new store's creation lock, stays live after its owner's last heartbeat
+    (``EDPS_LEASE_SECONDS``, default 120)."""
+    text = os.environ.get(LEASE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value == value and 1.0 <= value <= 86_400.0):
+        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
+    return value
+
+
+def process_age() -> float:
+    """Seconds since this process started, interpreter start-up included (the launcher's re-execution keeps the
+    process and its start); read from /proc, so 0.0 where there is none."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def launcher_run_id() -> str | None:

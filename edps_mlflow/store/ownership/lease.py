@@ -6,7 +6,6 @@ its own before every write that matters and at every beat, and stops writing whe
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -16,27 +15,12 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.process_settings import LEASE_VARIABLE, lease_seconds
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient
 from edps_mlflow.store.experiment import index_study_run
 
-LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
-DEFAULT_LEASE_SECONDS = 120.0
 _HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the lease when that is shorter
-
-
-def lease_seconds() -> float:
-    """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
-    text = os.environ.get(LEASE_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value == value and 1.0 <= value <= 86_400.0):
-        raise EdpsError(f"{LEASE_VARIABLE} must be a number of seconds between 1 and 86400, got {text!r}")
-    return value
 
 
 def heartbeat_tags() -> dict[str, str]:
