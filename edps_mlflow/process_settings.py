@@ -1,9 +1,10 @@
 """What a command's process takes from its environment, read or set in one place, without torch or MLflow (the
 command line uses it before it validates its input): MLflow's HTTP request settings and libpq's connect timeout
-(our processes give up on an unreachable store within about half a minute; a user's own setting wins), the
-command's log file for the libraries' log records (store/logs.py), how long the store may stay unreachable in
-the middle of work (``EDPS_OUTAGE_SECONDS``), and the run that ``mlflow run`` made for us; and how a store error
-ends a command (:func:`store_errors_in_one_line`).
+(they bound each request in the middle of work; a user's own setting wins), how long the store may stay
+unreachable in the middle of work (``EDPS_OUTAGE_SECONDS``), the lease of runs and locks, when the process started
+(the store's first answer is bounded from there), the command's log file for the libraries' log records
+(store/logs.py), and the run that ``mlflow run`` made for us; and how a store error ends a command
+(:func:`store_errors_in_one_line`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_
 LOG_FILE_VARIABLE = "EDPS_LOG_FILE"
 OUTAGE_VARIABLE = "EDPS_OUTAGE_SECONDS"
 DEFAULT_OUTAGE_SECONDS = 300.0
+LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
 
 
 def configure_process(environment: MutableMapping[str, str] | None = None, program: str = "edps") -> None:
@@ -80,6 +83,22 @@ def seconds_setting(variable: str, default: float, least: float = 0.0, most: flo
 def request_settings() -> dict[str, str]:
     """This process's request settings, for processes that do not inherit its environment (Ray's)."""
     return {name: os.environ[name] for name in CLIENT_DEFAULTS if name in os.environ}
+
+
+def lease_seconds() -> float:
+    """How long a run, or a new store's creation lock, stays live after its owner's last heartbeat
+    (``EDPS_LEASE_SECONDS``, default 120)."""
+    return seconds_setting(LEASE_VARIABLE, DEFAULT_LEASE_SECONDS, 1.0, 86_400.0)
+
+
+def process_age() -> float:
+    """Seconds since this process started, interpreter start-up included (the launcher's re-execution keeps the
+    process and its start); read from /proc, so 0.0 where there is none."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def launcher_run_id() -> str | None:

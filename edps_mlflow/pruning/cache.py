@@ -2,10 +2,10 @@
 workload, the data fingerprint, the scoring method, the init seed, the parameters' names and shapes, the
 results version, and the sparsity for a method whose scores depend on it): never batch size or optimizer.
 
-Where: ``$EDPS_SCORE_CACHE`` (a directory, or ``off``), else ``$XDG_CACHE_HOME/edps-mlflow/pruning-scores``,
-shared by every process of a machine (docs/pruning.md). Entries (``.npz``, no pickle, with the seconds they
-took) are written whole, and a process that finds another computing one waits for it; an unreadable entry is
-computed again, an unwritable directory costs the computation, nothing else.
+Where: ``$EDPS_SCORE_CACHE`` (a directory, or ``off``), else ``$XDG_CACHE_HOME/edps-mlflow/pruning-scores``, shared
+by every process of a machine (docs/pruning.md). Entries (``.npz``, no pickle, with the seconds they took) are
+written whole, and a process that finds another computing one waits for it (bounded and said, and not for a stopped
+one); an unreadable entry is computed again, an unwritable directory costs the computation, nothing else.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 from typing import Iterator
@@ -23,10 +24,13 @@ import torch
 from torch import Tensor
 
 from edps_mlflow.config import RESULTS_VERSION
+from edps_mlflow.locks import LockWait, describe_holders, is_stopped, lock_holders
 
 ENVIRONMENT = "EDPS_SCORE_CACHE"
 OFF = "off"
 _SCHEME = "edps-pruning-scores-v1"
+# How long a process waits for another that computes the same entry (a live one: scoring can take minutes).
+WAIT_SECONDS = 600.0
 # The entry's computing seconds, beside the score arrays (a parameter name never starts with a dunder).
 _SECONDS = "__seconds__"
 
@@ -90,7 +94,8 @@ class ScoreCache:
     @contextlib.contextmanager
     def computing(self, key: str) -> Iterator[None]:
         """Hold the entry's lock while computing it: a second process waits here, then finds the entry. Where
-        there is no lock (no fcntl, an unwritable directory) both compute, and the later write wins."""
+        there is no lock (no fcntl, an unwritable directory), or its holder is stopped or still computing after
+        :data:`WAIT_SECONDS`, both compute, and the later write wins (the same scores)."""
         path = self._path(key).with_suffix(".lock")
         try:
             import fcntl
@@ -101,5 +106,14 @@ class ScoreCache:
             yield
             return
         with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            wait = LockWait(f"pruning scores {key[:12]} that another process computes", WAIT_SECONDS)
+            while True:
+                with contextlib.suppress(BlockingIOError):
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                holders = lock_holders(path)
+                if any(is_stopped(pid) for pid in holders) or not wait.pause(lambda: lock_holders(path)):
+                    print(f"edps-mlflow: computing pruning scores {key[:12]} here too: {describe_holders(holders)} "
+                          f"holds their lock {path}", file=sys.stderr, flush=True)
+                    break
             yield  # the lock ends with the file

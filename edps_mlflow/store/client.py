@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import random
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
@@ -22,7 +24,7 @@ from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.interrupts import store_call
-from edps_mlflow.process_settings import OUTAGE_VARIABLE, outage_seconds
+from edps_mlflow.process_settings import OUTAGE_VARIABLE, outage_seconds, process_age
 from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
@@ -119,11 +121,12 @@ class StoreClient:
 
 def connect(tracking_uri: str | None = None) -> StoreClient:
     """A client of the store, resolved once, retrying blips. An unknown scheme, a retired backend or a missing
-    database driver is one line; a database that does not answer is given up within 15 s (require_database)."""
+    database driver is one line; a database that does not answer is given up within
+    :data:`FIRST_ANSWER_SECONDS` (require_database)."""
     uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
     route_library_logs()
-    require_database(uri)
+    require_database(uri, Deadline.from_now())
     try:
         return StoreClient(uri)
     except (MlflowException, ImportError) as error:
@@ -138,9 +141,13 @@ def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreCl
     route_library_logs()
     try:
         if sqlite_path(uri) is None:
-            require_database(uri)
-            # One try, bounded by MLflow's own HTTP retries: an unreachable server fails fast at start.
-            MlflowClient(uri).search_experiments(max_results=1)
+            deadline = Deadline.of_command()
+            require_database(uri, deadline)
+            client = MlflowClient(uri)
+            # MLflow's own timeouts and retries are per request and add up to a minute against a server that
+            # accepts and never answers: the deadline holds from the command's start.
+            if not _answered_by(deadline, lambda: client.search_experiments(max_results=1)):
+                raise _no_answer(uri, deadline, None)
             created = None
         else:
             # Before any client: making an MlflowClient of a sqlite store already creates and migrates it.
@@ -156,18 +163,75 @@ def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreCl
     return connect(uri)
 
 
-# ---- database stores: a bounded first connection -------------------------------------------------------
+# ---- a store's first answer, bounded from the command's start ---------------------------------------------
+FIRST_ANSWER_SECONDS = 20.0  # a command whose store (server or database) has not answered by then ends
+_LEAST_SECONDS = 10.0  # the first request's time at least, when the command took long to make it
+_EXIT_SECONDS = 4.0  # of the bound, kept for the command's own end: its line, the interpreter's teardown
 _DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
-DATABASE_CONNECT_SECONDS = 15.0  # the first connection of a command to a database store, retries included
 # A database restarting answers these for a few seconds; anything else (a wrong password) is an answer.
 _NOT_YET_MARKERS = ("connection refused", "timeout expired", "timed out", "could not connect", "starting up",
                     "server closed the connection", "can't connect", "lost connection", "connection reset")
 _reached_databases: set[str] = set()
 
 
-def require_database(uri: str) -> None:
-    """For a database store: one connection made within :data:`DATABASE_CONNECT_SECONDS`, else one line (MLflow's
-    own first connection tries for about 100 s, and minutes on a port that drops packets)."""
+@dataclass(frozen=True)
+class Deadline:
+    """When a store must have answered (``time.monotonic()``), and that bound as the line giving up states it."""
+
+    at: float
+    bound: str
+
+    @classmethod
+    def of_command(cls) -> Deadline:
+        """:data:`FIRST_ANSWER_SECONDS` from the command's start, or :data:`_LEAST_SECONDS` from now when less is
+        left (a command that loaded a large data set before it asked the store)."""
+        age = process_age()
+        left = FIRST_ANSWER_SECONDS - _EXIT_SECONDS - age
+        if left >= _LEAST_SECONDS:
+            return cls(time.monotonic() + left, f"within {FIRST_ANSWER_SECONDS:g} s of the command's start")
+        return cls(time.monotonic() + _LEAST_SECONDS,
+                   f"within {_LEAST_SECONDS:g} s of the first request, made {age:.0f} s after the command's start")
+
+    @classmethod
+    def from_now(cls) -> Deadline:
+        """For a worker's connection, made long after its process started."""
+        return cls(time.monotonic() + FIRST_ANSWER_SECONDS, f"within {FIRST_ANSWER_SECONDS:g} s")
+
+
+def _answered_by(deadline: Deadline, action: Callable[[], object]) -> bool:
+    """``action()`` in a thread: True when it returned by the deadline (its error is raised here), False when it
+    had not. A driver's or MLflow's wait cannot be cut short: the thread is left to end on its own."""
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            action()
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=attempt, name="edps-first-answer", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline.at - time.monotonic()))
+    if not outcome:
+        return False
+    if outcome[0] is not None:
+        raise outcome[0]
+    return True
+
+
+def _no_answer(uri: str, deadline: Deadline, error: BaseException | None) -> EdpsError:
+    cause = ""
+    if error is not None:
+        cause = f" ({redact_uri(str(getattr(error, 'orig', None) or error).strip().splitlines()[0], uri)})"
+    return EdpsError(f"tracking store {redact_uri(uri)} did not answer {deadline.bound}{cause}; check that it runs "
+                     "and listens there, then run the same command again")
+
+
+def require_database(uri: str, deadline: Deadline | None = None) -> None:
+    """For a database store: one connection made by ``deadline`` (by default :meth:`Deadline.of_command`), else one
+    line. MLflow's own first connection tries for about 100 s, and minutes on a port that drops packets; libpq
+    waits its connect timeout once for each address of a host."""
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
     if scheme not in _DATABASE_SCHEMES or uri in _reached_databases:
         return
@@ -178,32 +242,43 @@ def require_database(uri: str) -> None:
         url = sqlalchemy.engine.make_url(uri)
     except sqlalchemy.exc.ArgumentError as error:
         raise uri_error(uri, error) from None
-    started = time.monotonic()
-    pause = 0.5
-    while True:
-        left = DATABASE_CONNECT_SECONDS - (time.monotonic() - started)
-        # libpq and the MySQL drivers take whole seconds, at least 2 for libpq.
-        timeout = {} if scheme == "mssql" or "connect_timeout" in url.query else {"connect_timeout": max(2, int(left))}
-        try:
+    deadline = deadline or Deadline.of_command()
+    refusals: list[BaseException] = []
+
+    def connect_when_up() -> None:
+        pause = 0.5
+        while True:
+            # libpq and the MySQL drivers take whole seconds, at least 2 for libpq.
+            left = int(deadline.at - time.monotonic())
+            timeout = {} if scheme == "mssql" or "connect_timeout" in url.query else {"connect_timeout": max(2, left)}
             engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=timeout)
             try:
                 with engine.connect():
-                    _reached_databases.add(uri)
                     return
+            except sqlalchemy.exc.DBAPIError as error:
+                if not _not_yet(error) or time.monotonic() + pause >= deadline.at:
+                    raise
+                refusals[:] = [error]
             finally:
                 engine.dispose()
-        except (ImportError, sqlalchemy.exc.NoSuchModuleError) as error:  # no driver installed
+            time.sleep(pause)
+            pause = min(4.0, pause * 2)
+
+    try:
+        answered = _answered_by(deadline, connect_when_up)
+    except (ImportError, sqlalchemy.exc.NoSuchModuleError) as error:  # no driver installed
+        raise uri_error(uri, error) from None
+    except sqlalchemy.exc.DBAPIError as error:
+        if not _not_yet(error):
             raise uri_error(uri, error) from None
-        except sqlalchemy.exc.DBAPIError as error:
-            if not any(marker in str(error).lower() for marker in _NOT_YET_MARKERS):
-                raise uri_error(uri, error) from None
-            if time.monotonic() - started + pause >= DATABASE_CONNECT_SECONDS:
-                first = redact_uri(str(error.orig or error).strip().splitlines()[0], uri)
-                raise EdpsError(f"tracking store {redact_uri(uri)}: the database did not answer within "
-                                f"{DATABASE_CONNECT_SECONDS:g} s ({first}); check that it runs and listens "
-                                "there") from None
-        time.sleep(pause)
-        pause = min(4.0, pause * 2)
+        raise _no_answer(uri, deadline, error) from None
+    if not answered:
+        raise _no_answer(uri, deadline, refusals[-1] if refusals else None)
+    _reached_databases.add(uri)
+
+
+def _not_yet(error: BaseException) -> bool:
+    return any(marker in str(error).lower() for marker in _NOT_YET_MARKERS)
 
 
 # ---- searches and writes ---------------------------------------------------------------------------------

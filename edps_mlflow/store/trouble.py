@@ -4,7 +4,6 @@ locked (by which process), read-only or full, what to do."""
 from __future__ import annotations
 
 import errno
-import os
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Iterator
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import get_tracking_uri
 
+from edps_mlflow import locks
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.uris import explain_store_error, redact_uri, sqlite_path
 
@@ -104,14 +104,9 @@ def trouble_line(uri: str, trouble: StoreTrouble, error: BaseException | None = 
         where = str(path) if path is not None else "it"
     if trouble is StoreTrouble.LOCKED:
         holders = lock_holders(path.resolve()) if path is not None else []
-        stopped = [pid for pid in holders if _is_stopped(pid)]
-        who = (f"{'process' if len(holders) == 1 else 'processes'} "
-               f"{', '.join(_process_description(pid) for pid in holders)}" if holders else "another process")
-        advice = (f"resume it (`kill -CONT {' '.join(map(str, stopped))}`) or end it" if stopped else
-                  "wait for it to finish or end it")
-        return (f"tracking store {store} is locked: {who} holds its write lock and did not release it "
-                f"{f'within {waited}' if waited else 'while this process waited and tried again'}; {advice}, "
-                "then run the same command again")
+        return (f"tracking store {store} is locked: {locks.describe_holders(holders)} holds its write lock and did "
+                f"not release it {f'within {waited}' if waited else 'while this process waited and tried again'}; "
+                f"{locks.what_to_do(holders)}, then run the same command again")
     if trouble is StoreTrouble.READ_ONLY:
         return (f"tracking store {store} is read-only: {where} cannot be written ({_cause(error, trouble)}); make "
                 f"it writable (its folder too), or set MLFLOW_TRACKING_URI to a writable store, then run the same "
@@ -137,42 +132,5 @@ _LAST_LOCK_BYTE = _PENDING_BYTE + 2 + 510 - 1
 
 def lock_holders(path: Path) -> list[int]:
     """The processes (other than this one) that hold sqlite's write lock on the database file ``path``, else
-    those that hold its read lock; read from /proc/locks, so Linux only ([] elsewhere, or in WAL mode)."""
-    try:
-        stat = path.stat()
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return []
-    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
-    writers: set[int] = set()
-    readers: set[int] = set()
-    for line in lines:
-        fields = line.split()
-        # "1: POSIX  ADVISORY  WRITE 2155 fe:00:2171355 1073741824 1073742335"; "->" marks a waiter.
-        if len(fields) != 8 or fields[1] != "POSIX" or fields[5] != device:
-            continue
-        kind, pid, start = fields[3], int(fields[4]), int(fields[6])
-        end = _LAST_LOCK_BYTE if fields[7] == "EOF" else int(fields[7])
-        if pid == os.getpid() or end < _PENDING_BYTE or start > _LAST_LOCK_BYTE:
-            continue
-        (writers if kind == "WRITE" else readers).add(pid)
-    return sorted(writers or readers)
-
-
-def _process_description(pid: int) -> str:
-    """``1234 (python -m edps_mlflow.cli study ..., stopped)``: its command line, cut and without secrets."""
-    try:
-        words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
-    except OSError:
-        return str(pid)
-    command = redact_uri(" ".join(" ".join(words).split()))  # one line, whatever the arguments hold
-    command = command if len(command) <= 100 else command[:100] + "..."
-    return f"{pid} ({command}{', stopped' if _is_stopped(pid) else ''})"
-
-
-def _is_stopped(pid: int) -> bool:
-    """Whether the process is stopped (Ctrl-Z, SIGSTOP) or held by a debugger."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    those that hold its read lock; Linux only ([] elsewhere, or in WAL mode)."""
+    return locks.lock_holders(path, _PENDING_BYTE, _LAST_LOCK_BYTE)

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import seconds_setting
+from edps_mlflow.process_settings import LEASE_VARIABLE, lease_seconds
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
@@ -23,14 +23,7 @@ from edps_mlflow.store.ownership.owner import exited_owner, owner_tag
 from edps_mlflow.store.read.fence import end_tags
 from edps_mlflow.store.trouble import StoreTrouble, store_error_line, store_trouble
 
-LEASE_VARIABLE = "EDPS_LEASE_SECONDS"
-DEFAULT_LEASE_SECONDS = 120.0
 _HEARTBEAT_EVERY = 20.0  # seconds between renewals at most; a sixth of the lease when that is shorter
-
-
-def lease_seconds() -> float:
-    """How long a run stays live after its last heartbeat (``EDPS_LEASE_SECONDS``, default 120)."""
-    return seconds_setting(LEASE_VARIABLE, DEFAULT_LEASE_SECONDS, 1.0, 86_400.0)
 
 
 def heartbeat_tags() -> dict[str, str]:
