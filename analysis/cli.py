@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from edps_mlflow import names as n
 from edps_mlflow.cli_options import ExperimentName, FiniteRange
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
+from edps_mlflow.uris import require_encoded_userinfo
 
 
 def _devices(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int, ...]:
@@ -40,13 +42,20 @@ def _devices(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int
         raise click.BadParameter(str(error).replace("--devices ", ""), ctx, param) from None
 
 
+def _tracking_uri(uri: str | None) -> str | None:
+    """The store given, else the environment's, refused before any work when its user information is not
+    validly percent-encoded."""
+    require_encoded_userinfo(uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
+    return uri
+
+
 def _options(*options: Callable) -> Callable:
     """One decorator for several click options, in the order given."""
     return lambda command: functools.reduce(lambda wrapped, option: option(wrapped), reversed(options), command)
 
 
 _STORE = _options(
-    click.option("--tracking-uri", default=None,
+    click.option("--tracking-uri", default=None, callback=lambda ctx, param, uri: _tracking_uri(uri),
                  help="Tracking store (default: as training: $MLFLOW_TRACKING_URI, else ./mlflow.db)."),
     # Names and patterns by the rule `edps` applies to the names it creates: refused before any store is opened.
     click.option("--experiment", "experiments", multiple=True, metavar="NAME|PATTERN",

@@ -19,7 +19,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import TrialOutcomeColumns, trial_outcome_columns
 from edps_mlflow.store import index as study_index
-from edps_mlflow.uris import explain_store_error, quiet_links_with_credentials, redact_uri, require_existing_store
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_existing_store
 
 _LISTED = 12  # an error lists at most this many experiment names (a store may hold thousands)
 _TRIAL_OUTCOMES_READ = "edps.trial_outcomes_read"  # attrs of the study table: its runs' trial outcomes tags
@@ -45,10 +45,9 @@ def _client(tracking_uri: str | None):
 
 
 def _store_error(uri: str, error: BaseException) -> EdpsError:
-    lines = str(error).strip().splitlines() or [type(error).__name__]
-    # redacted before it is cut: a cut through a password would leave its start unrecognised
-    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: "
-                     f"{explain_store_error(redact_uri(lines[0], uri)[:400])}")
+    from edps_mlflow.store.trouble import store_error_text
+
+    return EdpsError(f"cannot reach the tracking store {redact_uri(uri)}: {store_error_text(error, uri)}")
 
 
 def _experiments(client, names: tuple[str, ...]) -> list[tuple[str, str]]:

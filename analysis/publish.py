@@ -26,6 +26,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.store.client import log_batch, resolve_tracking_uri
+from edps_mlflow.store.trouble import store_error_text
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
 _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
@@ -68,8 +69,7 @@ def log_analysis(tracking_uri: str | None, experiment: str, studies: pd.DataFram
     try:
         return _log_analysis(uri, experiment, studies, tables, files, settings or {}, argv)
     except (MlflowException, ImportError, OSError) as error:
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        raise EdpsError(f"cannot log the analysis to {redact_uri(uri)}: {redact_uri(lines[0])[:300]}") from None
+        raise EdpsError(f"cannot log the analysis to {redact_uri(uri)}: {store_error_text(error, uri)}") from None
 
 
 def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tables: dict[str, pd.DataFrame],

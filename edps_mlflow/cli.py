@@ -27,6 +27,7 @@ from edps_mlflow.process_settings import (configure_process, launcher_run_id, lo
                                           store_errors_in_one_line)
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
+from edps_mlflow.uris import require_encoded_userinfo, userinfo_fault
 from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -47,6 +48,7 @@ def study(given: SimpleNamespace) -> None:
     if bool(sweep_run) != bool(sweep_key):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
     spec = StudySpec.build(**spec_arguments(given))
+    require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))  # before the data are loaded
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
     from edps_mlflow.study import ExecutionOptions, run_study
 
@@ -76,6 +78,7 @@ def sweep(given: SimpleNamespace) -> None:
                             "--sparsities")
         arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
     spec = SweepSpec.build(**arguments)
+    require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))
     options = SweepOptions(
         experiment=given.experiment, executor=given.executor, workers=given.workers, ray_address=given.ray_address,
         device=given.device or None, data_dir=given.data_dir or None, full_trials=given.full_trials,
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
 def _mark_launcher_run(message: str) -> None:
     """Under ``mlflow run`` the run exists before we start: say on it why the study was refused."""
     run_id = launcher_run_id()
-    if run_id:
+    if run_id and userinfo_fault(os.environ.get("MLFLOW_TRACKING_URI", "")) is None:  # a refused URI: no connection
         from edps_mlflow.store.ownership.claim import mark_refused  # MLflow: only under mlflow run
 
         mark_refused(run_id, message)

@@ -1,5 +1,6 @@
-"""URIs as the user sees them: credentials replaced by ``***``; local sqlite stores that do not exist. Standard
-library only, so that downloads, tracking and the analysis all print URIs through the same function.
+"""URIs as the user sees them: credentials replaced by ``***``; user information that is not validly
+percent-encoded refused before any connection; local sqlite stores that do not exist. Standard library only, so
+that downloads, tracking and the analysis all print URIs through the same function.
 """
 
 from __future__ import annotations
@@ -38,6 +39,38 @@ def userinfo(uri: str) -> str | None:
     return None
 
 
+# RFC 3986's userinfo: unreserved characters, sub-delims and percent-encodings (':' only between user and password).
+_USERINFO_CHARACTER = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2}")
+_ENCODING_HINT = "@ as %40, / as %2F, : as %3A, % as %25, a space as %20: urllib.parse.quote(text, safe='')"
+
+
+def userinfo_fault(uri: str) -> str | None:
+    """Why the user information of ``uri`` is not valid RFC 3986, in words that quote none of it; None when it is
+    valid or absent. Taken as its writer meant it: all before the last '@' that a host and the end of the
+    authority follow, whatever it holds; a driver would cut a raw '@' or '/' elsewhere and print the pieces."""
+    scheme = _SCHEME.match(uri.strip())
+    rest = uri.strip()[scheme.end():] if scheme else "/"
+    ats = [at for at in range(len(rest)) if rest[at] == "@" and _HOST_THEN_END.match(rest, at + 1)]
+    if rest.startswith("/") or not ats:  # no authority (sqlite:////a@b/mlflow.db), or no user information
+        return None
+    user, colon, password = rest[:ats[-1]].partition(":")
+    for part, text in (("user name", user), ("password", password)):
+        left = _USERINFO_CHARACTER.sub("", text)
+        fault = ("has a character that must be percent-encoded" if left.strip("%") else
+                 "has a % that two hex digits do not follow" if left else None)
+        if fault:
+            shown = f"{scheme.group(0)}***{':***' if colon else ''}{rest[ats[-1]:]}"
+            return f"the {part} in the tracking URI {fault} ({_ENCODING_HINT}): {shown}"
+    return None
+
+
+def require_encoded_userinfo(uri: str) -> None:
+    """Refuse a tracking URI whose user information is not validly percent-encoded (:func:`userinfo_fault`)."""
+    fault = userinfo_fault(uri)
+    if fault is not None:
+        raise EdpsError(fault)
+
+
 def _spellings(info: str) -> set[str]:
     """The user information as it was typed, percent-decoded and percent-encoded (clients print either)."""
     return {info, unquote(info), quote(info, safe=":"), quote(unquote(info), safe=":")} - {""}
@@ -49,7 +82,7 @@ def redact_uri(text: str, *uris: str) -> str:
     text = str(text)
     # A text that is itself one URI is one of the known ones.
     itself = [text] if _SCHEME.match(text.strip()) and not _ANOTHER_URI.search(text.strip()) else []
-    known = [*itself, *uris, *(os.environ.get(name, "") for name in _CONFIGURED)]
+    known = [*itself, *uris, *configured_uris()]
     secrets = {spelling for uri in known if (info := userinfo(str(uri))) for spelling in _spellings(info)}
     # The longest first, so that a spelling that contains another is replaced whole.
     for secret in sorted(secrets, key=len, reverse=True):
@@ -62,6 +95,11 @@ def redact_uri(text: str, *uris: str) -> str:
     return _USERINFO.sub(replace, text)
 
 
+def configured_uris() -> list[str]:
+    """This process's URIs from its environment (the store's, the registry's, the data mirror's, Ray's)."""
+    return [os.environ.get(name, "") for name in _CONFIGURED]
+
+
 # MLflow prints "View run ... at: <host>/#/..." with the tracking URI as typed, password included; this turns it off.
 _SUPPRESS_RUN_LINKS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
@@ -71,16 +109,6 @@ def quiet_links_with_credentials(uri: str) -> None:
     worker processes inherit it)."""
     if redact_uri(uri) != uri:
         os.environ.setdefault(_SUPPRESS_RUN_LINKS, "true")
-
-
-def explain_store_error(first_line: str, *uris: str) -> str:
-    """An MLflow error line about the store (``uris``: the store's), redacted, with what to do when the
-    server refused us."""
-    text = redact_uri(first_line, *uris)
-    if "error code 401" in text or "error code 403" in text:
-        # MLflow's message says only that we are not authenticated, and points at its website.
-        text += " (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for this server)"
-    return text
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -14,21 +14,76 @@ from mlflow.tracking import get_tracking_uri
 
 from edps_mlflow import locks
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.uris import explain_store_error, redact_uri, sqlite_path
+from edps_mlflow.uris import configured_uris, redact_uri, sqlite_path, userinfo
 
 
 def describe_store_error(uri: str, error: BaseException) -> str:
-    """The one line for a store error: the store and the cause (locked, read-only, full, else its first line)."""
+    """The one line for a store error: the store and the cause (locked, read-only, full, else store_error_text)."""
     trouble = store_trouble(error)
     if trouble is not None:
         return trouble_line(uri, trouble, error)
-    message = getattr(error, "message", None) or str(error) or type(error).__name__
+    return f"tracking store {redact_uri(str(uri))}: {store_error_text(error, str(uri))}"
+
+
+def store_error_text(error: BaseException, *uris: str) -> str:
+    """What went wrong with the store (``uris``: its URI), for an error line. A missing database driver: what to
+    install. When the URI holds user information, or a codec failed (on a password), what went wrong in our words
+    and the class of its cause, unless the store itself answered: a driver's message may quote pieces of a
+    password (a host name cut from it, a character and its position). Else its first line, redacted."""
+    causes = _causes(error)
+    driver = next((cause for cause in causes if isinstance(cause, ImportError)), None)
+    package = _DRIVER_PACKAGES.get(str(getattr(driver, "name", None) or "").split(".")[0])
+    if package is not None:
+        return f"its database driver cannot be imported ({driver}): pip install {package}"
+    answered = isinstance(error, MlflowException) and len(causes) == 1  # a store's answer, not a client's failure
+    if (any(map(userinfo, (*uris, *configured_uris()))) and not answered) or \
+            any(isinstance(cause, UnicodeError) for cause in causes):
+        said = " ".join(str(cause) for cause in causes).lower()
+        words = next((words for markers, words in _CAUSE_WORDS if any(m in said for m in markers)),
+                     "the store could not be used")
+        innermost = type(causes[-1])
+        where = "" if innermost.__module__ == "builtins" else innermost.__module__ + "."
+        return f"{words} ({where}{innermost.__qualname__}; its message may quote the credentials, so it is not shown)"
+    message = getattr(error, "message", None) or str(error)
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     # Redacted before it is cut: a cut through a password would leave its start unrecognised.
-    first = redact_uri(first, str(uri))
-    if len(first) > 300:
-        first = first[:300] + "..."
-    return f"tracking store {redact_uri(str(uri))}: {explain_store_error(first)}"
+    text = redact_uri(first, *uris)
+    text = text if len(text) <= 300 else text[:300] + "..."
+    if "error code 401" in text or "error code 403" in text:
+        # MLflow's message says only that we are not authenticated, and points at its website.
+        text += " (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for this server)"
+    return text
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from or while handling, outermost first."""
+    causes: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in causes):
+        causes.append(current)
+        current = current.__cause__ or current.__context__
+    return causes
+
+
+# The package that brings each database driver SQLAlchemy imports, by the driver's module.
+_DRIVER_PACKAGES = {
+    "psycopg2": "psycopg2-binary (edps-mlflow's extra postgres: pip install -e '.[postgres]')",
+    "psycopg": "'psycopg[binary]', or write postgresql+psycopg2:// and pip install psycopg2-binary",
+    "MySQLdb": "mysqlclient, or write mysql+pymysql:// and pip install PyMySQL", "pymysql": "PyMySQL",
+    "pyodbc": "pyodbc (and Microsoft's ODBC driver for SQL Server)"}
+# What went wrong, in our words, by what the errors say (checked in this order).
+_CAUSE_WORDS = (
+    (("codec can't",), ("the user name or password holds a character the client cannot send (HTTP basic "
+                        "authentication sends latin-1 characters only)")),
+    (("password authentication failed", "access denied for user", "login failed", "error code 401"),
+     "the store refused the user name or password"),
+    (("error code 403",), "the store refused this user access (error code 403)"),
+    (("could not translate host name", "name or service not known", "nodename nor servname", "name resolution",
+      "getaddrinfo failed", "failed to resolve"), "its host name does not resolve"),
+    (("connection refused",), "its host and port refuse connections"),
+    (("does not exist", "unknown database"), "the database named in the URI does not exist"),
+    (("timed out", "timeout expired"), "it did not answer in time"),
+)
 
 
 def uri_error(uri: str, error: BaseException) -> EdpsError:
