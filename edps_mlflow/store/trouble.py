@@ -81,7 +81,7 @@ _CAUSE_WORDS = (
     (("could not translate host name", "name or service not known", "nodename nor servname", "name resolution",
       "getaddrinfo failed", "failed to resolve"), "its host name does not resolve"),
     (("connection refused",), "its host and port refuse connections"),
-    (("does not exist", "unknown database"), "the database named in the URI does not exist"),
+    (("does not exist", "unknown database"), "the database or user named in the URI does not exist"),
     (("timed out", "timeout expired"), "it did not answer in time"),
 )
 
