@@ -54,7 +54,8 @@ def userinfo_fault(uri: str) -> str | None:
     if rest.startswith("/") or not ats:  # no authority (sqlite:////a@b/mlflow.db), or no user information
         return None
     user, colon, password = rest[:ats[-1]].partition(":")
-    for part, text in (("user name", user), ("password", password)):
+    # A ':' in the password is RFC 3986's, and every client splits at the first one.
+    for part, text in (("user name", user), ("password", password.replace(":", ""))):
         left = _USERINFO_CHARACTER.sub("", text)
         fault = ("has a character that must be percent-encoded" if left.strip("%") else
                  "has a % that two hex digits do not follow" if left else None)
