@@ -365,7 +365,8 @@ class Replicator:
             words = f"reached@{outcome.steps_to_result}" if status == "reached" else status.replace("_", " ")
             tags = {n.TAG_TRIAL_KEY: trial.trial_key, n.TAG_STUDY_KEY: trained.study_key,
                     n.TAG_STUDY_FAMILY: study_family(trained), **CurveId.of(spec).tags(),
-                    n.TAG_BATCH_SIZE: str(spec.batch_size), n.TAG_SWEEP_KEY: sweep_key, n.MLFLOW_PARENT_RUN_ID: study_run_id}
+                    n.TAG_BATCH_SIZE: str(spec.batch_size), n.TAG_SWEEP_KEY: sweep_key, n.MLFLOW_PARENT_RUN_ID: study_run_id,
+                    f"{n.TAG_EPOCH_PREFIX}1": trained.study_key}  # the template's trial runs carry epoch 1 of theirs
             params = {k: v for k, v in copied.params.items() if k not in self._metaparameter_names(copied)}
             params.update({k: _display(v) for k, v in point.items()})
             params.update({n.PARAM_SEED: str(trial.init_seed), n.PARAM_TRIAL_INDEX: str(index),
