@@ -183,12 +183,13 @@ def _repair(client: StoreClient, experiment_id: str, name: str, facts: list[RunF
             out: TextIO) -> None:
     """Mark FAILED the runs of dead owners and the trial runs finished after their lease was lost (older versions),
     end the sweep runs whose end was rewritten as their owner did, and complete the study index."""
+    late = ("finished after its lease was lost: not a measurement this store trusts (marked FAILED by edps doctor "
+            "--repair)")
     for runs, reason, why in (
-            (expired(facts, lease, time.time()), expired_reason(lease), "owner gone"),
-            (finished_after_lease_lost(facts), "finished after its lease was lost: not a measurement this store "
-             "trusts (marked FAILED by edps doctor --repair)", "finished after its lease was lost")):
-        mark_dead(client, [f.run_id for f in runs], reason)
+            (expired(facts, lease, time.time()), lambda f: expired_reason(lease, f.owner), "owner gone"),
+            (finished_after_lease_lost(facts), lambda f: late, "finished after its lease was lost")):
         for fact in runs:
+            mark_dead(client, [fact.run_id], reason(fact))
             print(f"{name}: repaired: {fact.kind} run {fact.run_id} marked FAILED ({why})", file=out)
     for fact, status, end_time in rewritten_sweep_ends(facts):
         if end_time is None:

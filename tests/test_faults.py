@@ -92,8 +92,8 @@ def test_the_same_study_three_times_at_once_trains_once(tmp_path):
     # the winner finished ("already done"), and stops with one line while another run is live: when the
     # waiting one wins, both plain ones stop.
     assert codes[2] == 0, outputs[2][1][-2000:]
-    assert set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs)]
-    for code, (_, stderr) in zip(codes, outputs):
+    assert set(codes) <= {0, 2}, [(c, err[-800:]) for c, (_, err) in zip(codes, outputs, strict=True)]
+    for code, (_, stderr) in zip(codes, outputs, strict=True):
         if code == 2:  # one error line; a wait for the new store's creation lock may have been said before it
             lines = [line for line in stderr.strip().splitlines() if not line.startswith("edps-mlflow: waiting up to")]
             assert len(lines) == 1 and "live run" in stderr and "--wait" in stderr, stderr
@@ -212,6 +212,24 @@ def test_doctor_reports_each_broken_invariant_and_repairs_expired_runs(sqlite_st
     assert client.get_run(live_study.info.run_id).info.status == "RUNNING"  # a live lease is left alone
     assert client.get_run(late_trial).info.status == client.get_run(flipped_trial).info.status == "FAILED"
     assert client.get_run(overwritten_sweep).info.status == "FINISHED"
+
+
+def test_doctor_repair_says_that_a_runs_owner_exited(sqlite_store, tmp_path):
+    """A study run whose owner process on this machine exited, its heartbeat still fresh, is repaired with that
+    reason, as the next command marks it (before: "no heartbeat for more than the lease", which was not so)."""
+    owner = subprocess.run([sys.executable, "-c", "from edps_mlflow.store.ownership.owner import owner_tag; "
+                            "print(owner_tag())"], env=clean_environment(PYTHONPATH=str(REPO)), capture_output=True,
+                           text=True, check=True).stdout.strip()
+    client = MlflowClient(sqlite_store)
+    experiment_id = client.create_experiment("doctor-owner")
+    run_id = client.create_run(experiment_id, tags={"edps.kind": "study", "edps.study_key": "k1",
+                                                    "edps.heartbeat": f"{time.time():.3f}",
+                                                    "edps.owner_process": owner}).info.run_id
+    result = run_edps(["doctor", "--experiment", "doctor-owner", "--repair"], cwd=tmp_path,
+                      MLFLOW_TRACKING_URI=sqlite_store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED", result.stdout + result.stderr
+    assert "exited" in run.data.tags["edps.error"], run.data.tags["edps.error"]
 
 
 def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch, capsys):

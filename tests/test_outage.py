@@ -83,7 +83,8 @@ def test_a_sweep_that_gives_up_names_every_run_it_left_running(tmp_path):
         running = [r.info.run_id for r in _runs(url) if r.info.status == "RUNNING"]
         # Each run left RUNNING is named, with what becomes of it; the others were marked.
         assert all(run_id in lines[0] for run_id in running), (running, lines[0])
-        assert not running or "could not mark" in lines[0], lines[0]
+        # One clause, though the study's worker named its runs before the sweep added its own.
+        assert not running or lines[0].count("could not mark") == 1, lines[0]
         assert {r.info.status for r in _runs(url)} <= {"RUNNING", "FAILED", "FINISHED"}
     finally:
         stop_process(server)

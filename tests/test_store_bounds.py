@@ -247,3 +247,16 @@ def test_a_store_that_does_not_answer_ends_the_command_within_the_bound_from_its
         if case != "server refused":  # MLflow's own retries give up first, with their error
             assert f"did not answer within {FIRST_ANSWER_SECONDS:g} s of the command's start" in line, (case, line)
         print(f"{case}: one line after {ended[case]:.1f} s from the command's start")
+
+
+def test_a_workers_first_connection_to_a_database_is_bounded_as_an_outage(tmp_path):
+    """A worker (a study of a sweep) connects after its command reached the store: a database away then is an
+    outage, waited for up to EDPS_OUTAGE_SECONDS like every other call in the middle of work (main: 20 s, so a
+    sweep's next study failed within 20 s of an outage the sweep itself rode out)."""
+    uri = f"postgresql+psycopg2://edps:secret@127.0.0.1:{_free_port()}/mlflow"
+    worker = _Command([sys.executable, "-c", f"from edps_mlflow.store.client import connect; connect({uri!r})"],
+                      tmp_path, EDPS_OUTAGE_SECONDS="3")
+    _, seconds = worker.finish(timeout=60)
+    line = worker.lines[-1][1] if worker.lines else ""
+    assert "did not answer within 3 s (EDPS_OUTAGE_SECONDS)" in line and "secret" not in line, worker.lines
+    assert seconds < 15, seconds

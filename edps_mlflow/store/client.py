@@ -28,12 +28,11 @@ from edps_mlflow.process_settings import OUTAGE_VARIABLE, outage_seconds, proces
 from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
-from edps_mlflow.store.trouble import is_disk_error, uri_error
+from edps_mlflow.store.trouble import StoreTrouble, is_disk_error, store_trouble, uri_error
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path
 
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
 # dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
-_LOCKED_MARKERS = ("database is locked", "database table is locked")
 _UNREACHABLE_MARKERS = ("connection reset", "connection aborted", "connection refused", "connection broken",
                         "max retries exceeded", "remote end closed", "timed out", "temporarily unavailable",
                         "too many requests", "internal server error", "bad gateway", "service unavailable",
@@ -67,7 +66,7 @@ def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: st
         except (MlflowException, OSError) as error:
             text, attempt = str(error).lower(), attempt + 1
             pause = min(8.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
-            if any(marker in text for marker in _LOCKED_MARKERS):
+            if store_trouble(error) is StoreTrouble.LOCKED:
                 if attempt >= attempts:
                     raise
             elif not any(marker in text for marker in _UNREACHABLE_MARKERS) or attempts == 1:
@@ -123,13 +122,13 @@ class StoreClient:
 
 
 def connect(tracking_uri: str | None = None) -> StoreClient:
-    """A client of the store, resolved once, retrying blips. An unknown scheme, a retired backend or a missing
-    database driver is one line; a database that does not answer is given up within
-    :data:`FIRST_ANSWER_SECONDS` (require_database)."""
+    """A client of the store, resolved once, retrying blips, for a worker of a command that reached the store. An
+    unknown scheme, a retired backend or a missing database driver is one line; a database that does not answer is
+    an outage, waited for up to :func:`outage_seconds` (require_database)."""
     uri = resolve_tracking_uri(tracking_uri)
     quiet_links_with_credentials(uri)
     route_library_logs()
-    require_database(uri, Deadline.from_now())
+    require_database(uri, Deadline.of_outage())
     try:
         return StoreClient(uri)
     except (MlflowException, ImportError) as error:
@@ -196,9 +195,10 @@ class Deadline:
                    f"within {_LEAST_SECONDS:g} s of the first request, made {age:.0f} s after the command's start")
 
     @classmethod
-    def from_now(cls) -> Deadline:
-        """For a worker's connection, made long after its process started."""
-        return cls(time.monotonic() + FIRST_ANSWER_SECONDS, f"within {FIRST_ANSWER_SECONDS:g} s")
+    def of_outage(cls) -> Deadline:
+        """For a worker's connection, in the middle of its command's work: the store was there."""
+        bound = outage_seconds()
+        return cls(time.monotonic() + bound, f"within {bound:g} s ({OUTAGE_VARIABLE})")
 
 
 def _answered_by(deadline: Deadline, action: Callable[[], object]) -> bool:

@@ -135,17 +135,13 @@ def is_disk_error(error: BaseException) -> bool:
 def store_trouble(error: BaseException) -> StoreTrouble | None:
     """Locked, read-only or full, when ``error`` (or an error it was raised from) says so: MLflow wraps
     SQLAlchemy's error, which wraps sqlite's, and SQLAlchemy's first line may be a hint about autoflush."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _TROUBLE_ERRNOS:
-            return _TROUBLE_ERRNOS[current.errno]
-        text = str(current).lower()
+    for cause in _causes(error):
+        if isinstance(cause, OSError) and cause.errno in _TROUBLE_ERRNOS:
+            return _TROUBLE_ERRNOS[cause.errno]
+        text = str(cause).lower()
         for trouble, markers in _TROUBLE_MARKERS.items():
             if any(marker in text for marker in markers):
                 return trouble
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -112,7 +112,8 @@ class OwnedRun:
     def _lost(self, why: str) -> LeaseLost:
         return LeaseLost(f"{self.label}: run {self.run_id} lost its lease ({why} while this process was stalled, "
                          f"or waited for the store, longer than the lease of {lease_seconds():g} s); its work was "
-                         f"taken over, and nothing it wrote since counts (raise {LEASE_VARIABLE} on machines that stall)")
+                         f"taken over, and nothing it wrote since counts (raise {LEASE_VARIABLE} on machines that "
+                         "stall)")
 
     def finish(self) -> None:
         """FINISHED, if still ours (else :class:`LeaseLost`, and nothing written)."""
@@ -157,9 +158,15 @@ class OwnedRun:
         return unmarked
 
 
-def left_running(run_ids: list[str]) -> str:
-    """What an abort could not mark, for the end of its error line."""
-    return (f"could not mark {len(run_ids)} runs FAILED either ({', '.join(run_ids)}): they stay RUNNING "
+_LEFT_RUNNING = "; could not mark "
+
+
+def left_running(line: str, run_ids: list[str]) -> str:
+    """``line`` ending with what an abort could not mark: ``run_ids``, and those that ``line`` names already (a
+    sweep's, from its worker's study), in one clause."""
+    line, _, named = line.partition(_LEFT_RUNNING)
+    run_ids = [*(named.split("(", 1)[1].split(")", 1)[0].split(", ") if named else []), *run_ids]
+    return (f"{line}{_LEFT_RUNNING}{len(run_ids)} runs FAILED either ({', '.join(run_ids)}): they stay RUNNING "
             f"until the next command takes them over, at once on this machine (their process has exited), "
             f"elsewhere after the lease of {lease_seconds():g} s")
 
@@ -181,7 +188,7 @@ def abort_guard(owned: OwnedRun, open_runs: Callable[[], list[str]] = list,
             uri = str(owned.client.tracking_uri)
             line = str(error) if isinstance(error, EdpsError) else store_error_line(error, uri)
             if line is not None:
-                raise EdpsError(f"{line}; {left_running(unmarked)}") from None
+                raise EdpsError(left_running(line, unmarked)) from None
         raise
     finally:
         if cleanup:
