@@ -20,7 +20,10 @@ from typing import Iterator, MutableMapping
 
 from edps_mlflow.errors import EdpsError
 
-CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+# One retry, at once (urllib3 waits before the second only): every store call in the middle of work retries for
+# itself (store/client.py call_store), so that an outage is said and bounded by EDPS_OUTAGE_SECONDS, not hidden in
+# MLflow's own backoff; a request to a server that never answers takes 20 s, longer than a first answer's bound.
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
                    "PGCONNECT_TIMEOUT": "10"}
 LOG_FILE_VARIABLE = "EDPS_LOG_FILE"
 OUTAGE_VARIABLE = "EDPS_OUTAGE_SECONDS"

@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, clean_environment, edps_here, run_edps
+from edps_mlflow.errors import EdpsError
 
 EDPS = [sys.executable, "-c", "from edps_mlflow.cli import main; main()"]
 SMALL_STUDY = ["study", "--trials", "1", "--goal-error", "0.06", "--max-steps", "200", "--check-interval", "20",
@@ -255,9 +256,10 @@ def test_transient_store_errors_are_retried_and_others_are_not(monkeypatch, caps
     with pytest.raises(MlflowException):
         store.call_store(lambda: (_ for _ in ()).throw(MlflowException("RESOURCE_DOES_NOT_EXIST: no run")))
     always, clock[0] = [], 0.0
-    with pytest.raises(MlflowException):
+    with pytest.raises(EdpsError, match=r"unreachable for 30 s, longer than EDPS_OUTAGE_SECONDS=30 \(set it higher "
+                       r"to wait longer\): API request failed: Max retries exceeded with url$"):  # our words
         store.call_store(lambda: always.append(1) or (_ for _ in ()).throw(
-            MlflowException("API request failed: Max retries exceeded with url")))
+            MlflowException("API request failed: Max retries exceeded with url")), uri="http://127.0.0.1:1")
     assert clock[0] == 30 and len(always) > store.STORE_ATTEMPTS  # the pauses end at the bound
     said = capsys.readouterr().out.strip().splitlines()
     assert len(said) == 1 and said[0].startswith("waiting for tracking store ") and "up to 30 s" in said[0], said

@@ -28,7 +28,7 @@ from edps_mlflow.process_settings import OUTAGE_VARIABLE, outage_seconds, proces
 from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
-from edps_mlflow.store.trouble import StoreTrouble, is_disk_error, store_trouble, uri_error
+from edps_mlflow.store.trouble import StoreTrouble, is_disk_error, store_error_text, store_trouble, uri_error
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path
 
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
@@ -57,7 +57,8 @@ def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
 def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: str = "") -> _T:
     """``action()``, tried again with bounded, jittered backoff while it fails transiently: ``attempts`` times
     while the store is locked, and up to :func:`outage_seconds` from the call's start while it is unreachable
-    (one line on stdout once that passes :data:`WAIT_SAID_AFTER`). ``attempts=1``: tried once, never waited."""
+    (one line on stdout once that passes :data:`WAIT_SAID_AFTER`; past it, an EdpsError naming the setting).
+    ``attempts=1``: tried once, never waited."""
     started, attempt, said = time.monotonic(), 0, False
     while True:
         try:
@@ -72,14 +73,17 @@ def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: st
             elif not any(marker in text for marker in _UNREACHABLE_MARKERS) or attempts == 1:
                 raise
             else:
-                waited, bound = time.monotonic() - started, outage_seconds()
+                # Counted from the call's start: a try's own time (a request that timed out) is part of the wait.
+                waited, bound, where = time.monotonic() - started, outage_seconds(), uri or get_tracking_uri()
                 if waited >= bound:
-                    raise
+                    raise EdpsError(f"tracking store {redact_uri(where)} unreachable for {waited:.0f} s, longer "
+                                    f"than {OUTAGE_VARIABLE}={bound:g} (set it higher to wait longer): "
+                                    f"{store_error_text(error, where)}") from error
                 pause = min(pause, bound - waited)
                 if not said and waited + pause >= WAIT_SAID_AFTER:
                     said = True
-                    print(f"waiting for tracking store {redact_uri(uri or get_tracking_uri())}, unreachable "
-                          f"for {waited:.0f} s, up to {bound:g} s ({OUTAGE_VARIABLE})", flush=True)
+                    print(f"waiting for tracking store {redact_uri(where)}, unreachable for {waited:.0f} s, up to "
+                          f"{bound:g} s ({OUTAGE_VARIABLE})", flush=True)
             time.sleep(pause)
 
 

@@ -30,7 +30,8 @@ from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.results import RunState
 from edps_mlflow.store.client import StoreClient, log_batch
 from edps_mlflow.store.experiment import index_study_run
-from edps_mlflow.store.ownership.lease import LEASE_VARIABLE, OwnedRun, expired_reason, heartbeat_tags, lease_seconds
+from edps_mlflow.store.ownership.lease import (LEASE_VARIABLE, OwnedRun, abort_guard, expired_reason, heartbeat_tags,
+                                              lease_seconds)
 from edps_mlflow.store.read.fence import next_epoch
 from edps_mlflow.store.read.runs import LeasedRun, expired_runs, get_leased, keyed_runs
 from edps_mlflow.store.trouble import describe_store_error
@@ -111,18 +112,20 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
         else:
             token, epoch = uuid.uuid4().hex if rules.tokens else None, next_epoch(runs)
             run_id = create(token, epoch)
-            if own is not None:
-                _require_running(client, own)
-            rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
-            if rival is None:
-                # A rival that took an earlier start time but was descheduled before its run reached the store (a
-                # loaded machine) is not visible yet, and finds ours later than its own: both would train. Look
-                # once more after such a delay; the later of the two then gives way, whoever looks.
-                time.sleep(_SETTLE_SECONDS)
+            owned = OwnedRun(client, run_id, token, rules.label, epoch)
+            with abort_guard(owned):  # our new run exists: a store failing from here on marks or names it
+                if own is not None:
+                    _require_running(client, own)
                 rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
-            if rival is None:
-                return Claim(owned=OwnedRun(client, run_id, token, rules.label, epoch))
-            (give_way or (lambda mine, winner: yield_run(client, mine, winner.run_id)))(run_id, rival)
+                if rival is None:
+                    # A rival that took an earlier start time but was descheduled before its run reached the store
+                    # (a loaded machine) is not visible yet, and finds ours later than its own: both would train.
+                    # Look once more after such a delay; the later of the two then gives way, whoever looks.
+                    time.sleep(_SETTLE_SECONDS)
+                    rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)
+                if rival is None:
+                    return Claim(owned=owned)
+                (give_way or (lambda mine, winner: yield_run(client, mine, winner.run_id)))(run_id, rival)
             own = None
         if rules.on_live is OnLive.WATCH:
             return Claim(busy=rival)
