@@ -30,7 +30,7 @@ from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LA
 from edps_mlflow import names as n
 from edps_mlflow.cli_options import ExperimentName, FiniteRange
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.process_settings import configure_process, log_note, store_errors_in_one_line
+from edps_mlflow.process_settings import configure_process, end_with, log_note, store_errors_in_one_line
 from edps_mlflow.uris import require_encoded_userinfo
 
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         except EdpsError as error:
             click.echo(f"edps-analyze: error: {error}{log_note()}", err=True)
-            sys.exit(2)
+            end_with(error, own_process=argv is None)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,15 @@ def _client(tracking_uri: str | None):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from edps_mlflow.store.client import require_database, resolve_tracking_uri
+    from edps_mlflow.store.client import require_answer, resolve_tracking_uri
     from edps_mlflow.store.logs import route_library_logs
 
     uri = resolve_tracking_uri(tracking_uri)
     require_existing_store(uri)
     quiet_links_with_credentials(uri)
     route_library_logs()  # MLflow's logged tracebacks to the command's log file, off the terminal
-    require_database(uri)  # a database that does not answer: one line within seconds, not 100 s of retries
     try:
+        require_answer(uri)  # a server or database that does not answer: one line within its bound, not a minute
         return MlflowClient(uri)
     except (MlflowException, ImportError) as error:
         raise _store_error(uri, error) from None

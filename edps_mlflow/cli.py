@@ -23,7 +23,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.interrupts import raise_interrupt
 from edps_mlflow.mlproject import ProjectLaunch
-from edps_mlflow.process_settings import (configure_process, launcher_run_id, log_note, outage_seconds,
+from edps_mlflow.process_settings import (configure_process, end_with, launcher_run_id, log_note, outage_seconds,
                                           store_errors_in_one_line)
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
@@ -275,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         except EdpsError as error:
             click.echo(f"edps: error: {error}{log_note()}", err=True)
-            _mark_launcher_run(str(error))
-            sys.exit(error.exit_code)
+            if not error.ends_at_once:  # a store that did not answer is not asked again
+                _mark_launcher_run(str(error))
+            end_with(error, own_process=argv is None)
 
 
 def _mark_launcher_run(message: str) -> None:

@@ -9,6 +9,7 @@ unreachable in the middle of work (``EDPS_OUTAGE_SECONDS``), the lease of runs a
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -16,7 +17,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, MutableMapping
+from typing import Iterator, MutableMapping, NoReturn
 
 from edps_mlflow.errors import EdpsError
 
@@ -107,6 +108,17 @@ def process_age() -> float:
 def launcher_run_id() -> str | None:
     """The run id that ``mlflow run`` passes to its entry point (``MLFLOW_RUN_ID``), if any."""
     return os.environ.get("MLFLOW_RUN_ID") or None
+
+
+def end_with(error: EdpsError, own_process: bool) -> NoReturn:
+    """Exit with the error's code, once its line is printed; at once for an error that ``ends_at_once`` (the bound
+    its line states includes the command's end) in a process of its own, not inside another program (a test)."""
+    if error.ends_at_once and own_process:
+        logging.shutdown()  # the command's log file, flushed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(error.exit_code)
+    sys.exit(error.exit_code)
 
 
 @contextmanager

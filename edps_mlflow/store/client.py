@@ -147,13 +147,7 @@ def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreCl
     route_library_logs()
     try:
         if sqlite_path(uri) is None:
-            deadline = Deadline.of_command()
-            require_database(uri, deadline)
-            client = MlflowClient(uri)
-            # MLflow's own timeouts and retries are per request and add up to a minute against a server that
-            # accepts and never answers: the deadline holds from the command's start.
-            if not _answered_by(deadline, lambda: client.search_experiments(max_results=1)):
-                raise _no_answer(uri, deadline, None)
+            require_answer(uri)
             created = None
         else:
             # Before any client: making an MlflowClient of a sqlite store already creates and migrates it.
@@ -171,13 +165,14 @@ def open_store(tracking_uri: str | None = None, writes: bool = False) -> StoreCl
 
 # ---- a store's first answer, bounded from the command's start ---------------------------------------------
 FIRST_ANSWER_SECONDS = 20.0  # a command whose store (server or database) has not answered by then ends
-_LEAST_SECONDS = 10.0  # the first request's time at least, when the command took long to make it
-_EXIT_SECONDS = 4.0  # of the bound, kept for the command's own end: its line, the interpreter's teardown
+_LEAST_SECONDS = 10.0  # from a late first request to the command's end
+_EXIT_SECONDS = 4.0  # of the bound, kept for the command's own end (its line; NoAnswer skips the teardown)
 _DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 # A database restarting answers these for a few seconds; anything else (a wrong password) is an answer.
 _NOT_YET_MARKERS = ("connection refused", "timeout expired", "timed out", "could not connect", "starting up",
                     "server closed the connection", "can't connect", "lost connection", "connection reset")
 _reached_databases: set[str] = set()
+_answered: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -189,13 +184,14 @@ class Deadline:
 
     @classmethod
     def of_command(cls) -> Deadline:
-        """:data:`FIRST_ANSWER_SECONDS` from the command's start, or :data:`_LEAST_SECONDS` from now when less is
-        left (a command that loaded a large data set before it asked the store)."""
+        """The command ends by :data:`FIRST_ANSWER_SECONDS` from its start, or by :data:`_LEAST_SECONDS` from now
+        when it asks later than that allows (a command that loaded torch and its data, under load); the store has
+        until :data:`_EXIT_SECONDS` before that end to answer."""
         age = process_age()
-        left = FIRST_ANSWER_SECONDS - _EXIT_SECONDS - age
-        if left >= _LEAST_SECONDS:
-            return cls(time.monotonic() + left, f"within {FIRST_ANSWER_SECONDS:g} s of the command's start")
-        return cls(time.monotonic() + _LEAST_SECONDS,
+        if age + _LEAST_SECONDS <= FIRST_ANSWER_SECONDS:
+            return cls(time.monotonic() + FIRST_ANSWER_SECONDS - _EXIT_SECONDS - age,
+                       f"within {FIRST_ANSWER_SECONDS:g} s of the command's start")
+        return cls(time.monotonic() + _LEAST_SECONDS - _EXIT_SECONDS,
                    f"within {_LEAST_SECONDS:g} s of the first request, made {age:.0f} s after the command's start")
 
     @classmethod
@@ -203,6 +199,27 @@ class Deadline:
         """For a worker's connection, in the middle of its command's work: the store was there."""
         bound = outage_seconds()
         return cls(time.monotonic() + bound, f"within {bound:g} s ({OUTAGE_VARIABLE})")
+
+
+class NoAnswer(EdpsError):
+    """A store that did not answer by its deadline: the command ends at once after its line (a request may be left
+    waiting in a thread, and the interpreter's teardown takes seconds with torch loaded, more under load)."""
+
+    ends_at_once = True
+
+
+def require_answer(uri: str) -> None:
+    """A server or database store's first answer by :meth:`Deadline.of_command`, else one line (:class:`NoAnswer`);
+    once per store and process. MLflow's own timeouts and retries are per request and add up to a minute against
+    a server that accepts and never answers. A sqlite store answers: its file is here."""
+    if uri in _answered or sqlite_path(uri) is not None:
+        return
+    deadline = Deadline.of_command()
+    require_database(uri, deadline)
+    client = MlflowClient(uri)
+    if not _answered_by(deadline, lambda: client.search_experiments(max_results=1)):
+        raise _no_answer(uri, deadline, None)
+    _answered.add(uri)
 
 
 def _answered_by(deadline: Deadline, action: Callable[[], object]) -> bool:
@@ -227,18 +244,18 @@ def _answered_by(deadline: Deadline, action: Callable[[], object]) -> bool:
     return True
 
 
-def _no_answer(uri: str, deadline: Deadline, error: BaseException | None) -> EdpsError:
+def _no_answer(uri: str, deadline: Deadline, error: BaseException | None) -> NoAnswer:
     cause = ""
     if error is not None:
         cause = f" ({redact_uri(str(getattr(error, 'orig', None) or error).strip().splitlines()[0], uri)})"
-    return EdpsError(f"tracking store {redact_uri(uri)} did not answer {deadline.bound}{cause}; check that it runs "
-                     "and listens there, then run the same command again")
+    return NoAnswer(f"tracking store {redact_uri(uri)} did not answer {deadline.bound}{cause}; check that it runs "
+                    "and listens there, then run the same command again")
 
 
-def require_database(uri: str, deadline: Deadline | None = None) -> None:
-    """For a database store: one connection made by ``deadline`` (by default :meth:`Deadline.of_command`), else one
-    line. MLflow's own first connection tries for about 100 s, and minutes on a port that drops packets; libpq
-    waits its connect timeout once for each address of a host."""
+def require_database(uri: str, deadline: Deadline) -> None:
+    """For a database store: one connection made by ``deadline``, else one line. MLflow's own first connection
+    tries for about 100 s, and minutes on a port that drops packets; libpq waits its connect timeout once for each
+    address of a host."""
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
     if scheme not in _DATABASE_SCHEMES or uri in _reached_databases:
         return
@@ -249,7 +266,6 @@ def require_database(uri: str, deadline: Deadline | None = None) -> None:
         url = sqlalchemy.engine.make_url(uri)
     except sqlalchemy.exc.ArgumentError as error:
         raise uri_error(uri, error) from None
-    deadline = deadline or Deadline.of_command()
     refusals: list[BaseException] = []
 
     def connect_when_up() -> None:
