@@ -259,7 +259,8 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
         rules = ClaimRules(
             kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
             finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
-            clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None)
+            clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None,
+            indexed=True)
         claimed = claim_launched(client, experiment_id, rules, lambda token, epoch, launched: create_study_run(
             client, experiment_id, spec, options.parent_run_id, options.sweep_key, launched, epoch=epoch),
                                  out, launcher)

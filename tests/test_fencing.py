@@ -201,10 +201,12 @@ def test_a_sweep_woken_after_another_finished_its_grid_writes_nothing_to_its_run
 
 # ---- the rules of every reader, on writes made in each order (fast: no training, a sqlite store) ------------
 def _tracker(client, experiment_id: str, spec, epoch: int):
+    from edps_mlflow.store.experiment import index_study_run
     from edps_mlflow.store.ownership.lease import OwnedRun
     from edps_mlflow.store.write.study import StudyTracker, create_study_run
 
     run_id = create_study_run(client, experiment_id, spec, epoch=epoch)
+    index_study_run(client, run_id)  # as its claim does
     return StudyTracker(client, experiment_id, OwnedRun(client, run_id, None, "study", epoch), None, spec.study_key)
 
 

@@ -21,7 +21,7 @@ from edps_mlflow.store.index import RunDataView, RunInfoView, RunView, entry_of
 from edps_mlflow.store.ownership.lease import OwnedRun
 from edps_mlflow.store.read.doctor import CLOCK_MARGIN_MS, doctor_read
 from edps_mlflow.store.read.runs import keyed_runs, study_runs, trial_runs_finished
-from edps_mlflow.store.experiment import resolve_experiment
+from edps_mlflow.store.experiment import index_study_run, resolve_experiment
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
 from conftest import run_edps
 
@@ -33,8 +33,10 @@ def _spec(batch_size: int) -> StudySpec:
 
 
 def _study(client: StoreClient, experiment_id: str, spec: StudySpec) -> StudyTracker:
-    """A study run as a study makes it (create_study_run), owned by this process (no lease renewal)."""
+    """A study run as a study makes it (create_study_run, then its claim indexes it), owned by this process (no
+    lease renewal)."""
     run_id = create_study_run(client, experiment_id, spec, epoch=1)
+    index_study_run(client, run_id)
     return StudyTracker(client, experiment_id, OwnedRun(client, run_id, None, f"study {spec.batch_size}"), None,
                         spec.study_key)
 
@@ -348,7 +350,7 @@ def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_win
         threading.Thread(target=late_rival).start()
         return run_id
 
-    rules = ClaimRules(kind=n.KIND_STUDY, key=spec.study_key, label="study 64", on_live=OnLive.REFUSE)
+    rules = ClaimRules(kind=n.KIND_STUDY, key=spec.study_key, label="study 64", on_live=OnLive.REFUSE, indexed=True)
     with pytest.raises(EdpsError, match="not starting a duplicate"):
         claim(client, experiment_id, rules, create, io.StringIO())
     runs = keyed_runs(client, experiment_id, n.KIND_STUDY, spec.study_key)

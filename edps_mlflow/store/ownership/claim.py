@@ -65,6 +65,7 @@ class ClaimRules:
     # RUNNING once we start, and it gives up its kind when the study is done already.
     own_run_id: str | None = None
     tokens: bool = False  # the runs carry an owner token (those that can be resumed)
+    indexed: bool = False  # study runs: in the study index from their first moment (RUNNING until they end)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ def claim(client: StoreClient, experiment_id: str, rules: ClaimRules, create: Ca
             run_id = create(token, epoch)
             owned = OwnedRun(client, run_id, token, rules.label, epoch)
             with abort_guard(owned):  # our new run exists: a store failing from here on marks or names it
+                if rules.indexed:
+                    index_study_run(client, run_id)
                 if own is not None:
                     _require_running(client, own)
                 rival = earlier_live_rival(client, experiment_id, rules.kind, rules.key, run_id, lease)

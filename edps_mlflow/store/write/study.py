@@ -40,12 +40,9 @@ def create_study_run(client: StoreClient, experiment_id: str, spec: StudySpec, p
                      sweep_key: str | None = None, launcher_run_id: str | None = None, *, epoch: int) -> str:
     """The study run's id, with its kind, keys, epoch (read/fence.py) and a fresh heartbeat from its first moment:
     the run that ``mlflow run`` made for us (``launcher_run_id``), else a new run; nested under ``parent_run_id``
-    (a sweep's)."""
+    (a sweep's). Its claim enters it in the study index, under the abort guard (ClaimRules.indexed)."""
     tags = {**_study_run_tags(spec, parent_run_id, sweep_key), n.TAG_EPOCH: str(epoch)}
-    run_id = create_run(client, experiment_id, tags, launcher_run_id)
-    # In the index from its first moment (RUNNING: readers look at it in the store until it ends).
-    index_study_run(client, run_id)
-    return run_id
+    return create_run(client, experiment_id, tags, launcher_run_id)
 
 
 def create_submitted_run(client: StoreClient, experiment_id: str, spec: StudySpec, sweep_run_id: str,
