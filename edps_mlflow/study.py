@@ -201,7 +201,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     if isinstance(claimed, StudyOutcome):
         return claimed
     tracker = claimed
-    with abort_guard(tracker.owned, lambda: list(tracker.trial_runs.values()), tracker.close):
+    with abort_guard(tracker.owned, tracker.open_trial_runs, tracker.close):
         tracker.owned.start_heartbeat()
         if options.system_metrics:
             tracker.start_system_metrics()

@@ -355,3 +355,27 @@ def test_a_rival_run_that_reaches_the_store_late_with_an_earlier_start_still_win
         claim(client, experiment_id, rules, create, io.StringIO())
     runs = keyed_runs(client, experiment_id, n.KIND_STUDY, spec.study_key)
     assert [r.run_id for r in live_runs(runs, 120.0)] == rival  # ours gave way
+
+
+class _InterruptedOnReturn(StoreClient):
+    """A real client whose run creation is interrupted as it returns: what a Ctrl-C that a store call deferred to
+    its end does (the run exists in the store, and its id never reaches the caller)."""
+
+    def create_run(self, *args, **kwargs):
+        super().__getattr__("create_run")(*args, **kwargs)
+        raise KeyboardInterrupt
+
+
+def test_a_trial_run_whose_creation_an_interrupt_cut_off_is_marked_too(sqlite_store):
+    from edps_mlflow.config import TrialSpec
+    from edps_mlflow.store.ownership.lease import abort_guard
+
+    client = StoreClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "cut-off")
+    spec = _spec(16)
+    tracker = _study(client, experiment_id, spec)
+    tracker.client = _InterruptedOnReturn(sqlite_store)
+    with pytest.raises(KeyboardInterrupt), abort_guard(tracker.owned, tracker.open_trial_runs, tracker.close):
+        tracker.start_trial(TrialSpec(spec, 0, {"learning_rate": 0.1}), None)
+    runs = client.search_runs([experiment_id], f"tags.`{n.TAG_KIND}` != 'study_index'")
+    assert sorted((r.data.tags[n.TAG_KIND], r.info.status) for r in runs) == [("study", "KILLED"), ("trial", "KILLED")]

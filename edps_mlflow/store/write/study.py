@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -22,10 +23,11 @@ from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import (provenance_tags, pruning_params, study_description, study_run_name, study_tags,
                                       trial_outcome, trial_run_name)
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.filters import filter_string
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, RunState, ScoreSource, StudyOutcome, TrialOutcome,
                                   TrialResult, TrialStatus, encode_trial_outcomes, trial_steps_lower_bound)
-from edps_mlflow.store.client import StoreClient, log_batch, log_text
+from edps_mlflow.store.client import StoreClient, log_batch, log_text, search_all
 from edps_mlflow.store.experiment import create_run, index_study_run
 from edps_mlflow.store.index import MAX_TAG_VALUE
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
@@ -164,6 +166,7 @@ class StudyTracker:
         self.client, self.experiment_id, self.owned, self.sweep_key = client, experiment_id, owned, sweep_key
         self.study_key = study_key  # the study run's (a study that probes its best trial: not its trials')
         self.trial_runs: dict[int, str] = {}
+        self._creating: str | None = None  # the trial key of a trial run being created (open_trial_runs)
         self.trial_specs: dict[int, TrialSpec] = {}
         self.trial_runs_finished = 0  # METRIC_TRIAL_RUNS_FINISHED: the trial runs this study run finished
         self._monitor: Any = None
@@ -268,6 +271,19 @@ class StudyTracker:
         # After FINISHED, never before: an entry claims only what the store holds (index.py).
         index_study_run(self.client, self.study_run_id)
 
+    def open_trial_runs(self) -> list[str]:
+        """The trial runs to mark when the study stops: those it holds, and one whose creation the stop cut off
+        after the store made it (an interrupt deferred to the end of a store call is raised before its id is kept),
+        found by its key."""
+        runs = list(self.trial_runs.values())
+        if self._creating is not None:
+            with suppress(Exception):  # best effort: the owner's exit covers a run not found
+                conditions = filter_string(tags={n.TAG_TRIAL_KEY: self._creating,
+                                                 n.MLFLOW_PARENT_RUN_ID: self.study_run_id}, status="RUNNING")
+                runs += [run.info.run_id for run in search_all(self.client.without_retries(), self.experiment_id,
+                                                               conditions) if run.info.run_id not in runs]
+        return runs
+
     def close(self) -> None:
         """Stop the system-metrics monitor and remove the scratch folder (every artifact is in the store)."""
         if self._monitor is not None:
@@ -286,11 +302,13 @@ class StudyTracker:
                 f"{n.TAG_EPOCH_PREFIX}{self.owned.epoch}": self.study_key}
         if self.sweep_key:
             tags[n.TAG_SWEEP_KEY] = self.sweep_key
+        self._creating = trial.trial_key
         run = self.client.create_run(self.experiment_id, tags={
             **tags, **provenance_tags(), n.MLFLOW_PARENT_RUN_ID: self.study_run_id,
             n.MLFLOW_RUN_NAME: trial_run_name(trial)})
         run_id = run.info.run_id
         self.trial_runs[trial.index] = run_id
+        self._creating = None
         self.trial_specs[trial.index] = trial
         params = {**trial.metaparameters, n.PARAM_SEED: trial.init_seed, n.PARAM_TRIAL_INDEX: trial.index,
                   n.PARAM_BATCH_SIZE: spec.batch_size, n.PARAM_SPARSITY: spec.sparsity,
