@@ -443,8 +443,11 @@ class Replicator:
                    n.METRIC_PLAN_PREFIX + "done": 0, n.METRIC_PLAN_PREFIX + "partial": 0,
                    n.METRIC_STUDIES_DONE: len(studies),
                    n.METRIC_STUDIES_WITH_RESULT: sum(1 for s in studies if s["steps"] is not None)}
+        # Its owner's end, as a sweep records it under its owner token (the template's token, this copy's time).
+        token = source.tags.get(n.TAG_LEASE_OWNER, "")
         self._run(source, sweep_run_id, start, f"sweep {spec.workload} {len(studies)} studies",
-                  {n.TAG_SWEEP_KEY: spec.sweep_key}, params, metrics, end=self.clock)
+                  {n.TAG_SWEEP_KEY: spec.sweep_key, n.TAG_END_PREFIX + token: f"FINISHED {self.clock}"}, params,
+                  metrics, end=self.clock)
         self.clock += 1000
 
 
