@@ -1,7 +1,7 @@
 """Waits on file locks, bounded and said: who holds a lock (its pid, command line, and whether it is stopped),
 read from Linux's /proc/locks, and a wait that names that holder on one line once it lasts a few seconds and
 ends at its bound. Used for sqlite's locks (store/trouble.py), a new store's creation lock (store/sqlite.py) and
-the pruning-score cache; standard library only.
+the pruning-score cache; standard library only. A process's /proc/<pid>/stat is read here too (proc_stat).
 """
 
 from __future__ import annotations
@@ -87,12 +87,19 @@ class LockWait:
         return True
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name: its state first, its start (clock ticks since
+    boot) at index 19; None where there is no such process, or no /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def is_stopped(pid: int) -> bool:
     """Whether the process is stopped (Ctrl-Z, SIGSTOP) or held by a debugger."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 def _description(pid: int) -> str:

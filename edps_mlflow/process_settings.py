@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, MutableMapping, NoReturn
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.locks import proc_stat
 
 # One retry, at once (urllib3 waits before the second only): every store call in the middle of work retries for
 # itself (store/client.py call_store), so that an outage is said and bounded by EDPS_OUTAGE_SECONDS, not hidden in
@@ -98,10 +99,13 @@ def lease_seconds() -> float:
 def process_age() -> float:
     """Seconds since this process started, interpreter start-up included (the launcher's re-execution keeps the
     process and its start); read from /proc, so 0.0 where there is none."""
+    fields = proc_stat("self")
+    if fields is None:
+        return 0.0
     try:
-        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
+    except (ValueError, IndexError, AttributeError):
         return 0.0
 
 

@@ -245,9 +245,7 @@ def _answered_by(deadline: Deadline, action: Callable[[], object]) -> bool:
 
 
 def _no_answer(uri: str, deadline: Deadline, error: BaseException | None) -> NoAnswer:
-    cause = ""
-    if error is not None:
-        cause = f" ({redact_uri(str(getattr(error, 'orig', None) or error).strip().splitlines()[0], uri)})"
+    cause = f" ({store_error_text(error, uri)})" if error is not None else ""
     return NoAnswer(f"tracking store {redact_uri(uri)} did not answer {deadline.bound}{cause}; check that it runs "
                     "and listens there, then run the same command again")
 

@@ -9,15 +9,14 @@ import socket
 from functools import cache
 from pathlib import Path
 
+from edps_mlflow.locks import proc_stat
+
 
 def _start_ticks(pid: int) -> str | None:
     """Field 22 of /proc/<pid>/stat, when the process started (clock ticks since boot): a reused pid has another.
     None when no such process runs (gone, or a zombie that only waits for its parent to read its exit)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
 
 @cache
