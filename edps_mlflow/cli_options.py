@@ -84,6 +84,12 @@ def _numbers(text: str) -> tuple[float, ...]:
     return numbers
 
 
+def _goals(text: str) -> tuple[float, ...]:
+    if not text.strip():
+        raise ValueError("an empty goal ladder: give one goal or more, easiest first (e.g. 0.10,0.05,0.03)")
+    return _numbers(text)
+
+
 class FiniteRange(click.FloatRange):
     """click's FloatRange lets nan through (every comparison with nan is false): this one does not."""
 
@@ -146,6 +152,8 @@ KINDS: dict[str, dict[str, Any]] = {
     "batch sizes": {"type": _Read("batch sizes", _batch_sizes)},
     # An empty list is a mistake, not the default.
     "numbers": {"type": _Read("numbers", _numbers, absent=("default", "workload", "none"))},
+    # A ladder of one goal is the plain study; an empty one is a mistake ('none', the MLproject's: no ladder).
+    "goals": {"type": _Read("goals", _goals, absent=("none",))},
     "names": {"type": _Read("text", lambda text: tuple(part.strip() for part in text.split(",")), absent=())},
     "methods": {"type": _Read("text", parse_methods, absent=())},
     "probes": {"type": _Read("text", parse_probes, absent=())},

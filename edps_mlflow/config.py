@@ -17,7 +17,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.fields import key_fields
 from edps_mlflow.optimizers import get_optimizer, parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
-from edps_mlflow.workloads import InputLayout, get_workload
+from edps_mlflow.workloads import InputLayout, Workload, get_workload
 
 if TYPE_CHECKING:
     from edps_mlflow.optimizers.base import TrialOptimizer
@@ -63,6 +63,36 @@ def _checked_probes(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
+def _check_goal(workload: Workload, goal: Any) -> None:
+    problem = workload.goal_problem(goal)
+    if problem is None:  # an error rate in (0, 1), or a positive loss (the workload's goal metric)
+        return
+    loss = workload.goal_words.endswith("loss")
+    hint = f" ({workload.name} sets a {workload.goal_words} to reach)" if loss else \
+        f" ({workload.name} sets a validation error rate, not a loss)" if isinstance(goal, (int, float)) \
+        and not isinstance(goal, bool) and goal >= 1 else ""
+    raise EdpsError(f"goal {workload.goal_words.split()[-1]} {problem}{hint}")
+
+
+def _checked_ladder(workload: Workload, goals: Any, hardest: float) -> tuple[float, ...]:
+    """A ladder as the study keeps it: its rungs checked (each a goal of the workload's metric, strictly
+    harder than the one before, the last the study's goal), and a single rung folded into the plain study."""
+    if not isinstance(goals, (tuple, list)):
+        raise EdpsError(f"goals must be a list of numbers, got {goals!r}")
+    for goal in goals:
+        _check_goal(workload, goal)
+    ladder = tuple(float(goal) for goal in goals)
+    for easier, harder in zip(ladder, ladder[1:]):
+        if harder == easier:
+            raise EdpsError(f"goal {easier:g} is repeated in the ladder {','.join(f'{g:g}' for g in ladder)}")
+        if harder > easier:
+            raise EdpsError(f"goals must go from the easiest to the hardest (each smaller than the one before), got "
+                            f"{','.join(f'{g:g}' for g in ladder)}")
+    if ladder and ladder[-1] != hardest:
+        raise EdpsError(f"the ladder's hardest goal ({ladder[-1]:g}) must be the study's goal ({hardest:g})")
+    return ladder if len(ladder) > 1 else ()
+
+
 def _check_count(name: str, value: int, low: int = 1, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer >= {low}")
@@ -99,6 +129,9 @@ class StudySpec:
     # The pruning method at initialisation (pruning/). Nothing is pruned at sparsity 0, whatever the method: the
     # dense study is spelled "snip" there, one study for every method's curve.
     pruning: str = DEFAULT_METHOD
+    # A goal ladder (easiest first, ending at ``goal_error``): every rung is measured from the same trials. Empty
+    # for a one-goal study, the only spelling of it, so that its key is the key it always had.
+    goals: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
@@ -113,11 +146,8 @@ class StudySpec:
         if not isinstance(self.sparsity, (int, float)) or isinstance(self.sparsity, bool) \
                 or not (0.0 <= self.sparsity < 1.0):
             raise EdpsError(f"sparsity must be in [0, 1), got {self.sparsity}")
-        goal_problem = workload.goal_problem(self.goal_error)
-        if goal_problem is not None:  # an error rate in (0, 1), or a positive loss (the workload's goal metric)
-            raise EdpsError(f"goal {workload.goal_words.split()[-1]} {goal_problem}"
-                            + (f" ({workload.name} sets a {workload.goal_words} to reach)" if
-                               workload.goal_words.endswith("loss") else ""))
+        object.__setattr__(self, "goals", _checked_ladder(workload, self.goals, self.goal_error))
+        _check_goal(workload, self.goal_error)
         _check_count("trials", self.trials, 1, 100_000)
         _check_count("check interval", self.check_interval, 1, MAX_STEP_CAP)
         _check_count("max steps", self.max_steps, 1, MAX_STEP_CAP)
@@ -147,6 +177,15 @@ class StudySpec:
                 and all(c in "0123456789abcdef" for c in self.data_fingerprint)):
             raise EdpsError(f"data fingerprint must be 64 hex digits, got {self.data_fingerprint!r}")
 
+    @property
+    def ladder(self) -> tuple[float, ...]:
+        """Every goal of the study, easiest first: ``goals``, or the one goal."""
+        return self.goals or (self.goal_error,)
+
+    def rung(self, goal: float) -> "StudySpec":
+        """The one-goal study of one rung of the ladder: its key is what that rung answers."""
+        return replace(self, goal_error=goal, goals=())
+
     @classmethod
     def build(cls, workload: str, optimizer: str, sparsity: float, batch_size: int,
               trials: int | None = None, goal_error: float | None = None, max_steps: int | None = None,
@@ -157,6 +196,12 @@ class StudySpec:
         """A study with the workload's protocol (trials, goal, cap, check and probe intervals) wherever a
         value is None; any other field as given (``fields``)."""
         item = get_workload(workload)
+        goals = tuple(fields.pop("goals", None) or ())
+        if goals:
+            if goal_error is not None:
+                raise EdpsError("give either a goal ladder (--goals) or one goal (--goal-error), not both")
+            goal_error = goals[-1]
+        fields["goals"] = goals
         return cls(workload, optimizer, sparsity, batch_size, trials if trials is not None else item.default_trials,
                    goal_error if goal_error is not None else item.goal_error,
                    max_steps if max_steps is not None else item.max_steps,

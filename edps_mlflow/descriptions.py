@@ -9,6 +9,7 @@ from edps_mlflow import __version__, provenance
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family, trial_families
 from edps_mlflow.curves import CurveId
+from edps_mlflow.ladder import goal_results, goals_sentence
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
 from edps_mlflow.workloads import get_workload
@@ -47,6 +48,7 @@ def trial_outcome(result: TrialResult) -> str:
 def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTrials | None = None) -> str:
     """The study run's description (Markdown, shown on its page)."""
     best = outcome.best_record()
+    ladder = goals_sentence(spec, goal_results(spec, outcome.records), get_workload(spec.workload).goal_words)
     result = (f"**steps-to-result {outcome.steps_to_result}** (trial {best.trial.index}: "
               + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items()) + ")"
               if best else "**no trial reached the goal**")
@@ -55,7 +57,7 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
             f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
             f"earlier runs). Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
             f"{spec.check_interval} steps; cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` "
-            f"lists them all." + (f"\n\n{probed.sentence()}" if probed else ""))
+            f"lists them all." + (f"\n\n{probed.sentence()}" if probed else "") + (f"\n\n{ladder}" if ladder else ""))
 
 
 EXPERIMENT_DESCRIPTION = (

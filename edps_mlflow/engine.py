@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -29,8 +29,9 @@ class EngineSettings:
     batch_size: int
     max_steps: int
     check_interval: int
-    # The largest validation total that still meets the goal (Workload.goal_bound): errors, or a summed loss.
-    allowed_errors: int | float
+    # The largest validation total that still meets each goal of the ladder, easiest first (Workload.goal_bound):
+    # errors, or a summed loss. A trial ends when it meets the last; one goal is a ladder of one.
+    goal_bounds: tuple[int | float, ...]
     # Seed of the data order; the same for every trial of a study, as in the original.
     data_seed: int
     early_abort_evaluation: bool = True
@@ -238,10 +239,12 @@ class _TrialState:
     probe_seconds: float = 0.0
     train_seconds: float = 0.0  # its share of the training steps' seconds (see ChunkRun.advance)
     shared_steps: int = 0  # the sum over its steps of the trials that trained in each
+    goal_steps: list[int] = field(default_factory=list)  # the first check at or below each goal met so far
 
-    def result(self, status: TrialStatus, step: int, seconds: float) -> TrialResult:
+    def result(self, status: TrialStatus, step: int, seconds: float, goals: int) -> TrialResult:
         return TrialResult(
             index=self.setup.index, status=status, steps_to_result=step if status is TrialStatus.REACHED else None,
+            goal_steps=tuple(self.goal_steps) + (None,) * (goals - len(self.goal_steps)),
             steps_trained=step, best_validation_error=self.best_validation_error, checks=self.checks,
             checks_cut_short=self.checks_cut_short, seconds=seconds, probe_seconds=self.probe_seconds,
             train_seconds=self.train_seconds, pack_size=self.shared_steps / step if step > 0 else 1.0)
@@ -336,7 +339,7 @@ class ChunkRun:
         for k in positions:
             state, status = self.active[k], statuses[k]
             assert status is not None
-            self.results[state.setup.index] = state.result(status, self.step, seconds)
+            self.results[state.setup.index] = state.result(status, self.step, seconds, len(self.settings.goal_bounds))
             self.observer.on_finish(self.results[state.setup.index])
         survivors = [k for k in range(len(self.active)) if k not in positions]
         if survivors:
@@ -352,10 +355,19 @@ class ChunkRun:
         settings, data, active, step = self.settings, self.data, self.active, self.step
         diverged = [not math.isfinite(loss) for loss in mean_losses]
         curve_point = settings.curve_interval > 0 and step % settings.curve_interval == 0
-        allowed = settings.allowed_errors if settings.early_abort_evaluation and not curve_point else None
+        bounds = settings.goal_bounds
+        # Counting may stop past the easiest goal an active trial has yet to meet: then none meets a new one.
+        allowed = max(bounds[len(state.goal_steps)] for state in active) \
+            if settings.early_abort_evaluation and not curve_point else None
         errors, complete = self.trainer.count_errors(
             data.validation_images, data.validation_labels, allowed, diverged, settings.evaluation_batch_size)
-        reached = [not diverged[k] and errors[k] <= settings.allowed_errors for k in range(len(active))]
+        for k, state in enumerate(active):
+            while not diverged[k] and len(state.goal_steps) < len(bounds) and errors[k] <= bounds[len(state.goal_steps)]:
+                state.goal_steps.append(step)
+        # A trial has reached when it meets the hardest goal; the bound (exact early stopping) is that goal's, which
+        # also decides every easier one: best steps only grow with the goal, so no trial the bound stops could still
+        # beat the best of an easier goal it has yet to meet.
+        reached = [len(state.goal_steps) == len(bounds) for state in active]
         if any(reached):
             bound.offer(step)
         limit = bound.limit()
@@ -443,7 +455,7 @@ def train_trials(workload: Workload, data: DataSplits, setups: Sequence[TrialSet
     device."""
     if bound.limit() <= 0:
         # The study already has a result no trial could beat: nothing to build.
-        results = [TrialResult.superseded_before_start(s.index) for s in setups]
+        results = [TrialResult.superseded_before_start(s.index, len(settings.goal_bounds)) for s in setups]
         for result in results:
             (observer or NullObserver()).on_finish(result)
         return results

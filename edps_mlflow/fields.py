@@ -116,6 +116,11 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
          axis=_option("prunings", "methods", "snip", "Pruning methods, comma-separated (an axis beside the "
                       "sparsities): {methods}, or shuffle(<method>). Sparsity 0 is one dense study for them all.",
                       flag="--pruning", parameter=True)),
+    # A ladder of goals, easiest first: each rung gets its own steps-to-result from the same trials. One goal is
+    # the plain study (--goal-error), whose keys lack this field.
+    _key("goals", "goals", "none", "Comma-separated goals, easiest first (e.g. 0.10,0.05,0.03, or losses in nats on a "
+         "loss-goal workload): each gets its own best trial and steps-to-result from one set of trials, at the cost "
+         "of the hardest alone (instead of --goal-error).", key_default=()),
     _run("full_trials", "bool", "false", "true: run every trial to its own end instead of exact early stopping "
          "(same result).", parameter=True, sweep=True),
     _run("data_dir", "text", None, "Dataset directory (else $EDPS_DATA_DIR, else the user cache).", parameter=True,

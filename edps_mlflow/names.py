@@ -64,6 +64,13 @@ EXPERIMENT_TAG_SEARCHED_KEYLESS = "edps.doctor.searched_keyless"
 # "edps-mlflow <version>" on an experiment we created: every run of ours in it has its kind and keys (doctor.py).
 EXPERIMENT_TAG_CREATED_BY = "edps.created_by"
 TAG_ADAPTIVE_STOP = "edps.adaptive.stop"  # why an adaptive sweep stopped (adaptive.StopReason)
+# A study of a goal ladder (several goals, easiest first; docs/tracking.md) has TAG_GOALS ("0.1,0.05,0.03"), and
+# per rung: the key of the one-goal study that rung answers, its best trial's index, and its trials' outcomes
+# (results.py's format; the hardest rung's are TAG_TRIAL_OUTCOMES). A one-goal study has none of these.
+TAG_GOALS = "edps.goals"
+TAG_GOAL_KEY_PREFIX = "edps.goal_key."  # + goal_text(goal)
+TAG_GOAL_BEST_TRIAL_PREFIX = "edps.goal_best_trial."  # + goal_text(goal)
+TAG_GOAL_OUTCOMES_PREFIX = "edps.goal_outcomes."  # + goal_text(goal), every rung but the hardest
 TAG_ANALYSIS_STUDY_RUNS = "edps.analysis.study_runs"
 TAG_ANALYSIS_STUDY_COUNT = "edps.analysis.study_count"
 TAG_ANALYSIS_SWEEP_RUNS = "edps.analysis.sweep_runs"
@@ -125,6 +132,9 @@ METRIC_MODEL_PARAMETER_BYTES = "model/parameter_bytes"
 METRIC_BATCH_SIZE = "batch_size"
 METRIC_SPARSITY = "sparsity"
 METRIC_GOAL_ERROR = "goal_error"
+# A ladder's steps-to-result at each rung, on the study run (and on a trial run, each rung it reached): the UI
+# draws them as one section of charts. steps_to_result itself is the hardest rung's.
+METRIC_GOAL_STEPS_PREFIX = "steps_to_result/goal_"  # + goal_text(goal)
 METRIC_TRIALS_PREFIX = "trials/"  # + a trial status, or one of the counts below
 METRIC_TRIALS_TOTAL = METRIC_TRIALS_PREFIX + "total"
 METRIC_TRIALS_REUSED = METRIC_TRIALS_PREFIX + "reused"
@@ -172,3 +182,35 @@ def default_experiment(workload: str) -> str:
     """The experiment of a workload's studies and sweeps unless the user names one: shared, so that each reuses
     the other's trials."""
     return f"edps/{workload}"
+
+
+def goal_text(goal: float) -> str:
+    """A goal as written in names and tags: the shortest text that reads back as the same float."""
+    return repr(float(goal))
+
+
+def goals_text(goals: tuple[float, ...]) -> str:
+    """A ladder as TAG_GOALS holds it: ``0.1,0.05,0.03``."""
+    return ",".join(goal_text(g) for g in goals)
+
+
+def parse_goals_text(text: str) -> tuple[float, ...]:
+    """The ladder of a TAG_GOALS value (ValueError when it is not one)."""
+    return tuple(float(part) for part in text.split(","))
+
+
+def goal_steps_metric(goal: float) -> str:
+    """``steps_to_result/goal_<goal>``: a ladder's steps-to-result at one rung."""
+    return METRIC_GOAL_STEPS_PREFIX + goal_text(goal)
+
+
+def goal_key_tag(goal: float) -> str:
+    return TAG_GOAL_KEY_PREFIX + goal_text(goal)
+
+
+def goal_best_trial_tag(goal: float) -> str:
+    return TAG_GOAL_BEST_TRIAL_PREFIX + goal_text(goal)
+
+
+def goal_outcomes_tag(goal: float) -> str:
+    return TAG_GOAL_OUTCOMES_PREFIX + goal_text(goal)

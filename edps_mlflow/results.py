@@ -87,15 +87,18 @@ class TrialResult:
     # lockstep step's seconds divided by the trials in it; pack_size is that count, averaged over its steps.
     train_seconds: float = 0.0
     pack_size: float = 1.0
+    # The first check at or below each goal of the study's ladder (None: not met), easiest first; the last is
+    # steps_to_result.
+    goal_steps: tuple[int | None, ...] = ()
 
     @property
     def seconds_per_step(self) -> float | None:
         return self.train_seconds / self.steps_trained if self.steps_trained > 0 else None
 
     @classmethod
-    def superseded_before_start(cls, index: int) -> "TrialResult":
+    def superseded_before_start(cls, index: int, goals: int) -> "TrialResult":
         """A trial the study's best step had already ruled out before it was prepared."""
-        return cls(index, TrialStatus.SUPERSEDED, None, 0, None, 0, 0, 0.0)
+        return cls(index, TrialStatus.SUPERSEDED, None, 0, None, 0, 0, 0.0, goal_steps=(None,) * goals)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class TrialRecord:
     seconds_per_step: float | None = None
     pack_size: float | None = None
     device: str | None = None
+    goal_steps: tuple[int | None, ...] = ()  # at each goal of a ladder (TrialResult.goal_steps); () if unknown
 
 
 @dataclass(frozen=True)

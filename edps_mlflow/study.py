@@ -22,6 +22,7 @@ from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
 from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.ladder import goal_results, goals_sentence
 from edps_mlflow.names import KIND_STUDY
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning.cache import default_score_cache
@@ -32,7 +33,7 @@ from edps_mlflow.store.client import StoreClient, connect, open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim_launched, launcher_run
 from edps_mlflow.store.ownership.lease import abort_guard
-from edps_mlflow.store.read.runs import latest_finished_study
+from edps_mlflow.store.read.runs import ladder_answer, latest_finished_study
 from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
@@ -135,7 +136,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
     study that probes only its best trial)."""
     return EngineSettings(
         batch_size=spec.batch_size, max_steps=spec.max_steps, check_interval=spec.check_interval,
-        allowed_errors=workload.goal_bound(spec.goal_error, validation_size), data_seed=spec.seed,
+        goal_bounds=tuple(workload.goal_bound(goal, validation_size) for goal in spec.ladder), data_seed=spec.seed,
         early_abort_evaluation=options.early_abort_evaluation,
         curve_interval=curve_interval_for(spec, validation_size, options.curve_interval),
         channels_last=resources.uses_channels_last(workload.input_layout, spec.batch_size), probes=spec.probes,
@@ -217,7 +218,7 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
                                             time.perf_counter() - started)
         probed = probed_trials(spec, outcome, workload, data, device, options, tracker, out, plan.device_description)
         scores = pruning_summary(pruned.values())
-        tracker.record_outcome(spec, outcome, plan.run_settings, settings.allowed_errors, probed, plan.model_size,
+        tracker.record_outcome(spec, outcome, plan.run_settings, settings.goal_bounds, probed, plan.model_size,
                                scores)
         tracker.finish_study()
     _print_outcome(spec, outcome, scores if pruned else None, probed, tracker, out)
@@ -258,7 +259,9 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
                 f"sparsity={spec.sparsity:g}{pruned_by(spec)})"
         rules = ClaimRules(
             kind=KIND_STUDY, key=spec.study_key, label=label, on_live=OnLive.WAIT if options.wait else OnLive.REFUSE,
-            finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials),
+            finished=lambda: latest_finished_study(client, experiment_id, spec.study_key, options.full_trials)
+            or (None if spec.goals else ladder_answer(client, experiment_id, spec.study_key, spec.goal_error,
+                                                       options.full_trials)),
             clear_expired=True, own_run_id=launcher.run_id if launcher is not None and launcher.submitted else None,
             indexed=True)
         claimed = claim_launched(client, experiment_id, rules, lambda token, epoch, launched: create_study_run(
@@ -266,8 +269,10 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
                                  out, launcher)
     if claimed.done is not None:
         done = claimed.done
-        print(f"study already done: steps_to_result = {done.steps_to_result} in the finished study run "
-              f"{done.run_id}; nothing to train", file=out, flush=True)
+        where = "finished study run" if done.key == spec.study_key else \
+            f"goal ladder {done.key[:12]}, whose rung {spec.goal_error:g} is this study: its finished run"
+        print(f"study already done: steps_to_result = {done.steps_to_result} in the {where} {done.run_id}; nothing "
+              f"to train", file=out, flush=True)
         return StudyOutcome(done.run_id, experiment_id, done.steps_to_result, {}, 0, 0, 0,
                             time.perf_counter() - started)
     assert claimed.owned is not None  # a study never watches (OnLive.WATCH)
@@ -304,7 +309,7 @@ class _Recorder:
             steps_trained=result.steps_trained, best_validation_error=result.best_validation_error,
             run_id=run_id, reused=False, seconds=result.seconds, probe_seconds=result.probe_seconds,
             seconds_per_step=result.seconds_per_step, pack_size=result.pack_size if timed else None,
-            device=self.device if timed else None)
+            device=self.device if timed else None, goal_steps=result.goal_steps)
         self.progress.trial_finished(result.index, result.status.value, result.steps_to_result,
                                      result.steps_trained)
 
@@ -334,7 +339,8 @@ def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineS
     reused = {index: TrialRecord(
         trial=plan.trials[index], status=stored.status, steps_to_result=stored.steps_to_result,
         steps_trained=stored.steps_trained, best_validation_error=stored.best_validation_error, run_id=stored.run_id,
-        reused=True, seconds_per_step=stored.seconds_per_step, pack_size=stored.pack_size, device=stored.device)
+        reused=True, seconds_per_step=stored.seconds_per_step, pack_size=stored.pack_size, device=stored.device,
+        goal_steps=stored.goal_steps)
         for index, stored in plan.reused.items()}
     return {**recorder.records, **reused}, dict(recorder.pruning)
 
@@ -405,7 +411,8 @@ def _print_outcome(spec: StudySpec, outcome: StudyOutcome, scores: dict[str, Any
     else:
         values = ", ".join(f"{k}={v:.4g}" for k, v in best.trial.metaparameters.items())
         head = f"steps_to_result = {outcome.steps_to_result} (trial {best.trial.index}: {values})"
-    print(f"{head}\n{counts}; reused {outcome.reused}, trained {outcome.trained} "
+    ladder = goals_sentence(spec, goal_results(spec, outcome.records), get_workload(spec.workload).goal_words)
+    print(f"{head}\n{ladder + chr(10) if ladder else ''}{counts}; reused {outcome.reused}, trained {outcome.trained} "
           f"({outcome.trial_steps} trial-steps) in {outcome.seconds:.1f} s; study run {outcome.study_run_id}",
           file=out, flush=True)
     if scores is not None and spec.sparsity > 0:

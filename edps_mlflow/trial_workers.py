@@ -98,7 +98,7 @@ class _Chunk:
             # The study already has a result no trial of this chunk could beat.
             for index in self.indices:
                 self.sink.trial_started(index, None)
-                self.sink.on_finish(TrialResult.superseded_before_start(index))
+                self.sink.on_finish(TrialResult.superseded_before_start(index, len(self.job.settings.goal_bounds)))
             self.skipped = True
             return
         if self.run is None:

@@ -54,7 +54,7 @@ def setups_for(spec: StudySpec, points: list[dict[str, float]], workload=DIGITS,
 def engine_settings(spec: StudySpec, early_abort: bool = True) -> EngineSettings:
     data = digits_data()
     return EngineSettings(spec.batch_size, spec.max_steps, spec.check_interval,
-                          DIGITS.allowed_errors(spec.goal_error, data.validation_size), spec.seed,
+                          tuple(DIGITS.allowed_errors(goal, data.validation_size) for goal in spec.ladder), spec.seed,
                           early_abort_evaluation=early_abort,
                           channels_last=uses_channels_last(DIGITS.input_layout, spec.batch_size))
 

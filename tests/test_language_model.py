@@ -146,7 +146,7 @@ def test_a_loss_goal_study_with_adam_gives_the_same_outcomes_packed_and_alone(co
     spec = StudySpec("shakespeare-char-transformer", "adam", 0.0, 32, 3, goal, steps, interval, 0)
     points = [{"learning_rate": rate} for rate in (0.01, 0.003, 0.03)]
     setups = [prepare_trial(workload, data, TrialSpec(spec, index, point)) for index, point in enumerate(points)]
-    settings = EngineSettings(32, steps, interval, workload.goal_bound(goal, data.validation_size), 0)
+    settings = EngineSettings(32, steps, interval, (workload.goal_bound(goal, data.validation_size),), 0)
     packed = train_trials(workload, data, setups, settings, LocalStepBound(steps, interval, False))
     alone = [result for setup in setups
              for result in train_trials(workload, data, [setup], settings, LocalStepBound(steps, interval, False))]

@@ -79,7 +79,7 @@ def _workload(name: str, layout: InputLayout, build_model, data: DataSplits, **o
 def _settings(workload: Workload, batch_size: int, goal_error: float, max_steps: int, check_interval: int,
               **extra) -> EngineSettings:
     return EngineSettings(batch_size, max_steps, check_interval,
-                          workload.allowed_errors(goal_error, workload.validation_size), 0, **extra)
+                          (workload.allowed_errors(goal_error, workload.validation_size),), 0, **extra)
 
 
 def _outcomes(results) -> list[tuple[int, TrialStatus, int | None]]:
@@ -253,7 +253,7 @@ def test_a_loss_goal_is_the_mean_validation_loss_and_early_abort_keeps_it_exact(
     for early_abort in (False, True):
         settings = _settings(lossy, 64, goal_error=0.05, max_steps=200, check_interval=20, channels_last=True,
                              early_abort_evaluation=early_abort)
-        settings = replace(settings, allowed_errors=lossy.goal_bound(goal, data.validation_size))
+        settings = replace(settings, goal_bounds=(lossy.goal_bound(goal, data.validation_size),))
         run = ChunkRun(lossy, data, setups, settings, Log())
         bound = LocalStepBound(200, 20, False)
         while not run.done:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from edps_mlflow import names as n
@@ -83,6 +83,21 @@ def latest_finished_study(client: StoreClient, experiment_id: str, study_key: st
     fence = Fence.of(runs)
     done = [r for r in runs if fence.counts(r) and r.full_trials == full_trials]
     return done[-1] if done else None
+
+
+def ladder_answer(client: StoreClient, experiment_id: str, study_key: str, goal: float,
+                  full_trials: bool) -> LeasedRun | None:
+    """The latest FINISHED goal-ladder study run that counts (fence.py) with a rung answering the one-goal study
+    ``study_key`` at ``goal``, with that rung's steps-to-result (None: no such run)."""
+    runs = search_all(client, experiment_id, filter_string(
+        tags={n.TAG_KIND: n.KIND_STUDY, n.goal_key_tag(goal): study_key}, status=RunState.FINISHED.value))
+    for run in sorted(runs, key=lambda r: leased(r).order, reverse=True):
+        ladder = leased(run)
+        if ladder.full_trials == full_trials and Fence.of(keyed_runs(client, experiment_id, n.KIND_STUDY,
+                                                                     ladder.key)).counts(ladder):
+            steps = run.data.metrics.get(n.goal_steps_metric(goal))
+            return replace(ladder, steps_to_result=int(steps) if steps is not None else None)
+    return None
 
 
 def sweep_runs(client: StoreClient, experiment_id: str, sweep_key: str,

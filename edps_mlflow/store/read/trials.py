@@ -15,6 +15,7 @@ from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, study_family
 from edps_mlflow.curves import CurveId
 from edps_mlflow.filters import filter_string
+from edps_mlflow.ladder import stored_goal_steps
 from edps_mlflow.results import RunState, TrialOutcome, TrialStatus, decode_trial_outcomes
 from edps_mlflow.store.client import StoreClient, search_all
 from edps_mlflow.store.read.fence import Fence, trial_epochs
@@ -36,6 +37,7 @@ class StoredTrial:
     pack_size: float | None = None
     device: str | None = None
     epochs: tuple[tuple[int, str], ...] = ()  # (epoch, study key) pairs that count it (fence.trial_epochs)
+    goal_steps: tuple[int | None, ...] = ()  # at each goal of its study's ladder (ladder.stored_goal_steps)
 
 
 def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) -> dict[str, StoredTrial]:
@@ -53,10 +55,10 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
         status_name = tags.get(n.TAG_STATUS)
         if key is None or status_name is None or not fence.counts_trial(trial_epochs(tags)):
             continue  # later runs replace earlier ones: the latest measurement of a key wins
-        steps = metrics.get(n.METRIC_STEPS_TO_RESULT)
+        steps = int(metrics[n.METRIC_STEPS_TO_RESULT]) if n.METRIC_STEPS_TO_RESULT in metrics else None
         found[key] = StoredTrial(
             run_id=run.info.run_id, trial_key=key, status=TrialStatus(status_name),
-            steps_to_result=int(steps) if steps is not None else None,
+            steps_to_result=steps, goal_steps=stored_goal_steps(spec, metrics, steps),
             steps_trained=int(metrics.get(n.METRIC_STEPS_TRAINED, 0)),
             best_validation_error=metrics.get(n.METRIC_BEST_VALIDATION_ERROR),
             seconds_per_step=metrics.get(n.METRIC_SECONDS_PER_STEP), pack_size=metrics.get(n.METRIC_PACK_SIZE),

@@ -24,6 +24,7 @@ from edps_mlflow.descriptions import (provenance_tags, pruning_params, study_des
                                       trial_outcome, trial_run_name)
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
+from edps_mlflow.ladder import goal_results, record_goal_steps, study_goal_metrics, study_goal_tags, trial_goal_metrics
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import (Check, ProbedTrials, PruningRecord, RunState, ScoreSource, StudyOutcome, TrialOutcome,
                                   TrialResult, TrialStatus, encode_trial_outcomes, trial_steps_lower_bound)
@@ -86,17 +87,21 @@ def log_launch_log(client: StoreClient, run_id: str, path: Path) -> None:
 
 
 # ---- what a study leaves in the store ---------------------------------------------------------
-def trials_table(outcome: StudyOutcome) -> pd.DataFrame:
-    """``trials.csv``: one row per trial of the study (trained here or reused)."""
+def trials_table(outcome: StudyOutcome, ladder: tuple[float, ...] = ()) -> pd.DataFrame:
+    """``trials.csv``: one row per trial of the study (trained here or reused); a ladder's (``ladder``: its goals)
+    with each trial's steps at every goal, ``steps_to_goal_<goal>``."""
     rows = [{
         "trial_index": record.trial.index, "trial_key": record.trial.trial_key, "status": record.status.value,
         "steps_to_result": record.steps_to_result, "steps_trained": record.steps_trained,
+        **{f"steps_to_goal_{n.goal_text(goal)}": steps
+           for goal, steps in zip(ladder, record_goal_steps(record, len(ladder)) if ladder else ())},
         "best_validation_error": record.best_validation_error, **record.trial.metaparameters,
         "init_seed": record.trial.init_seed, "run_id": record.run_id, "reused": record.reused,
         "seconds": round(record.seconds, 3), "seconds_per_step": record.seconds_per_step,
         "pack_size": record.pack_size, "device": record.device,
     } for record in outcome.records.values()]
-    return pd.DataFrame(rows).astype({"steps_to_result": "Int64"})
+    return pd.DataFrame(rows).astype({"steps_to_result": "Int64", **{
+        f"steps_to_goal_{n.goal_text(goal)}": "Int64" for goal in ladder}})
 
 
 def trial_outcomes_tag(outcome: StudyOutcome) -> str | None:
@@ -134,7 +139,7 @@ def study_metrics(outcome: StudyOutcome) -> dict[str, float]:
 
 
 def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-               allowed_errors: int, probed: ProbedTrials | None = None,
+               goal_bounds: tuple[int | float, ...], probed: ProbedTrials | None = None,
                model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> dict[str, Any]:
     """``study.json``: the study, its result and how it was run (``pruning``: results.pruning_summary)."""
     best, info = outcome.best_record(), method_info(spec.pruning)
@@ -154,7 +159,11 @@ def study_json(spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, A
         "counts": {status.value: outcome.count(status) for status in TrialStatus},
         "reused": outcome.reused, "trained": outcome.trained, "trial_steps": outcome.trial_steps,
         "trial_steps_lower_bound": trial_steps_lower_bound(outcome.records),
-        "seconds": outcome.seconds, "execution": run_settings, "allowed_validation_errors": allowed_errors,
+        "seconds": outcome.seconds, "execution": run_settings, "allowed_validation_errors": goal_bounds[-1],
+        **({"goals": [{"goal": r.goal, "steps_to_result": r.steps_to_result, "allowed_validation_errors": bound,
+                       "best_trial": None if r.best is None else {"trial_index": r.best.trial.index,
+                                                                  "metaparameters": r.best.trial.metaparameters}}
+                      for r, bound in zip(goal_results(spec, outcome.records), goal_bounds)]} if spec.goals else {}),
     }
 
 
@@ -233,7 +242,7 @@ class StudyTracker:
         log_batch(self.client, self.study_run_id, params=params, tags=tags, metrics=metrics)
 
     def record_outcome(self, spec: StudySpec, outcome: StudyOutcome, run_settings: dict[str, Any],
-                       allowed_errors: int, probed: ProbedTrials | None = None,
+                       goal_bounds: tuple[int | float, ...], probed: ProbedTrials | None = None,
                        model_size: tuple[int, int] | None = None, pruning: dict[str, Any] | None = None) -> None:
         """The summary metrics, best metaparameters (and timing device), probes, network size ``(parameters,
         bytes)``, pruning scores' cost (results.pruning_summary) and the two artifacts; only while the run is ours."""
@@ -250,6 +259,9 @@ class StudyTracker:
             metrics.update({n.METRIC_PRUNING_SECONDS: pruning["seconds"],
                             n.METRIC_PRUNING_SECONDS_SAVED: pruning["seconds_saved"]})
         tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
+        rungs = goal_results(spec, outcome.records)
+        metrics.update(study_goal_metrics(spec, rungs))
+        tags.update(study_goal_tags(spec, outcome, rungs, MAX_TAG_VALUE))
         outcomes = trial_outcomes_tag(outcome)
         if outcomes is not None:
             tags[n.TAG_TRIAL_OUTCOMES] = outcomes
@@ -260,8 +272,9 @@ class StudyTracker:
             if probed.probe_seconds:
                 metrics[n.METRIC_PROBE_SECONDS] += probed.probe_seconds  # the best trial's probed run
         log_batch(self.client, self.study_run_id, params=params, metrics=metrics, tags=tags)
-        log_text(self.client, self.study_run_id, n.ARTIFACT_TRIALS_CSV, trials_table(outcome).to_csv(index=False))
-        document = study_json(spec, outcome, run_settings, allowed_errors, probed, model_size, pruning)
+        log_text(self.client, self.study_run_id, n.ARTIFACT_TRIALS_CSV,
+                 trials_table(outcome, spec.ladder if spec.goals else ()).to_csv(index=False))
+        document = study_json(spec, outcome, run_settings, goal_bounds, probed, model_size, pruning)
         log_text(self.client, self.study_run_id, n.ARTIFACT_STUDY_JSON, json.dumps(document, indent=2, sort_keys=True))
 
     def finish_study(self) -> None:
@@ -361,6 +374,7 @@ class StudyTracker:
             metrics[n.METRIC_BEST_VALIDATION_ERROR] = result.best_validation_error
         tags = {n.TAG_STATUS: result.status.value}
         if result.index in self.trial_specs:
+            metrics.update(trial_goal_metrics(self.trial_specs[result.index].study, result))
             tags[n.MLFLOW_RUN_NAME] = trial_run_name(self.trial_specs.pop(result.index), trial_outcome(result))
         # Step 0: the UI charts a metric whose latest step is 0 as a bar (a value), one at a later step as
         # a line, which for a single value is a lone dot.
