@@ -169,12 +169,17 @@ class Uncertainty:
 
 @dataclass(frozen=True)
 class CurveState:
-    """A curve's fit and its uncertainties after the points measured so far."""
+    """A curve's fit and its uncertainties after the points measured so far; ``goal``: the rung of a goal ladder
+    it is the curve of (each rung is a curve of its own, measured by the same studies), None without a ladder."""
 
     curve: CurveId
     measured: tuple[int, ...]
     fit: dict
     uncertainties: tuple[Uncertainty, ...]
+    goal: float | None = None
+
+    def label(self) -> str:
+        return self.curve.label() + ("" if self.goal is None else f" goal<={self.goal:g}")
 
     @property
     def open(self) -> list[Uncertainty]:
@@ -192,7 +197,7 @@ class CurveState:
 
 def uncertain(states: tuple[CurveState, ...] | list[CurveState]) -> list[str]:
     """What is still uncertain, one line per curve that has anything open."""
-    return [f"{s.curve.label()}: {s.summary()}" for s in states if s.open]
+    return [f"{s.label()}: {s.summary()}" for s in states if s.open]
 
 
 def number(value: object, digits: int = 3) -> str:
@@ -248,15 +253,16 @@ class _Walk:
 
 
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
-                 candidates: tuple[int, ...], settings: AdaptiveSettings) -> CurveState:
+                 candidates: tuple[int, ...], settings: AdaptiveSettings, goal: float | None = None) -> CurveState:
     """The fit of one curve's points (a row per study: its axes, ``batch_size, steps_to_result, study_key``) and
-    what is still open for ``settings.goal``; ``candidates``: the batch sizes the sweep may measure."""
+    what is still open for ``settings.goal``; ``candidates``: the batch sizes the sweep may measure; ``goal``: the
+    ladder's rung the points are steps to."""
     walk = _Walk.of(points, candidates)
     fit: dict = {}
     if len(walk.with_result) >= 2:
         fit = fit_table(points, trials, tolerance=TOLERANCE, repeats=BOOTSTRAP_REPEATS,
                         seed=BOOTSTRAP_SEED).iloc[0].to_dict()
-    return CurveState(curve, walk.measured, fit, tuple(_questions(walk, fit, points, candidates, settings)))
+    return CurveState(curve, walk.measured, fit, tuple(_questions(walk, fit, points, candidates, settings)), goal)
 
 
 def _questions(walk: _Walk, fit: dict, points: pd.DataFrame, candidates: tuple[int, ...],
@@ -336,6 +342,7 @@ class Pick:
     reason: UncertaintyKind
     excess: float
     uncertainty: str
+    goal: float | None = None  # the ladder's rung that asked for it
 
 
 @dataclass(frozen=True)
@@ -361,9 +368,20 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     if stop is not None:
         return Decision((), stop, tuple(states))
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
-    picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description)
-             for state, choice in wanted[:room]]
-    return Decision(tuple(picks + _ahead(wanted[:room], room - len(picks), candidates)), None, tuple(states))
+    # Rungs of one curve share its studies: a batch size two rungs want is one study.
+    picks = _distinct([Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description,
+                            state.goal) for state, choice in wanted])[:room]
+    chosen = {(p.curve, p.batch_size) for p in picks}
+    walking = [(state, choice) for state, choice in wanted if (state.curve, choice.batch_size) in chosen]
+    return Decision(tuple(_distinct(picks + _ahead(walking, room - len(picks), candidates))), None, tuple(states))
+
+
+def _distinct(picks: list[Pick]) -> list[Pick]:
+    """The first pick of each study (curve and batch size)."""
+    first: dict[tuple[CurveId, int], Pick] = {}
+    for pick in picks:
+        first.setdefault((pick.curve, pick.batch_size), pick)
+    return list(first.values())
 
 
 def _stop(states: list[CurveState], wanted: bool, room: int, trial_steps: int, seconds: float,
@@ -381,39 +399,46 @@ def _ahead(chosen: list[tuple[CurveState, Uncertainty]], room: int, candidates: 
     """Workers left over: the walks' next steps down, one curve after another, never below where the walk is
     expected to end (walk_to; the next doubling costs about twice the last: a guess is paid dearly)."""
     walking = [(state, choice) for state, choice in chosen if choice.batch_size < state.measured[0]]
-    ahead = {state.curve: choice.batch_size for state, choice in walking}
+    ahead = {(state.curve, state.goal): choice.batch_size for state, choice in walking}
     picks: list[Pick] = []
     while len(picks) < room and walking:
         for state, choice in list(walking):
-            lower = ahead[state.curve] // 2
+            lower = ahead[state.curve, state.goal] // 2
             if len(picks) >= room or lower not in candidates or (choice.walk_to is not None and lower < choice.walk_to):
                 walking.remove((state, choice))
                 continue
-            ahead[state.curve] = lower
+            ahead[state.curve, state.goal] = lower
             picks.append(Pick(state.curve, lower, choice.kind, choice.excess,
-                              f"{choice.description} (ahead of the walk: a free worker)"))
+                              f"{choice.description} (ahead of the walk: a free worker)", state.goal))
     return picks
 
 
-# The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning).
+# The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning); a ladder's
+# decisions have a goal column after them (decision_columns).
 DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "workload"), "batch_size", "reason",
                     "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 
 
+def decision_columns(ladder: bool) -> list[str]:
+    columns = list(DECISION_COLUMNS)
+    return columns[:columns.index("batch_size")] + ["goal"] + columns[columns.index("batch_size"):] if ladder \
+        else columns
+
+
 def _row(round_index: int, decision: str, curve: CurveId, batch_size: int | None, reason: str, excess: float | None,
-         before: str, studies: int, trial_steps: int) -> dict:
-    return {"round": round_index, "decision": decision, **curve.within_workload(), "batch_size": batch_size,
-            "reason": reason, "excess_doublings": excess, "uncertainty_before": before, "studies_before": studies,
-            "trial_steps_before": trial_steps}
+         before: str, studies: int, trial_steps: int, goal: float | None = None) -> dict:
+    return {"round": round_index, "decision": decision, **curve.within_workload(), "goal": goal,
+            "batch_size": batch_size, "reason": reason, "excess_doublings": excess, "uncertainty_before": before,
+            "studies_before": studies, "trial_steps_before": trial_steps}
 
 
 def decision_rows(round_index: int, decision: Decision, studies: int, trial_steps: int) -> list[dict]:
     """The decision table's rows of one round: one per pick, or one 'stop' row per curve."""
     if decision.stop is None:
         return [_row(round_index, "measure", p.curve, p.batch_size, p.reason.value, round(p.excess, 3), p.uncertainty,
-                     studies, trial_steps) for p in decision.picks]
+                     studies, trial_steps, p.goal) for p in decision.picks]
     return [_row(round_index, f"stop: {decision.stop.value}", s.curve, None, "", None, s.summary(), studies,
-                 trial_steps) for s in decision.states]
+                 trial_steps, s.goal) for s in decision.states]
 
 
 def start_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:

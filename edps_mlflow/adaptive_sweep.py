@@ -25,7 +25,7 @@ from edps_mlflow.descriptions import markdown_table
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
-from edps_mlflow.results import TrialOutcome
+from edps_mlflow.results import TrialOutcome, decode_trial_outcomes
 from edps_mlflow.store.client import ui_link
 from edps_mlflow.store.ownership.claim import clear_expired
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
@@ -79,6 +79,11 @@ class AdaptiveSweepSpec:
     def curves(self) -> list[CurveId]:
         return [CurveId.of(study) for study in self.grid.studies() if study.batch_size == self.grid.batch_sizes[0]]
 
+    @property
+    def rungs(self) -> list[tuple[int | None, float | None]]:
+        """The curves' rungs (index, goal): each a curve of its own; one, (None, None), without a ladder."""
+        return list(enumerate(self.grid.protocol.goals)) or [(None, None)]
+
     def study(self, curve: CurveId, batch_size: int) -> StudySpec:
         return replace(self.grid.protocol, **curve.as_dict(), batch_size=batch_size)
 
@@ -100,6 +105,11 @@ class MeasuredStudy:
     run_id: str
     steps_to_result: int | None
     trials: tuple[TrialOutcome, ...]
+    # A ladder's: each rung's steps-to-result and trials as a one-goal study of it has them, easiest first.
+    rungs: tuple[tuple[int | None, tuple[TrialOutcome, ...]], ...] = ()
+
+    def rung(self, index: int | None) -> tuple[int | None, tuple[TrialOutcome, ...]]:
+        return (self.steps_to_result, self.trials) if index is None else self.rungs[index]
 
     @property
     def trial_steps(self) -> int:
@@ -126,15 +136,16 @@ class AdaptiveResult:
 Measure = Callable[[list[StudySpec]], "dict[str, MeasuredStudy] | None"]
 
 
-def curve_tables(curve: CurveId, measured: dict[str, MeasuredStudy]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The analysis' study table and trial table of one curve's measured studies."""
+def curve_tables(curve: CurveId, measured: dict[str, MeasuredStudy],
+                 rung: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The analysis' study table and trial table of one curve's measured studies (at one rung of a ladder)."""
     mine = [m for m in measured.values() if CurveId.of(m.spec) == curve]
-    points = pd.DataFrame([{**curve.as_dict(), "batch_size": m.spec.batch_size, "steps_to_result": m.steps_to_result,
+    points = pd.DataFrame([{**curve.as_dict(), "batch_size": m.spec.batch_size, "steps_to_result": m.rung(rung)[0],
                             "study_key": m.spec.study_key} for m in mine])
     points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")
     trials = pd.DataFrame([{"study_key": m.spec.study_key, "trial_index": t.trial_index, "status": t.status.value,
                             "steps_to_result": t.steps_to_result, "steps_trained": t.steps_trained}
-                           for m in mine for t in m.trials],
+                           for m in mine for t in m.rung(rung)[1]],
                           columns=["study_key", "trial_index", "status", "steps_to_result", "steps_trained"])
     return points, trials
 
@@ -153,15 +164,16 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
         if found is None:
             return None
         measured.update(found)
-        states = [adaptive.assess_curve(curve, *curve_tables(curve, measured), spec.candidates, spec.settings)
-                  for curve in spec.curves]
+        states = [adaptive.assess_curve(curve, *curve_tables(curve, measured, rung), spec.candidates, spec.settings,
+                                        goal) for curve in spec.curves for rung, goal in spec.rungs]
         studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
         round_index += 1
         decision = adaptive.decide(states, studies, steps, clock(), spec.settings, spec.candidates)
         rows.extend(adaptive.decision_rows(round_index, decision, studies, steps))
         if decision.stop is not None:
             # Integer columns stay integers in the CSV although stop rows have no batch size.
-            table = pd.DataFrame(rows, columns=list(adaptive.DECISION_COLUMNS)).astype({"batch_size": "Int64"})
+            table = pd.DataFrame(rows, columns=adaptive.decision_columns(bool(spec.grid.protocol.goals)))
+            table = table.astype({"batch_size": "Int64"})
             return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()), table, round_index)
         announce(round_index, [f"{p.curve.label()} measures bs {p.batch_size}: {p.reason.value} "
                                f"({p.uncertainty})" for p in decision.picks])
@@ -174,7 +186,9 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
     workload's study runs (or ``views``, as study_views read them since the last change)."""
     missing = [study for study in studies if study.study_key not in cache]
     stored = study_runs(client, experiment_id, missing[0].workload, lease_seconds(), views) if missing else []
-    latest = {(run.study_key, run.full_trials): run for run in sorted(stored, key=lambda r: r.order) if run.finished}
+    # A one-goal study is also answered by a rung of a finished ladder (StoredStudy.answers).
+    latest = {(a.study_key, a.full_trials): a for run in sorted(stored, key=lambda r: r.order) if run.finished
+              for a in run.answers()}
     found = {}
     for study in studies:
         key = study.study_key
@@ -186,7 +200,10 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
             trials = run.trial_outcomes
             if trials is None:  # a study written before its trials were kept on its run
                 trials = tuple(study_trial_outcomes(client, run.run_id))
-            cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials)
+            # Only the hardest rung's trials can be missing from the run (too many for a tag): they are the study's.
+            rungs = tuple((r.steps_to_result, tuple(decode_trial_outcomes(r.trial_outcomes_text) or ())
+                           if r.trial_outcomes_text is not None else trials) for r in run.rungs)
+            cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials, rungs)
         found[key] = cache[key]
     return found
 
@@ -291,7 +308,7 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
     rows = []
     for state in result.states:
         fit = state.fit
-        rows.append({"curve": state.curve.label(), "batch sizes": ",".join(map(str, state.measured)),
+        rows.append({"curve": state.label(), "batch sizes": ",".join(map(str, state.measured)),
                      "S_min (95%)": _interval(fit, "s_min"), "B_crit (95%)": _interval(fit, "b_crit"),
                      "perfect_scaling_end": adaptive.number(fit.get("perfect_scaling_end"), 6),
                      "maximal parallelism from": adaptive.number(fit.get("maximal_parallelism_start"), 6),
@@ -317,14 +334,16 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
     p = spec.grid.protocol
     budget = spec.settings.budget
     rows = result_rows(result)
-    decisions = result.decisions[["round", "decision", "optimizer", "sparsity", "pruning", "batch_size", "reason",
-                                  "uncertainty_before"]].astype(object).fillna("")
+    shown = [c for c in result.decisions.columns if c not in ("excess_doublings", "studies_before",
+                                                               "trial_steps_before")]
+    decisions = result.decisions[shown].astype(object).fillna("")
     limits = ", ".join(part for part in (
         f"at most {spec.settings.max_studies} studies" if spec.settings.max_studies else "",
         (f"a budget of {budget.amount:g} trial-steps" if budget.kind is adaptive.BudgetKind.TRIAL_STEPS
          else f"a budget of {budget.amount:g} s of wall clock") if budget else "") if part)
-    parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, goal "
-             f"{p.goal_error:g}, a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
+    goal = f"goals {','.join(f'{g:g}' for g in p.goals)}, each a curve" if p.goals else f"goal {p.goal_error:g}"
+    parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, {goal}"
+             f", a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
              f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "
              f"trial-steps. Target: {goal_text(spec.settings)}" + (f"; limits: {limits}" if limits else "")
              + ".",

@@ -51,7 +51,9 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():
         finished = sorted((r for r in group if r.state is RunState.FINISHED), key=lambda r: r.start_time)
-        if finished:
+        if finished and finished[-1].rungs:  # a goal ladder: each rung's steps
+            cell = " ".join(f"{goal:g}:{'-' if steps is None else steps}" for goal, steps in finished[-1].rungs)
+        elif finished:
             steps = finished[-1].steps_to_result
             cell = "-" if steps is None else str(steps)
         else:
@@ -91,5 +93,6 @@ def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
     for family, grid in sorted(tables.items()):
         title = " / ".join(f"pruned by {value}" if axis == "pruning" else str(value)
                            for axis, value in zip(TABLE_AXES, family) if axis != "pruning" or named)
-        parts.append(f"{title}: steps-to-result (or trials finished)\n{grid.to_string()}")
+        ladder = " (a goal ladder: goal:steps per rung)" if grid.map(lambda c: ":" in c).any(axis=None) else ""
+        parts.append(f"{title}: steps-to-result{ladder} (or trials finished)\n{grid.to_string()}")
     return "\n\n".join(parts)

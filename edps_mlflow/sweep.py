@@ -60,10 +60,11 @@ class PlannedStudy:
 
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
                  full_trials: bool, views: list[Any] | None = None) -> list[PlannedStudy]:
-    """Each of ``studies``: done (a finished study run in the same early-stopping mode), partly done (finished
-    trials to reuse) or to do. ``views``: the experiment's study runs (study_views) just read."""
+    """Each of ``studies``: done (a finished study run in the same early-stopping mode, or a finished goal ladder
+    with a rung that answers it), partly done (finished trials to reuse) or to do. ``views``: the experiment's
+    study runs (study_views) just read."""
     stored = study_runs(client, experiment_id, workload, lease_seconds(), views)
-    finished = {(s.study_key, s.full_trials): s for s in stored if s.finished}
+    finished = {(s.study_key, s.full_trials): s for run in stored if run.finished for s in run.answers()}
     # Only a study with a study run has trial runs (they are made under it): count those not done (a few).
     started = {s.study_key for s in stored}
     trial_counts = planned_trial_counts(client, experiment_id, stored, [
@@ -219,7 +220,9 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method."""
     p = spec.protocol
-    parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, goal {p.goal_error:g}, "
+    goal = f"goals {','.join(f'{g:g}' for g in p.goals)} (the table: the hardest)" if p.goals else \
+        f"goal {p.goal_error:g}"
+    parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, {goal}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
              f"reached the goal); each study is a child run."]
     steps = {(s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result

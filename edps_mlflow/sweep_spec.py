@@ -85,7 +85,8 @@ class SweepSpec:
                 "trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
                 "check_interval": p.check_interval, "seed": p.seed, "probes": ",".join(p.probes),
                 "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
-                "allow_tf32": p.allow_tf32, **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
+                "allow_tf32": p.allow_tf32, **({"goals": ",".join(f"{g:g}" for g in p.goals)} if p.goals else {}),
+                **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 
 @dataclass(frozen=True)

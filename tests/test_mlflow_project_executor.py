@@ -436,7 +436,8 @@ def test_study_parameters_make_the_same_study_key_in_the_entry_point():
                             probe_interval=50)
     every = SweepSpec.build("digits-simple-cnn", ("sgd",), (16,), (0.9,), probes=("lipschitz",),
                             probe_trials="all")
-    for study in sweep.studies() + every.studies():
+    ladder = SweepSpec.build("digits-simple-cnn", ("sgd",), (16,), (0.5,), goals=(0.2, 0.1 + 0.2 / 3))
+    for study in sweep.studies() + every.studies() + ladder.studies():
         parameters = study_parameters(study, "run1", sweep.sweep_key, "/data", True, "cpu", 1)
         command = project.get_entry_point("main").compute_command(parameters, None)
         arguments = shlex.split(command)[3:]

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from edps_mlflow import names as n
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes
+from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes, encode_trial_outcomes
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, search_all, searcher
 from edps_mlflow.store.ownership.owner import exited_owner
@@ -153,6 +153,7 @@ class StoredStudy:
     trials_so_far: int = 0
     epoch: int = 0  # as LeasedRun's, for the Fence (fence.py)
     planned: bool = False
+    rungs: tuple["Rung", ...] = ()  # a goal ladder's, easiest first
     kind = n.KIND_STUDY
 
     @property
@@ -173,6 +174,38 @@ class StoredStudy:
         decoded = decode_trial_outcomes(self.trial_outcomes_text)
         return tuple(decoded) if decoded is not None else None
 
+    def answers(self) -> list["StoredStudy"]:
+        """The study and, for a ladder, the one-goal study of each rung as that rung answers it: its key, steps and
+        trials (the hardest rung's are the study's own)."""
+        return [self, *(replace(self, study_key=r.study_key, steps_to_result=r.steps_to_result,
+                                trial_outcomes_text=r.trial_outcomes_text, rungs=()) for r in self.rungs)]
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of a finished ladder study run: its goal, the one-goal study it answers, its steps and trials."""
+
+    goal: float
+    study_key: str
+    steps_to_result: int | None
+    trial_outcomes_text: str | None
+
+
+def _rungs(tags: dict[str, str], metrics: dict[str, float]) -> tuple[Rung, ...]:
+    try:
+        goals = n.parse_goals_text(tags[n.TAG_GOALS])
+    except (KeyError, ValueError):
+        return ()
+    rungs = []
+    for goal in goals:
+        steps = metrics.get(n.goal_steps_metric(goal))
+        # An easier rung's trials too many for a tag are read as none (the study's trials.csv is the hardest's).
+        outcomes = tags.get(n.TAG_TRIAL_OUTCOMES) if goal == goals[-1] else \
+            tags.get(n.goal_outcomes_tag(goal), encode_trial_outcomes([]))
+        if n.goal_key_tag(goal) in tags:
+            rungs.append(Rung(goal, tags[n.goal_key_tag(goal)], int(steps) if steps is not None else None, outcomes))
+    return tuple(rungs)
+
 
 def stored_studies(runs: Iterable[Any], lease: float) -> list[StoredStudy]:
     """Study runs (MLflow's, or the study index's views of them) as readers of studies see them; those of a key
@@ -190,6 +223,7 @@ def stored_studies(runs: Iterable[Any], lease: float) -> list[StoredStudy]:
             start_time=leased_run.start_time, steps_to_result=leased_run.steps_to_result,
             full_trials=leased_run.full_trials, trial_outcomes_text=tags.get(n.TAG_TRIAL_OUTCOMES),
             live=leased_run.live(lease, now), epoch=leased_run.epoch, planned=leased_run.planned,
+            rungs=_rungs(tags, metrics),
             trials_so_far=(int(reused) if reused.isdigit() else 0) + int(metrics.get(n.METRIC_TRIAL_RUNS_FINISHED, 0))))
     return studies
 
