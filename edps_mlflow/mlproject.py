@@ -212,14 +212,12 @@ def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_di
               "sweep_key": sweep_key, "full_trials": full_trials, "device": device, "workers": workers,
               # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
               "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else None}
-    if spec.goals:  # a ladder's goal is its last rung: the command line takes --goals or --goal-error, not both
-        values["goal_error"] = None
     return {f.parameter: _typed(values[f.name], f.default) for f in STUDY_FIELDS if f.parameter}
 
 
 def _typed(value: Any, default: str | None) -> str:
     """``value`` as the command line reads it back (None: the option's default)."""
-    if value is None or value == ():  # () : a one-goal study's empty ladder, "none"
+    if value is None:
         return default or ""
     if isinstance(value, Enum):
         return value.value
@@ -227,7 +225,7 @@ def _typed(value: Any, default: str | None) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value)
-    return ",".join(_typed(v, None) for v in value) if isinstance(value, tuple) else str(value)
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 def study_command(parameters: dict[str, str], python: str | None = None) -> list[str]:
