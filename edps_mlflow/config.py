@@ -198,8 +198,10 @@ class StudySpec:
         item = get_workload(workload)
         goals = tuple(fields.pop("goals", None) or ())
         if goals:
-            if goal_error is not None:
-                raise EdpsError("give either a goal ladder (--goals) or one goal (--goal-error), not both")
+            # A ladder's hardest goal is the study's goal: naming it twice is fine, naming another is a mistake.
+            if goal_error is not None and goal_error != goals[-1]:
+                raise EdpsError(f"the goal error ({goal_error:g}) is not the ladder's hardest goal ({goals[-1]:g}): "
+                                f"give --goals alone")
             goal_error = goals[-1]
         fields["goals"] = goals
         return cls(workload, optimizer, sparsity, batch_size, trials if trials is not None else item.default_trials,

@@ -225,7 +225,9 @@ def _typed(value: Any, default: str | None) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value)
-    return ",".join(value) if isinstance(value, tuple) else str(value)
+    if isinstance(value, tuple):  # names, or a goal ladder's numbers; empty: the option's default
+        return ",".join(repr(v) if isinstance(v, float) else str(v) for v in value) if value else default or ""
+    return str(value)
 
 
 def study_command(parameters: dict[str, str], python: str | None = None) -> list[str]:
