@@ -369,11 +369,13 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
         return Decision((), stop, tuple(states))
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
     # Rungs of one curve share its studies: a batch size two rungs want is one study.
-    picks = _distinct([Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description,
-                            state.goal) for state, choice in wanted])[:room]
-    chosen = {(p.curve, p.batch_size) for p in picks}
-    walking = [(state, choice) for state, choice in wanted if (state.curve, choice.batch_size) in chosen]
-    return Decision(tuple(_distinct(picks + _ahead(walking, room - len(picks), candidates))), None, tuple(states))
+    first: dict[tuple[CurveId, int], tuple[CurveState, Uncertainty]] = {}
+    for state, choice in wanted:
+        first.setdefault((state.curve, choice.batch_size), (state, choice))
+    chosen = list(first.values())[:room]
+    picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description, state.goal)
+             for state, choice in chosen]
+    return Decision(tuple(_distinct(picks + _ahead(chosen, room - len(picks), candidates))), None, tuple(states))
 
 
 def _distinct(picks: list[Pick]) -> list[Pick]:
@@ -414,15 +416,16 @@ def _ahead(chosen: list[tuple[CurveState, Uncertainty]], room: int, candidates: 
 
 
 # The curve's columns are its axes within the sweep's workload (optimizer, sparsity, pruning); a ladder's
-# decisions have a goal column after them (decision_columns).
+# decisions have a goal column after them.
 DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "workload"), "batch_size", "reason",
                     "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 
 
 def decision_columns(ladder: bool) -> list[str]:
     columns = list(DECISION_COLUMNS)
-    return columns[:columns.index("batch_size")] + ["goal"] + columns[columns.index("batch_size"):] if ladder \
-        else columns
+    if ladder:  # the rung a row is about
+        columns.insert(columns.index("batch_size"), "goal")
+    return columns
 
 
 def _row(round_index: int, decision: str, curve: CurveId, batch_size: int | None, reason: str, excess: float | None,

@@ -139,6 +139,16 @@ def running_trial_runs(client: StoreClient, experiment_id: str, study_run_id: st
 
 
 @dataclass(frozen=True)
+class Rung:
+    """One rung of a finished ladder study run: its goal, the one-goal study it answers, its steps and trials."""
+
+    goal: float
+    study_key: str
+    steps_to_result: int | None
+    trial_outcomes_text: str | None
+
+
+@dataclass(frozen=True)
 class StoredStudy:
     run_id: str
     study_key: str
@@ -153,7 +163,7 @@ class StoredStudy:
     trials_so_far: int = 0
     epoch: int = 0  # as LeasedRun's, for the Fence (fence.py)
     planned: bool = False
-    rungs: tuple["Rung", ...] = ()  # a goal ladder's, easiest first
+    rungs: tuple[Rung, ...] = ()  # a goal ladder's, easiest first
     kind = n.KIND_STUDY
 
     @property
@@ -179,16 +189,6 @@ class StoredStudy:
         trials (the hardest rung's are the study's own)."""
         return [self, *(replace(self, study_key=r.study_key, steps_to_result=r.steps_to_result,
                                 trial_outcomes_text=r.trial_outcomes_text, rungs=()) for r in self.rungs)]
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung of a finished ladder study run: its goal, the one-goal study it answers, its steps and trials."""
-
-    goal: float
-    study_key: str
-    steps_to_result: int | None
-    trial_outcomes_text: str | None
 
 
 def _rungs(tags: dict[str, str], metrics: dict[str, float]) -> tuple[Rung, ...]:
