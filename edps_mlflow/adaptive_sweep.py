@@ -341,7 +341,7 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
         f"at most {spec.settings.max_studies} studies" if spec.settings.max_studies else "",
         (f"a budget of {budget.amount:g} trial-steps" if budget.kind is adaptive.BudgetKind.TRIAL_STEPS
          else f"a budget of {budget.amount:g} s of wall clock") if budget else "") if part)
-    goal = f"goals {','.join(f'{g:g}' for g in p.goals)}, each a curve" if p.goals else f"goal {p.goal_error:g}"
+    goal = f"goals {n.goals_text(p.goals)}, each a curve" if p.goals else f"goal {p.goal_error:g}"
     parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, {goal}"
              f", a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
              f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "

@@ -22,7 +22,7 @@ from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, markdown_table
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import Executor, SweepRun, study_label
-from edps_mlflow.names import KIND_SWEEP
+from edps_mlflow.names import KIND_SWEEP, goals_text
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.pruning import DEFAULT_METHOD
@@ -220,7 +220,7 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method."""
     p = spec.protocol
-    goal = f"goals {','.join(f'{g:g}' for g in p.goals)} (the table: the hardest)" if p.goals else \
+    goal = f"goals {goals_text(p.goals)} (the table: the hardest)" if p.goals else \
         f"goal {p.goal_error:g}"
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, {goal}, "
              f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "

@@ -12,6 +12,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
+from edps_mlflow.names import goals_text
 from edps_mlflow.optimizers import parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
@@ -85,7 +86,7 @@ class SweepSpec:
                 "trials": p.trials, "goal_error": p.goal_error, "max_steps": p.max_steps,
                 "check_interval": p.check_interval, "seed": p.seed, "probes": ",".join(p.probes),
                 "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
-                "allow_tf32": p.allow_tf32, **({"goals": ",".join(f"{g:g}" for g in p.goals)} if p.goals else {}),
+                "allow_tf32": p.allow_tf32, **({"goals": goals_text(p.goals)} if p.goals else {}),
                 **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 
