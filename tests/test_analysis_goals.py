@@ -16,20 +16,17 @@ from edps_mlflow.results import decode_trial_outcomes
 from edps_mlflow.store.index import MAX_TAG_VALUE, RunDataView, RunInfoView, RunView, entry_of
 
 from conftest import built_once, fresh_store, run_edps
+from test_analysis_inputs import run
 
 GOALS = (0.3, 0.2, 0.1)
 SIZES = (32, 64, 128)
 
 
-def analyze(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_info:
-        code = exit_info.code
+def analyze(argv: list[str], capsys) -> tuple[str, str]:
+    """What a command that succeeds prints (a failure ends it with SystemExit, failing the test)."""
+    main(argv)
     captured = capsys.readouterr()
-    assert "Traceback" not in captured.err + captured.out
-    return code, captured.out, captured.err
+    return captured.out, captured.err
 
 
 def _build(folder: Path) -> dict:
@@ -101,20 +98,20 @@ def test_each_rung_has_its_own_trials_from_its_tag_or_from_trials_csv(store):
 @pytest.mark.slow
 def test_fit_goals_report_and_figure_against_the_goal(store, ladder, capsys):
     folder = Path(ladder["folder"]) / "analysis"
-    code, out, _ = analyze(["fit", "--tracking-uri", store, "--bootstrap", "50", "--format", "csv"], capsys)
+    out, _ = analyze(["fit", "--tracking-uri", store, "--bootstrap", "50", "--format", "csv"], capsys)
     fits = pd.read_csv(io.StringIO(out))
-    assert code == 0 and sorted(fits["goal"]) == sorted(GOALS)
+    assert sorted(fits["goal"]) == sorted(GOALS)
     assert fits["e_min"].tolist() == pytest.approx((fits["s_min"] * fits["b_crit"]).tolist())
-    code, out, err = analyze(["goals", "--tracking-uri", store, "--bootstrap", "50", "--format", "csv",
-                              "--out-dir", str(folder)], capsys)
+    out, err = analyze(["goals", "--tracking-uri", store, "--bootstrap", "50", "--format", "csv",
+                        "--out-dir", str(folder)], capsys)
     goals = pd.read_csv(io.StringIO(out))
-    assert code == 0 and goals["goal"].tolist() == list(GOALS)  # easiest first
+    assert goals["goal"].tolist() == list(GOALS)  # easiest first
     assert {"b_crit_low", "e_min_low", "b_crit_threshold_fit_high", "b_crit_threshold"} <= set(goals.columns)
     assert (folder / "goals_digits-simple-cnn_sgd.png").stat().st_size > 0 and "goals_" in err
     report = folder / "report.md"
-    code, _, _ = analyze(["report", "--tracking-uri", store, "--bootstrap", "20", "--output", str(report)], capsys)
+    analyze(["report", "--tracking-uri", store, "--bootstrap", "20", "--output", str(report)], capsys)
     text = report.read_text()
-    assert code == 0 and "## Against the goal" in text and "E_min (examples)" in text
+    assert "## Against the goal" in text and "E_min (examples)" in text
     assert "goals_digits-simple-cnn_sgd.png" in text
 
 
@@ -131,13 +128,13 @@ def _loss_curves(folder: Path, goal: str = "goal") -> Path:
 
 def test_fit_csv_with_a_goal_column_of_losses_fits_each_goal(tmp_path, capsys):
     path = _loss_curves(tmp_path)
-    code, out, _ = analyze(["fit", "--csv", str(path), "--bootstrap", "0", "--format", "csv"], capsys)
+    out, _ = analyze(["fit", "--csv", str(path), "--bootstrap", "0", "--format", "csv"], capsys)
     fits = pd.read_csv(io.StringIO(out)).set_index("goal")
-    assert code == 0 and sorted(fits.index) == [2.5, 3.0, 3.5]
+    assert sorted(fits.index) == [2.5, 3.0, 3.5]
     assert fits.loc[3.0, "b_crit"] == pytest.approx(128, rel=0.02)
     assert fits.loc[2.5, "e_min"] == pytest.approx(2000 * 256, rel=0.03)
-    code, out, err = analyze(["goals", "--csv", str(path), "--bootstrap", "0", "--out-dir", str(tmp_path)], capsys)
-    assert code == 0 and "E_min" in out and (tmp_path / "goals_lm_adam.png").exists()
+    out, _ = analyze(["goals", "--csv", str(path), "--bootstrap", "0", "--out-dir", str(tmp_path)], capsys)
+    assert "E_min" in out and (tmp_path / "goals_lm_adam.png").exists()
 
 
 @pytest.mark.parametrize("cell,demand", [("0", "a finite number > 0"), ("-2", "a finite number > 0"),
@@ -147,16 +144,16 @@ def test_a_bad_goal_in_a_csv_is_refused_in_one_line(tmp_path, capsys, cell, dema
     lines = path.read_text().splitlines()
     lines[3] = lines[3].replace(",3.5,", f",{cell},")
     path.write_text("\n".join(lines) + "\n")
-    code, _, err = analyze(["fit", "--csv", str(path), "--bootstrap", "0"], capsys)
-    assert code == 2 and err.count("\n") == 1 and f"column goal must be {demand}; row 4" in err
+    code, line = run(["fit", "--csv", str(path), "--bootstrap", "0"], capsys)  # one line, exit code 2
+    assert code == 2 and f"column goal must be {demand}; row 4" in line
 
 
 def test_goals_needs_two_goals(tmp_path, capsys):
     path = tmp_path / "one.csv"
     path.write_text("workload,optimizer,sparsity,batch_size,steps_to_result,goal_error\n"
                     "w,sgd,0,4,400,0.1\nw,sgd,0,16,120,0.1\nw,sgd,0,64,60,0.1\n")
-    code, _, err = analyze(["goals", "--csv", str(path)], capsys)
-    assert code == 2 and "fewer than two goals" in err and err.count("\n") == 1
+    code, line = run(["goals", "--csv", str(path)], capsys)
+    assert code == 2 and "fewer than two goals" in line
 
 
 def test_an_index_entry_drops_the_easier_rungs_outcomes_before_the_hardest(tmp_path):
