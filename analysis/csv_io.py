@@ -32,7 +32,8 @@ TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps
 # What a number in each column may be: (lowest, highest, lowest included, must be an integer); an empty cell
 # is a missing value, except in the columns of _REQUIRED_VALUES.
 _RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, 1.0, False, False),
+    # goal_error holds a loss-goal workload's loss too (its metric goal_error): positive, as goal.
+    **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, math.inf, False, False),
     **dict.fromkeys(("batch_size", "check_interval", "max_steps", "trials_total", "model_parameters",
                      "model_parameter_bytes"), (1, math.inf, True, True)),
     **dict.fromkeys(("trial_index", "trials_reached", "trials_not_reached", "trials_diverged", "trials_superseded"),
