@@ -1,6 +1,7 @@
 """95% intervals of a curve's fit by a bootstrap over trials (docs/fit.md): each study's trials resampled, its
 best reaching one kept (a superseded trial is known only to be slower than the best), the curve refitted. The
-minimum lies above the estimate, so S_min and B_crit get basic (reflected) intervals; grid values percentile ones.
+minimum lies above the estimate, so S_min, B_crit and E_min get basic (reflected) intervals; grid values percentile
+ones.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ CurveTrials = list[tuple[int, StudyOutcomes]]  # each study of a curve: its batc
 
 def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tolerance: float = 0.2,
               estimate: HyperbolaFit | None = None) -> dict[str, Interval]:
-    """95% intervals of S_min, B_crit, the boundaries and the threshold critical batch size."""
+    """95% intervals of S_min, B_crit, E_min, the boundaries and the threshold critical batch size."""
     rng = np.random.default_rng(seed)
     samples: dict[str, list[float]] = {"perfect_scaling_end": [], "maximal_parallelism_start": [],
                                        "b_crit_threshold": []}
@@ -104,7 +105,9 @@ def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tole
             samples["maximal_parallelism_start"].append(bounds.maximal_parallelism_start or math.nan)
             samples["b_crit_threshold"].append(threshold_critical_batch(sizes[found], minima[repeat][found],
                                                                         tolerance))
-    samples = {"s_min": list(s_min), "b_crit": list(b_crit), **samples}
+    # E_min per resample from that resample's own fit: the product of the two intervals' ends would ignore that
+    # S_min and B_crit move together
+    samples = {"s_min": list(s_min), "b_crit": list(b_crit), "e_min": list(s_min * b_crit), **samples}
     return {name: _interval(name, values, repeats, estimate) for name, values in samples.items()}
 
 
@@ -113,7 +116,7 @@ def _interval(name: str, values: list[float], repeats: int, estimate: HyperbolaF
     array = array[np.isfinite(array)]
     if len(array) < max(10, repeats // 4):
         return Interval(None, None)
-    if name not in ("s_min", "b_crit"):  # grid values: the interval stays on the grid
+    if name not in ("s_min", "b_crit", "e_min"):  # grid values: the interval stays on the grid
         return Interval(float(np.percentile(array, 2.5, method="lower")),
                         float(np.percentile(array, 97.5, method="higher")))
     low, high = np.percentile(array, [2.5, 97.5])

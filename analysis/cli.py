@@ -210,7 +210,7 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
            trials_csv, device_counts, bandwidth, latency, output, svg, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures (PNG; --svg: SVG too)."""
-    from analysis.sections import probe_sections, pruning_sections, time_sections
+    from analysis.sections import goal_sections, probe_sections, pruning_sections, time_sections
 
     path = Path(output)
     if path.suffix.lower() not in (".md", ".html", ".htm"):
@@ -222,18 +222,19 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     directory = path.parent / f"{path.stem}_figures"
     path.parent.mkdir(parents=True, exist_ok=True)
     figures = _figures(studies, directory, tolerance, fits, formats)
+    against, goal_tables = goal_sections(studies, fits, directory, formats)
     pruning, pruning_tables = pruning_sections(studies, fits, tolerance, directory, formats)
     times, time_tables = time_sections(studies, model, directory, formats)
     probes, probe_tables = probe_sections(experiments, tracking_uri, fits, directory, formats) \
         if not csv_path else ([], {})
-    write_report(path, steps_grids(studies), fits, source, tolerance, figures, pruning + times + probes)
+    write_report(path, steps_grids(studies), fits, source, tolerance, figures, against + pruning + times + probes)
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths] + [
-            p for _, _, paths in pruning + times + probes for p in paths]
+            p for _, _, paths in against + pruning + times + probes for p in paths]
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
-                  **pruning_tables, **time_tables, **probe_tables}, files,
+                  **goal_tables, **pruning_tables, **time_tables, **probe_tables}, files,
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
                   "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})
 
@@ -264,6 +265,33 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
         float_format=lambda v: f"{v:.3g}")
     human += "\n\nfigures:\n" + "\n".join(str(p) for p in paths if p.suffix == ".png")
     _emit(summary, output_format, human)
+
+
+@cli.command()
+@_SOURCE
+@_FIT
+@click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where figures go.")
+@_format("table", "csv", "json")
+def goals(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed, trials_csv,
+          out_dir, output_format) -> None:
+    """Against the goal: S_min, B_crit, E_min = S_min B_crit and the threshold critical batch size (measured and
+    fitted) with their intervals, per family of curves measured at two or more goals (a goal ladder, or studies
+    of several goals); a figure per (workload, optimizer)."""
+    from analysis.report import goal_summary
+    from analysis.sections import against_goal
+
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    if with_curve_axes(studies).get("goal", pd.Series(dtype=float)).dropna().nunique() < 2:
+        raise EdpsError("the studies have fewer than two goals: measure a goal ladder (edps study or edps sweep "
+                        "with --goals, e.g. --goals 0.2,0.1,0.05), or give a CSV with a goal column")
+    table, paths = against_goal(studies, _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance),
+                                Path(out_dir))
+    if table.empty:
+        raise EdpsError("no family of curves (workload, optimizer, sparsity, pruning method, protocol) has "
+                        "two or more goals")
+    _emit(table, output_format, goal_summary(table).to_string(index=False))
+    for path in paths:
+        click.echo(str(path), err=True)
 
 
 @cli.command("time")

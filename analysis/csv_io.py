@@ -19,7 +19,10 @@ from edps_mlflow.pruning import parse_method
 from edps_mlflow.results import TrialStatus
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal_error", "check_interval",
+# goal: what the study reached for (an error rate, a loss, or in a CSV any positive label of a target);
+# goal_metric: "error" or "loss" where the workload is known; goal_error: the goal, as older tables have it.
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal", "goal_metric", "goal_error",
+                 "check_interval",
                  "max_steps", "steps_to_result", "trials_total", "trials_reached", "trials_not_reached",
                  "trials_diverged", "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step",
                  "pack_size", "device", "model_parameters", "model_parameter_bytes", "experiment", "study_run_id",
@@ -29,12 +32,14 @@ TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps
 # What a number in each column may be: (lowest, highest, lowest included, must be an integer); an empty cell
 # is a missing value, except in the columns of _REQUIRED_VALUES.
 _RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, 1.0, False, False),
+    # goal_error holds a loss-goal workload's loss too (its metric goal_error): positive, as goal.
+    **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, math.inf, False, False),
     **dict.fromkeys(("batch_size", "check_interval", "max_steps", "trials_total", "model_parameters",
                      "model_parameter_bytes"), (1, math.inf, True, True)),
     **dict.fromkeys(("trial_index", "trials_reached", "trials_not_reached", "trials_diverged", "trials_superseded"),
                     (0, math.inf, True, True)),
-    **dict.fromkeys(("steps_to_result", "best_learning_rate", "seconds_per_step"), (0.0, math.inf, False, False)),
+    **dict.fromkeys(("steps_to_result", "best_learning_rate", "seconds_per_step", "goal"),
+                    (0.0, math.inf, False, False)),
     "steps_trained": (0, math.inf, True, False), "pack_size": (1.0, math.inf, True, False)}
 _REQUIRED_VALUES = ("workload", "optimizer", "sparsity", "batch_size", "study_key", "trial_index", "status")
 MAX_CSV_BYTES = 256 * 2**20  # a sweep of 10,000 studies is about 2 MB

@@ -23,6 +23,11 @@ class HyperbolaFit:
     rmse_log: float  # root mean square residual of log S (natural log)
     r2_log: float
 
+    @property
+    def e_min(self) -> float:
+        """McCandlish et al.'s minimum examples to the goal, S_min B_crit (the fit's E(B) = E_min (1 + B / B_crit))."""
+        return self.s_min * self.b_crit
+
 
 @dataclass(frozen=True)
 class Boundaries:

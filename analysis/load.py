@@ -1,6 +1,7 @@
 """The study, trial and probe tables from a tracking store; the only module of the analysis that reads MLflow.
 Study runs are read through each experiment's study index (one run, not a search of every run), and trials from
-each study run's tag ``edps.trial_outcomes`` (older studies: their ``trials.csv``), never from the trial runs.
+each study run's tag ``edps.trial_outcomes`` (older studies: their ``trials.csv``), never from the trial runs. A
+goal ladder's study run is a row per rung, each keyed as the one-goal study that rung answers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.filters import filter_string
 from edps_mlflow.results import TrialOutcomeColumns, trial_outcome_columns
 from edps_mlflow.store import index as study_index
+from edps_mlflow.workloads import get_workload
+from edps_mlflow.workloads.contract import GoalMetric
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_existing_store
 
 _LISTED = 12  # an error lists at most this many experiment names (a store may hold thousands)
@@ -174,6 +177,65 @@ def _study_row(run: Any, experiment: str) -> dict[str, Any] | None:
             "model_parameter_bytes": metrics.get(n.METRIC_MODEL_PARAMETER_BYTES)}
 
 
+def _goal_metric(workload: str, known: dict[str, str | None]) -> str | None:
+    """"error" or "loss": what the workload's goal bounds; None for a workload this process does not know."""
+    if workload not in known:
+        try:
+            known[workload] = "loss" if get_workload(workload).goal_metric is GoalMetric.LOSS else "error"
+        except EdpsError:
+            known[workload] = None
+    return known[workload]
+
+
+def _outcomes_tag(tags: dict[str, str], goal: float | None) -> str:
+    """The tag of a row's trial outcomes: a ladder rung's own; the hardest rung's and a one-goal study's are
+    edps.trial_outcomes."""
+    ladder = tags.get(n.TAG_GOALS)
+    if goal is None or not ladder or ladder.rsplit(",", 1)[-1] == n.goal_text(goal):
+        return n.TAG_TRIAL_OUTCOMES
+    return n.goal_outcomes_tag(goal)
+
+
+def _status_counts(text: str | None) -> dict[str, float]:
+    """trials_<status> of a trial outcomes text; none when it is not readable."""
+    columns = trial_outcome_columns([text])
+    if not columns.readable[0]:
+        return {}
+    counts = np.bincount(columns.status_codes, minlength=len(columns.statuses))
+    return {f"trials_{status.value}": float(count) for status, count in zip(columns.statuses, counts)}
+
+
+def _study_rows(run: Any, experiment: str, goal_metrics: dict[str, str | None]) -> list[tuple[str, dict[str, Any]]]:
+    """A study run's rows, each with the key of the measurement it is: one row, or one per rung of a goal ladder
+    (keyed as the one-goal study of that rung, which measures the same thing); none for a run not of ours."""
+    row = _study_row(run, experiment)
+    if row is None:
+        return []
+    tags, metrics = run.data.tags, run.data.metrics
+    row["goal_metric"] = _goal_metric(row["workload"], goal_metrics)
+    try:
+        goals = n.parse_goals_text(tags[n.TAG_GOALS])
+    except (KeyError, ValueError):  # a one-goal study; one run again, or differing only in probes, is one result
+        return [(tags.get(n.TAG_RESULT_KEY) or tags.get(n.TAG_STUDY_KEY) or run.info.run_id,
+                 {**row, "goal": row["goal_error"]})]
+    hardest_best = tags.get(n.goal_best_trial_tag(goals[-1]))
+    rows = []
+    for goal in goals:
+        key = tags.get(n.goal_key_tag(goal)) or f"{row['study_key']}/{n.goal_text(goal)}"
+        rung = {**row, "goal": goal, "goal_error": goal, "study_key": key,
+                "steps_to_result": metrics.get(n.goal_steps_metric(goal), np.nan),
+                **_status_counts(tags.get(_outcomes_tag(tags, goal)))}
+        if tags.get(n.goal_best_trial_tag(goal)) != hardest_best:  # the run has the hardest rung's best only
+            rung.update(best_learning_rate=None, best_momentum=None)
+        rows.append((key, rung))
+    return rows
+
+
+def _outcome_tags(tags: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in tags.items() if key in (n.TAG_GOALS, n.TAG_TRIAL_OUTCOMES)
+            or key.startswith(n.TAG_GOAL_OUTCOMES_PREFIX)}
+
+
 def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) -> pd.DataFrame:
     """The study table of the named experiments, or of every experiment with study runs when none is named."""
     client = _client(tracking_uri)
@@ -181,39 +243,39 @@ def load_studies(experiments: tuple[str, ...], tracking_uri: str | None = None) 
     names = dict(found)
     runs = _finished(study_index.study_runs(_searcher(client, [i for i, _ in found])))
     rows: dict[str, dict[str, Any]] = {}
+    goal_metrics: dict[str, str | None] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-        row = _study_row(run, names[run.info.experiment_id])
-        if row is not None:
-            # One row per measurement, the latest: a study run again, or a study that differs only in its probes
-            # (the same result key: probes never change a result), measured the same thing.
-            result_key = run.data.tags.get(n.TAG_RESULT_KEY) or run.data.tags.get(n.TAG_STUDY_KEY) or run.info.run_id
-            rows.pop(result_key, None)
-            rows[result_key] = row
+        for key, row in _study_rows(run, names[run.info.experiment_id], goal_metrics):
+            rows.pop(key, None)  # one row per measurement, the latest
+            rows[key] = row
     if not rows:
         raise EdpsError(f"experiment(s) {', '.join(names.values())} hold no finished study runs"
                         + (f"; experiments with study runs: {_names(_with_studies(client, _all_experiments(client)))}"
                            if experiments else ""))
     table = pd.DataFrame(list(rows.values()), columns=list(STUDY_COLUMNS))
     # the trials' outcomes read with the studies, so that load_trials (fit's bootstrap) need not read them again
-    table.attrs[_TRIAL_OUTCOMES_READ] = _Shared({run.info.run_id: run.data.tags.get(n.TAG_TRIAL_OUTCOMES)
-                                                 for run in runs})
+    table.attrs[_TRIAL_OUTCOMES_READ] = _Shared({run.info.run_id: _outcome_tags(run.data.tags) for run in runs})
     return table
 
 
 def load_trials(studies: pd.DataFrame, tracking_uri: str | None = None) -> pd.DataFrame:
-    """The studies' trials: from their tag edps.trial_outcomes as read with them, else their ``trials.csv``."""
-    wanted = [(run_id, key) for run_id, key in zip(studies["study_run_id"], studies["study_key"])
+    """The studies' trials, each row's (a ladder rung's its own): from their tags as read with them, else their
+    ``trials.csv``."""
+    goals = studies["goal"] if "goal" in studies.columns else pd.Series(np.nan, index=studies.index)
+    wanted = [(run_id, key, float(goal) if pd.notna(goal) else None)
+              for run_id, key, goal in zip(studies["study_run_id"], studies["study_key"], goals)
               if isinstance(run_id, str)]
     read = studies.attrs.get(_TRIAL_OUTCOMES_READ) or {}
-    texts = {run_id: read[run_id] for run_id, _ in wanted if run_id in read}
-    missing = {run_id for run_id, _ in wanted if run_id not in texts}
+    tags = {run_id: read[run_id] for run_id, _, _ in wanted if run_id in read}
+    missing = {run_id for run_id, _, _ in wanted if run_id not in tags}
     client = _client(tracking_uri) if missing else None
     if missing:
-        texts.update({run_id: tags.get(n.TAG_TRIAL_OUTCOMES)
-                      for run_id, tags in _study_tags(client, studies, missing).items()})
-    columns = trial_outcome_columns([texts.get(run_id) for run_id, _ in wanted])
-    downloads = [study for study, readable in zip(wanted, columns.readable) if not readable]
-    frames = [_trials_frame([key for _, key in wanted], columns)] if len(columns.trial_index) else []
+        tags.update({run_id: _outcome_tags(found) for run_id, found in _study_tags(client, studies, missing).items()})
+    columns = trial_outcome_columns([tags.get(run_id, {}).get(_outcomes_tag(tags.get(run_id, {}), goal))
+                                     for run_id, _, goal in wanted])
+    downloads = [(*study, tags.get(study[0], {})) for study, readable in zip(wanted, columns.readable)
+                 if not readable]
+    frames = [_trials_frame([key for _, key, _ in wanted], columns)] if len(columns.trial_index) else []
     if downloads:
         frames += _downloaded_trials(client or _client(tracking_uri), downloads)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TRIAL_COLUMNS))
@@ -242,11 +304,12 @@ def _study_tags(client, studies: pd.DataFrame, run_ids: set[str]) -> dict[str, d
             if run.info.run_id in run_ids}
 
 
-def _downloaded_trials(client, studies: list[tuple[str, str]]) -> list[pd.DataFrame]:
-    """Trial tables from the ``trials.csv`` artifacts of (run id, study key)."""
+def _downloaded_trials(client, studies: list[tuple[str, str, float | None, dict[str, str]]]) -> list[pd.DataFrame]:
+    """Trial tables from the ``trials.csv`` artifacts of (run id, study key, goal, the run's outcome tags); a
+    ladder's easier rung from its ``steps_to_goal_<goal>`` column."""
     from mlflow.exceptions import MlflowException
 
-    def one(scratch: str, run_id: str, key: str) -> pd.DataFrame | None:
+    def one(scratch: str, run_id: str, key: str, goal: float | None, tags: dict[str, str]) -> pd.DataFrame | None:
         try:
             path = client.download_artifacts(run_id, n.ARTIFACT_TRIALS_CSV, dst_path=tempfile.mkdtemp(dir=scratch))
         except (MlflowException, OSError):
@@ -255,6 +318,14 @@ def _downloaded_trials(client, studies: list[tuple[str, str]]) -> list[pd.DataFr
             frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
         except EdpsError:
             return None  # not a trials table of ours: that study gets no intervals
+        rung = f"steps_to_goal_{n.goal_text(goal)}" if goal is not None else ""
+        if _outcomes_tag(tags, goal) != n.TAG_TRIAL_OUTCOMES:
+            if rung not in frame.columns:
+                return None  # the hardest rung's trials are not this rung's: no intervals
+            # reached at this rung where the column has a value; else as at the hardest rung
+            steps = pd.to_numeric(frame[rung], errors="coerce")
+            frame["status"] = frame["status"].where(steps.isna(), "reached")
+            frame["steps_to_result"] = steps
         frame["study_key"] = key
         return frame[[c for c in TRIAL_COLUMNS if c in frame.columns]]
 

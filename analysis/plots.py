@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 
-from analysis.regimes import (CURVE_KEYS, curve_columns, curves, fit_of, fit_table, fit_value,  # noqa: E402
-                              is_degenerate, unbounded, with_curve_axes)
+from analysis.regimes import (CURVE_KEYS, UNBOUNDED_FACTOR, curve_columns, curves, family_columns,  # noqa: E402
+                              fit_of, fit_table, fit_value, is_degenerate, unbounded, with_curve_axes)
 from analysis.report import curve_words, several_methods  # noqa: E402
 from analysis.timing import TIME_COLUMNS, duration_unit  # noqa: E402
 
@@ -396,3 +396,58 @@ def _time_panel(axis: plt.Axes, curve: pd.DataFrame, colours: dict) -> None:
         axis.plot([best["batch_size"]], [best["hours"] / per_unit], "*", color=colour, markersize=14,
                   markeredgecolor="black", markeredgewidth=0.6)
     _axes(axis, f"time to result ({unit})", y_base=10, xlabel=None)
+
+
+# The panels against the goal: (title, y label, the goal table's columns drawn with their intervals, marker, line)
+_GOAL_PANELS = (("S_min", "steps", (("s_min", "o", "-"),)),
+                ("B_crit", "examples per step", (("b_crit", "o", "-"),)),
+                ("E_min = S_min B_crit", "examples", (("e_min", "o", "-"),)),
+                ("threshold B_crit (ring: measured; triangle: fitted)", "examples per step",
+                 (("b_crit_threshold", "o", "-"), ("b_crit_threshold_fit", "^", "--"))))
+
+
+def _draw_against_goal(axis: plt.Axes, family: pd.DataFrame, column: str, marker: str, style: str,
+                       colour: object, label: str | None) -> None:
+    """A family's values of ``column`` against the goal with their 95% intervals as error bars (none where the
+    fit table has none or it is practically unbounded; an interval that excludes its estimate: to the estimate)."""
+    goal = family["goal"].to_numpy(dtype=float)
+    value = pd.to_numeric(family[column], errors="coerce").to_numpy(dtype=float)
+    bars = []
+    for end, sign in (("low", 1.0), ("high", -1.0)):
+        bound = pd.to_numeric(family.get(f"{column}_{end}", np.nan), errors="coerce")
+        bound = np.array(bound, dtype=float) * np.ones(len(value))
+        bound[(bound < value / UNBOUNDED_FACTOR) | (bound > value * UNBOUNDED_FACTOR)] = np.nan  # says nothing
+        bars.append(np.clip(np.nan_to_num(sign * (value - bound), nan=0.0), 0.0, None))
+    ring = column == "b_crit_threshold"
+    axis.errorbar(goal, value, yerr=bars, fmt=marker + style, color=colour, label=label, capsize=3, linewidth=1.2,
+                  markersize=9 if ring else 6, markerfacecolor="none" if ring else colour)
+
+
+def goals_figure(goals: pd.DataFrame, workload: str, optimizer: str, directory: Path,
+                 formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
+    """S_min, B_crit, E_min and the threshold critical batch size against the goal, a line per family of curves
+    (the goal table of analysis.regimes.goal_table), harder goals to the right (the axis decreases)."""
+    group = goals[(goals["workload"] == workload) & (goals["optimizer"] == optimizer)]
+    family = family_columns(group)
+    varying = [c for c in family[len(CURVE_KEYS):] if group[c].nunique(dropna=False) > 1]
+    lines = list(group.groupby(family, sort=True, dropna=False))
+    colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
+    several = several_methods(group)
+    metric = group["goal_metric"].dropna()
+    xlabel = f"goal ({metric.iloc[0]}; harder to the right)" if len(metric) else "goal (decreasing to the right)"
+    figure, axes = plt.subplots(1, len(_GOAL_PANELS), figsize=(15.0, 3.8), layout="tight")
+    for axis, (title, ylabel, drawn) in zip(axes, _GOAL_PANELS):
+        for colour, (key, curve) in zip(colours, lines):
+            label = " ".join([curve_words(key[2], _literal(key[3]), several)]
+                             + [f"{c} {_literal(curve[c].iloc[0])}" for c in varying])
+            for column, marker, style in drawn:
+                _draw_against_goal(axis, curve.sort_values("goal"), column, marker, style, colour,
+                                   label if column == drawn[0][0] else None)
+        _axes(axis, ylabel, title, x_base=10, y_base=10, xlabel=xlabel)
+        axis.set_xticks(sorted(group["goal"].unique()), [_plain_number(g) for g in sorted(group["goal"].unique())])
+        axis.xaxis.set_minor_formatter(plt.NullFormatter())
+        axis.invert_xaxis()
+    axes[0].legend(fontsize=7, framealpha=0.9)
+    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}: against the goal (bars: 95% bootstrap "
+                    f"intervals; an end more than {UNBOUNDED_FACTOR:g}x from its value is left out)", fontsize=10)
+    return _save(figure, directory, file_stem("goals", workload, optimizer), formats)

@@ -29,7 +29,8 @@ from edps_mlflow.store.client import log_batch, resolve_tracking_uri
 from edps_mlflow.store.trouble import store_error_text
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
-_FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "r2_log",
+_FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "e_min", "e_min_low",
+                "e_min_high", "r2_log",
                 "perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold", "b_crit_threshold_low",
                 "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
                 "b_crit_threshold_fit_high")

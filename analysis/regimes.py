@@ -1,6 +1,6 @@
 """The study table as curves, and the fit table: per curve its hyperbola, regime boundaries, threshold critical
 batch size and bootstrap intervals (analysis.fits, analysis.bootstrap; docs/fit.md), with notes that say when
-a fit does not mean what it seems; and the sparsity comparison."""
+a fit does not mean what it seems; the same against the goal (goal_table); and the sparsity comparison."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 CURVE_KEYS = CURVE_AXES  # what identifies a curve (edps_mlflow.curves.CurveId), declared there once
 # Studies of another goal, trial count, check interval or step cap measure something else: where a table has
 # these columns, their values are part of a curve's identity.
-PROTOCOL_KEYS = ("goal_error", "trials_total", "check_interval", "max_steps")
+PROTOCOL_KEYS = ("goal", "trials_total", "check_interval", "max_steps")
 UNBOUNDED_FACTOR = 100.0  # an interval end this far from its estimate says nothing about where the value is
 # An interval end equal to its estimate up to the fit's precision (about 1e-8 in log space) contains it.
 CONTAINS_TOLERANCE = 1e-6
@@ -26,10 +26,15 @@ CONTAINS_TOLERANCE = 1e-6
 
 def with_curve_axes(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with every curve axis as a column: a row made before an axis existed (a CSV without
-    ``pruning``, or with the cell empty) was measured at its default (curves.TAG_DEFAULTS: SNIP)."""
+    ``pruning``, or with the cell empty) was measured at its default (curves.TAG_DEFAULTS: SNIP); and its goal,
+    where a row has only ``goal_error`` (older tables), from that."""
     filled = {axis: table[axis].fillna(default) if axis in table.columns else default
               for axis, default in TAG_DEFAULTS.items()
               if axis not in table.columns or table[axis].isna().any()}
+    if "goal_error" in table.columns and ("goal" not in table.columns or table["goal"].isna().any()):
+        goal = table["goal"] if "goal" in table.columns else pd.Series(np.nan, index=table.index)
+        filled["goal"] = pd.to_numeric(goal, errors="coerce").fillna(
+            pd.to_numeric(table["goal_error"], errors="coerce"))
     return table.assign(**filled) if filled else table
 
 
@@ -90,7 +95,8 @@ def _curve_row(key: tuple, columns: list[str], siblings: list[tuple], group: pd.
     fit = None
     try:
         fit = fit_hyperbola(b, s)
-        row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "rmse_log": fit.rmse_log, "r2_log": fit.r2_log,
+        row.update({"s_min": fit.s_min, "b_crit": fit.b_crit, "e_min": fit.e_min, "rmse_log": fit.rmse_log,
+                    "r2_log": fit.r2_log,
                     "b_crit_threshold_fit": fitted_threshold(fit, points(b, s)[0][0], tolerance)})
     except InsufficientData as error:
         _add_note(row, f"no fit: {error}")
@@ -136,6 +142,36 @@ def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance
         row["note"] = "; ".join([part for part in (row["note"],) if part] + fit_warnings(row, b, s))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# What is shown against the goal: each with its interval (<name>_low, <name>_high) where the fit table has one.
+GOAL_VALUES = ("s_min", "b_crit", "e_min", "b_crit_threshold", "b_crit_threshold_fit")
+
+
+def family_columns(fits: pd.DataFrame) -> list[str]:
+    """What identifies a family of curves: every curve column but the goal."""
+    return [column for column in curve_columns(with_curve_axes(fits)) if column != "goal"]
+
+
+def goal_table(fits: pd.DataFrame, studies: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The fit table's rows of every family with two or more goals, easiest goal first (the largest error or
+    loss), with ``goal_metric`` ("error", "loss"; empty where unknown) from the study table."""
+    fits = with_curve_axes(fits) if len(fits) else fits
+    family = family_columns(fits) if len(fits) else []
+    values = [f"{name}{end}" for name in GOAL_VALUES for end in ("", "_low", "_high")]
+    columns = [*family, "goal", "goal_metric", "points", *values, "perfect_scaling_end", "note"]
+    if "goal" not in fits.columns:
+        return pd.DataFrame(columns=columns)
+    ladders = [group.sort_values("goal", ascending=False)
+               for _, group in fits[fits["goal"].notna()].groupby(family, sort=True, dropna=False)
+               if group["goal"].nunique() >= 2]
+    if not ladders:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat(ladders, ignore_index=True)
+    metrics = {}
+    if studies is not None and "goal_metric" in studies.columns:
+        metrics = studies.dropna(subset=["goal_metric"]).groupby("workload")["goal_metric"].first().to_dict()
+    return table.assign(goal_metric=table["workload"].map(metrics)).reindex(columns=columns)
 
 
 def unbounded(value: float, low: float, high: float) -> tuple[bool, bool]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.bootstrap import BASIS_COLUMNS
-from analysis.regimes import with_curve_axes
+from analysis.regimes import CURVE_KEYS, family_columns, with_curve_axes
 from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
 
@@ -73,11 +73,14 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
     """The fit table for people: values with their 95% intervals in brackets."""
     rows = []
     several = several_methods(fits)
+    goals = "goal" in fits.columns and fits["goal"].notna().any()
     for _, row in fits.iterrows():
         rows.append({
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
+            **({"goal": _number(row["goal"])} if goals else {}),
             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
+            "E_min (examples)": _with_interval(row, "e_min"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
             "perfect_scaling_end": _with_interval(row, "perfect_scaling_end"),
             "maximal_parallelism_start": _with_interval(row, "maximal_parallelism_start"),
@@ -85,6 +88,23 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"),
             "note": row.get("note", "") or "",
         })
+    return pd.DataFrame(rows)
+
+
+def goal_summary(goals: pd.DataFrame) -> pd.DataFrame:
+    """The goal table for people: values with their 95% intervals in brackets (E_min's from the same resamples
+    as S_min's and B_crit's: each resample's own S_min B_crit)."""
+    several = several_methods(goals)
+    family = [c for c in family_columns(goals)[len(CURVE_KEYS):] if goals[c].nunique(dropna=False) > 1]
+    rows = [{"workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
+             **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
+             **{column: _number(row[column]) for column in family},
+             "goal": f"{row['goal']:g}" + (f" ({row['goal_metric']})" if pd.notna(row["goal_metric"]) else ""),
+             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
+             "E_min (examples)": _with_interval(row, "e_min"),
+             "B_crit threshold (passes..fails)": threshold_words(row),
+             "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"), "note": row.get("note") or ""}
+            for _, row in goals.iterrows()]
     return pd.DataFrame(rows)
 
 

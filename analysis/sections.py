@@ -1,5 +1,5 @@
-"""The report's sections after the curves, each a title, a table and its figures (pruning methods against the
-dense network, time to result, the probes), with the tables they add to an analysis run."""
+"""The report's sections after the curves, each a title, a table and its figures (against the goal, pruning
+methods against the dense network, time to result, the probes), with the tables they add to an analysis run."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import load_best_trial_probes, load_probe_values
-from analysis.plots import lipschitz_figure, noise_scale_figure, pruning_figure, time_figures
+from analysis.plots import goals_figure, lipschitz_figure, noise_scale_figure, pruning_figure, time_figures
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import (comparison_keys, intervals_footnote, pruning_comparison, pruning_summary,
                                       summary_for_people)
-from analysis.regimes import with_curve_axes
-from analysis.report import Section, time_summary
+from analysis.regimes import goal_table, with_curve_axes
+from analysis.report import Section, goal_summary, time_summary
 from analysis.timing import CostModel, fastest_table, time_table
 from edps_mlflow import names as n
 from edps_mlflow.errors import EdpsError
@@ -28,6 +28,25 @@ def compare_pruning(table: pd.DataFrame, fits: pd.DataFrame, tolerance: float, d
     comparison = pruning_comparison(table)
     paths = [p for w, o, s in comparison_keys(table) for p in pruning_figure(comparison, w, o, s, directory, formats)]
     return comparison, pruning_summary(table, fits, tolerance), paths
+
+
+def against_goal(studies: pd.DataFrame, fits: pd.DataFrame, directory: Path,
+                 formats: tuple[str, ...] = ("png", "svg")) -> tuple[pd.DataFrame, list[Path]]:
+    """The goal table and its figures, one per (workload, optimizer) with a family of two or more goals."""
+    goals = goal_table(fits, studies)
+    pairs = goals[["workload", "optimizer"]].drop_duplicates().itertuples(index=False)
+    return goals, [path for w, o in pairs for path in goals_figure(goals, w, o, directory, formats)]
+
+
+def goal_sections(studies: pd.DataFrame, fits: pd.DataFrame, directory: Path,
+                  formats: tuple[str, ...]) -> tuple[list[Section], Tables]:
+    """S_min, B_crit, E_min and the threshold critical batch size against the goal; none without two goals."""
+    goals, paths = against_goal(studies, fits, directory, formats)
+    if goals.empty:
+        return [], {}
+    title = ("Against the goal: S_min, B_crit, E_min = S_min B_crit (McCandlish et al.'s minimum examples) and "
+             "the threshold critical batch size, easiest goal first (95% bootstrap intervals)")
+    return [(title, goal_summary(goals), paths)], {"goals": goals}
 
 
 def pruning_sections(studies: pd.DataFrame, fits: pd.DataFrame, tolerance: float, directory: Path,

@@ -71,11 +71,13 @@ def entry_of(run: Any) -> str | None:
     document = {"format": ENTRY_FORMAT, "run_id": info.run_id, "experiment_id": str(info.experiment_id),
                 "status": info.status, "start_time": info.start_time, "end_time": info.end_time, "tags": tags,
                 "params": dict(data.params), "metrics": dict(data.metrics)}
-    for _ in range(2):
+    # a ladder's easier rungs' outcomes go first, then the hardest's
+    for dropped in ((), [key for key in tags if key.startswith(n.TAG_GOAL_OUTCOMES_PREFIX)], [n.TAG_TRIAL_OUTCOMES]):
+        for key in dropped:
+            tags.pop(key, None)
         text = json.dumps(document, separators=(",", ":"), sort_keys=True)
         if len(text) <= MAX_TAG_VALUE:
             return text
-        tags.pop(n.TAG_TRIAL_OUTCOMES, None)
     return None
 
 
