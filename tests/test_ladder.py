@@ -1,16 +1,14 @@
 """Goal ladders, held without a store: every rung's steps-to-result equals a one-goal study of that rung, bit for
 bit, on the single-trial path and in packed chunks, with and without early abort, and the ladder trains exactly the
-hardest one-goal study's trial-steps; a ladder's keys; bad ladders refused in one line before any work."""
+hardest one-goal study's trial-steps; a ladder's keys; which ladders a study accepts (bad ladders on the command
+line: tests/test_cli_bad_input.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edps_mlflow.cli import main
 from edps_mlflow.config import StudySpec, TrialSpec
 from edps_mlflow.engine import LocalStepBound, train_trials
 from edps_mlflow.errors import EdpsError
@@ -90,33 +88,6 @@ def test_a_one_rung_ladder_is_the_plain_study_and_a_rung_is_keyed_as_its_one_goa
     for goal in ladder.ladder:
         alone = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, goal_error=goal)
         assert ladder.rung(goal) == alone and ladder.rung(goal).study_key == alone.study_key
-
-
-LADDER_CASES = [
-    (["--goals", ""], "an empty goal ladder"),
-    (["--goals", " "], "an empty goal ladder"),
-    (["--goals", "0.2,1.5"], "goal error must be in (0, 1), got 1.5"),
-    (["--goals", "0.1,-1"], "goal error must be in (0, 1), got -1"),
-    (["--goals", "0.05,0.1"], "goals must go from the easiest to the hardest"),
-    (["--goals", "0.1,0.1"], "goal 0.1 is repeated in the ladder"),
-    (["--goals", "0.1,0.05", "--goal-error", "0.05"], "give either a goal ladder (--goals) or one goal"),
-    (["--goals", "2.5,1.5"], "(digits-simple-cnn sets a validation error rate, not a loss)"),
-    (["--goals", "0.1,abc"], "'--goals'"),
-    (["--goals", "0.1,nan"], "'--goals'"),
-]
-
-
-@pytest.mark.parametrize("arguments,message", LADDER_CASES)
-def test_a_bad_ladder_is_refused_in_one_line_before_any_work(arguments, message, sqlite_uri, monkeypatch, capsys):
-    monkeypatch.setenv("EDPS_TRAINING_ENVIRONMENT", "1")  # no re-exec: we run in this process
-    with pytest.raises(SystemExit) as exit_info:
-        main(["study", *arguments])
-    assert exit_info.value.code == 2
-    stderr = capsys.readouterr().err
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("edps: error: ") and message in lines[0], lines[0]
-    assert not Path(sqlite_uri.removeprefix("sqlite:///")).exists()
 
 
 _GOAL = st.one_of(st.floats(min_value=-0.5, max_value=1.5, allow_nan=False), st.sampled_from([0.0, 1.0, 0.5, 0.03]))

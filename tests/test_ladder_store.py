@@ -19,7 +19,7 @@ from conftest import run_edps
 from helpers import digits_data
 
 GOALS = (0.2, 0.1, 0.05)
-COMMON = ["study", "--bs", "64", "--max-steps", "200", "--check-interval", "20"]
+COMMON = ["study", "--bs", "64", "--max-steps", "100", "--check-interval", "20"]
 
 
 def _study(tmp_path, uri: str, experiment: str, *arguments: str):
@@ -48,7 +48,7 @@ def test_a_ladder_study_carries_every_rung_answers_a_rung_and_grows(sqlite_store
     assert tags["edps.goals"] == "0.2,0.1,0.05"
     assert rungs[0.2] is not None and rungs[0.1] is not None and rungs[0.2] < rungs[0.1]
     assert metrics.get("steps_to_result") == rungs[0.05]
-    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, trials=3, max_steps=200, check_interval=20,
+    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, trials=3, max_steps=100, check_interval=20,
                            goals=GOALS)
     spec = replace(spec, data_fingerprint=splits_fingerprint(digits_data()))  # as the study fingerprints its data
     assert tags["edps.study_key"] == spec.study_key
