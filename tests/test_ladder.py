@@ -83,8 +83,9 @@ def test_a_one_rung_ladder_is_the_plain_study_and_a_rung_is_keyed_as_its_one_goa
     assert one.study_key == "d0a08df269d694d764506c7e205265b26a315df1e14769d79c045c831a6d1af9"
     ladder = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, goals=(0.1, 0.05, 0.03))
     assert ladder.goal_error == 0.03 and ladder.ladder == (0.1, 0.05, 0.03)
-    assert ladder.study_key != plain.study_key
-    assert TrialSpec(ladder, 0, {"learning_rate": 0.1}).trial_key != TrialSpec(plain, 0, {"learning_rate": 0.1}).trial_key
+    assert ladder.study_key != plain.study_key  # plain: the ladder's hardest goal alone
+    point = {"learning_rate": 0.1}
+    assert TrialSpec(ladder, 0, point).trial_key != TrialSpec(plain, 0, point).trial_key
     for goal in ladder.ladder:
         alone = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, goal_error=goal)
         assert ladder.rung(goal) == alone and ladder.rung(goal).study_key == alone.study_key
