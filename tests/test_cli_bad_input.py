@@ -26,6 +26,17 @@ CASES = [
     (["--trials", "0"], "trials must be a positive integer"),
     (["--max-steps", "10"], "max steps (10) must be at least the check interval (20)"),
     (["--device", "cuda:0"], "no CUDA device is available"),
+    # Goal ladders: refused in one line whatever is wrong with them.
+    (["--goals", ""], "an empty goal ladder"),
+    (["--goals", " "], "an empty goal ladder"),
+    (["--goals", "0.2,1.5"], "goal error must be in (0, 1), got 1.5"),
+    (["--goals", "0.1,-1"], "goal error must be in (0, 1), got -1"),
+    (["--goals", "0.05,0.1"], "goals must go from the easiest to the hardest"),
+    (["--goals", "0.1,0.1"], "goal 0.1 is repeated in the ladder"),
+    (["--goals", "0.1,0.05", "--goal-error", "0.05"], "give either a goal ladder (--goals) or one goal"),
+    (["--goals", "2.5,1.5"], "(digits-simple-cnn sets a validation error rate, not a loss)"),
+    (["--goals", "0.1,abc"], "'--goals'"),
+    (["--goals", "0.1,nan"], "'--goals'"),
 ]
 
 

@@ -21,9 +21,10 @@ def _mlflow_run(uri: str, tmp_path, *parameters: str) -> subprocess.CompletedPro
 @pytest.mark.slow
 def test_mlflow_run_main_entry_point(tmp_path):
     # A store to work in (a first `mlflow run` on no store: test_newcomer.py, test_mlflow_environment.py), and
-    # a study whose goal the first check reaches: what is tested is whose run the study is, not its training.
+    # a study whose goals the first check reaches: what is tested is whose run the study is, not its training. A
+    # goal ladder costs nothing more here and shows the MLproject passes one.
     uri = fresh_store(tmp_path / "mlflow.db")
-    result = _mlflow_run(uri, tmp_path, "bs=64", "trials=2", "goal_error=0.5", "max_steps=40", "check_interval=20")
+    result = _mlflow_run(uri, tmp_path, "bs=64", "trials=2", "goals=0.6,0.5", "max_steps=40", "check_interval=20")
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name("mlflow-run-test").experiment_id
@@ -35,6 +36,8 @@ def test_mlflow_run_main_entry_point(tmp_path):
     # The run that `mlflow run` created is the study run: its own params and ours side by side.
     assert study.data.params["bs"] == "64" and study.data.params["spec.batch_size"] == "64"
     assert study.info.status == "FINISHED" and "steps_to_result" in study.data.metrics
+    assert study.data.tags["edps.goals"] == "0.6,0.5" and study.data.params["goals"] == "0.6,0.5"
+    assert {"steps_to_result/goal_0.6", "steps_to_result/goal_0.5"} <= set(study.data.metrics)
     assert {t.data.tags["mlflow.parentRunId"] for t in trials} == {study.info.run_id}
 
     refused = _mlflow_run(uri, tmp_path, "bs=0")
