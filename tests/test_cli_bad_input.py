@@ -33,7 +33,7 @@ CASES = [
     (["--goals", "0.1,-1"], "goal error must be in (0, 1), got -1"),
     (["--goals", "0.05,0.1"], "goals must go from the easiest to the hardest"),
     (["--goals", "0.1,0.1"], "goal 0.1 is repeated in the ladder"),
-    (["--goals", "0.1,0.05", "--goal-error", "0.05"], "give either a goal ladder (--goals) or one goal"),
+    (["--goals", "0.1,0.05", "--goal-error", "0.07"], "is not the ladder's hardest goal (0.05): give --goals alone"),
     (["--goals", "2.5,1.5"], "(digits-simple-cnn sets a validation error rate, not a loss)"),
     (["--goals", "0.1,abc"], "'--goals'"),
     (["--goals", "0.1,nan"], "'--goals'"),
