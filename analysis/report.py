@@ -20,7 +20,8 @@ def _number(value: object, digits: int = 4) -> str:
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, (int,)) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1):
+    # Whole numbers as integers (steps, batch sizes), but not the 24 digits of a practically unbounded end.
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and 1 <= abs(value) < 1e7):
         return str(int(value))
     return f"{value:.{digits}g}"
 
