@@ -318,7 +318,7 @@ def _downloaded_trials(client, studies: list[tuple[str, str, float | None, dict[
             frame = read_csv(path, columns=TRIAL_COLUMNS[1:])
         except EdpsError:
             return None  # not a trials table of ours: that study gets no intervals
-        rung = f"steps_to_goal_{n.goal_text(goal)}" if goal is not None else ""
+        rung = n.goal_steps_column(goal) if goal is not None else ""
         if _outcomes_tag(tags, goal) != n.TAG_TRIAL_OUTCOMES:
             if rung not in frame.columns:
                 return None  # the hardest rung's trials are not this rung's: no intervals

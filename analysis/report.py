@@ -37,15 +37,19 @@ def several_methods(table: pd.DataFrame) -> bool:
 
 
 def steps_grids(table: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (workload, optimizer): steps-to-result, batch size down, sparsity (and method) across."""
+    """Per (workload, optimizer): steps-to-result, batch size down, sparsity (and method) across; a column per
+    goal too, easiest first, where the studies differ in goal (a ladder is a row per rung)."""
     table = with_curve_axes(table)
     grids = {}
     for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
-        grid = group.pivot_table(index="batch_size", columns=["sparsity", "pruning"], values="steps_to_result",
-                                 aggfunc="min")
+        goals = ["goal"] if "goal" in group.columns and group["goal"].nunique() > 1 else []
+        grid = group.pivot_table(index="batch_size", columns=goals + ["sparsity", "pruning"],
+                                 values="steps_to_result", aggfunc="min")
         grid = grid.reindex(sorted(group["batch_size"].unique()))
+        if goals:  # easiest first: the largest goal, for an error as for a loss
+            grid = grid[sorted(grid.columns, key=lambda c: (-c[0], *c[1:]))]
         several = several_methods(group)
-        grid.columns = [curve_words(s, m, several) for s, m in grid.columns]
+        grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-2:], several) for c in grid.columns]
         grid.index.name = "batch size"
         grids[(workload, optimizer)] = grid.map(_number)
     return grids

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.names import goals_text
 from edps_mlflow.fields import key_fields
 from edps_mlflow.optimizers import get_optimizer, parse_optimizer
 from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
@@ -84,10 +85,10 @@ def _checked_ladder(workload: Workload, goals: Any, hardest: float) -> tuple[flo
     ladder = tuple(float(goal) for goal in goals)
     for easier, harder in zip(ladder, ladder[1:]):
         if harder == easier:
-            raise EdpsError(f"goal {easier:g} is repeated in the ladder {','.join(f'{g:g}' for g in ladder)}")
+            raise EdpsError(f"goal {easier:g} is repeated in the ladder {goals_text(ladder)}")
         if harder > easier:
             raise EdpsError(f"goals must go from the easiest to the hardest (each smaller than the one before), got "
-                            f"{','.join(f'{g:g}' for g in ladder)}")
+                            f"{goals_text(ladder)}")
     if ladder and ladder[-1] != hardest:
         raise EdpsError(f"the ladder's hardest goal ({ladder[-1]:g}) must be the study's goal ({hardest:g})")
     return ladder if len(ladder) > 1 else ()

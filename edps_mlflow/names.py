@@ -204,6 +204,11 @@ def goal_steps_metric(goal: float) -> str:
     return METRIC_GOAL_STEPS_PREFIX + goal_text(goal)
 
 
+def goal_steps_column(goal: float) -> str:
+    """``steps_to_goal_<goal>``: a ladder trial's steps at one rung, a column of its study's trials.csv."""
+    return "steps_to_goal_" + goal_text(goal)
+
+
 def goal_key_tag(goal: float) -> str:
     return TAG_GOAL_KEY_PREFIX + goal_text(goal)
 

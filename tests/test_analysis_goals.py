@@ -164,3 +164,12 @@ def test_an_index_entry_drops_the_easier_rungs_outcomes_before_the_hardest(tmp_p
     entry = entry_of(view)
     assert entry is not None and len(entry) <= MAX_TAG_VALUE
     assert n.TAG_TRIAL_OUTCOMES in entry and n.TAG_GOAL_OUTCOMES_PREFIX not in entry
+
+
+def test_the_table_has_a_column_per_goal_not_the_fewest_steps_of_any(tmp_path, capsys):
+    # A ladder is a row per rung: one cell per batch size took the easiest rung's steps, naming no goal.
+    out, _ = analyze(["table", "--csv", str(_loss_curves(tmp_path))], capsys)
+    _, header, _, *rows = out.splitlines()  # title, columns, index name, a row per batch size
+    assert header.split() == ["goal", "3.5", "sparsity", "0", "goal", "3", "sparsity", "0", "goal", "2.5",
+                              "sparsity", "0"]  # easiest first
+    assert rows[0].split() == ["16", "2000", "8100", "34000"]

@@ -106,3 +106,9 @@ def test_a_ladder_is_accepted_iff_its_rungs_strictly_fall_within_the_range(goals
         return
     assert valid, goals
     assert spec.ladder == tuple(goals) and spec.goals == (tuple(goals) if len(goals) > 1 else ())
+
+
+def test_a_refused_ladder_is_named_as_it_was_given():
+    # Written with :g, 0.05000001 read back as 0.05: "each smaller than the one before, got 0.1,0.05,0.05".
+    with pytest.raises(EdpsError, match=r"got 0\.1,0\.05,0\.05000001$"):
+        StudySpec("digits-simple-cnn", "sgd", 0.0, 64, 4, 0.05000001, 1000, 20, 0, goals=(0.1, 0.05, 0.05000001))

@@ -391,3 +391,26 @@ def test_a_disk_that_fills_mid_study_names_what_it_left_running_and_the_next_com
     assert "left RUNNING by a dead process" in again.stdout, again.stdout
     assert len(ends) == len(running) and max(ends) < 20, ends  # marked FAILED at its start, not after the lease
     assert "RUNNING" not in final, final
+
+
+def test_a_write_killed_mid_transaction_leaves_a_store_that_the_next_command_uses(tmp_path: Path) -> None:
+    """A command killed inside a write (SIGKILL of `edps study` alone, seen by hand) leaves a hot journal, which
+    a read-only connection cannot roll back ("attempt to write a readonly database"): the next command rolls it
+    back as sqlite's writers do, and never says "move it away" of a store that holds every result."""
+    database = tmp_path / "mlflow.db"
+    uri = fresh_store(database)
+    script = ("import os, signal, sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+              "c.execute('PRAGMA cache_size = 1'); c.execute('BEGIN IMMEDIATE'); "
+              "c.execute(\"update experiments set name = 'half-written'\"); "
+              # a page spilled from the cache: the journal is synced with its header, as in a killed commit
+              "c.execute('create table filler as with recursive n(i) as (select 1 union all select i + 1 from n "
+              "where i < 200) select randomblob(1000) from n'); "
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    killed = subprocess.run([sys.executable, "-c", script, str(database)])
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0  # hot: its writer is gone
+    _age(database)
+    result = run_edps(["status"], cwd=tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert "not a usable sqlite database" not in result.stderr
+    assert _one_line(result.stderr) == "edps: error: the tracking store holds no study runs yet"  # read, not refused
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]  # the write rolled back

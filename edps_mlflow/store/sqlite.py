@@ -177,7 +177,7 @@ def require_writable(uri: str) -> None:
     path = sqlite_path(uri).resolve()
 
     def rolled_back_write(timeout: float) -> None:
-        connection = _connection(path, read_only=False, timeout=timeout)
+        connection = _connection(path, timeout)
         try:
             connection.execute("BEGIN IMMEDIATE")
             connection.execute("UPDATE alembic_version SET version_num = version_num")
@@ -267,16 +267,17 @@ def _schema_head() -> str:
     return _get_latest_schema_revision()
 
 
-def _connection(path: Path, read_only: bool, timeout: float) -> sqlite3.Connection:
-    """A connection to the sqlite file ``path`` that waits up to ``timeout`` seconds for its lock."""
-    mode = "?mode=ro" if read_only else ""
-    return sqlite3.connect(f"file:{quote(str(path))}{mode}", uri=True, timeout=timeout, isolation_level=None)
+def _connection(path: Path, timeout: float) -> sqlite3.Connection:
+    """A connection to the existing sqlite file ``path`` that waits up to ``timeout`` seconds for its lock. Never
+    read-only: a hot journal (a writer killed mid-commit) is rolled back on the first read, which a read-only
+    connection refuses ("attempt to write a readonly database"); a write-protected file opens read-only anyway."""
+    return sqlite3.connect(f"file:{quote(str(path))}?mode=rw", uri=True, timeout=timeout, isolation_level=None)
 
 
 def _schema(path: Path, count_runs: bool = False) -> tuple[set[str], str | None, int | None]:
-    """(table names, alembic revision, number of runs when ``count_runs``) of a sqlite file, read only."""
+    """(table names, alembic revision, number of runs when ``count_runs``) of a sqlite file (it writes nothing)."""
     def read(timeout: float) -> tuple[set[str], str | None, int | None]:
-        connection = _connection(path, read_only=True, timeout=timeout)
+        connection = _connection(path, timeout)
         try:
             tables = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
             revision = None

@@ -93,7 +93,7 @@ def trials_table(outcome: StudyOutcome, ladder: tuple[float, ...] = ()) -> pd.Da
     rows = [{
         "trial_index": record.trial.index, "trial_key": record.trial.trial_key, "status": record.status.value,
         "steps_to_result": record.steps_to_result, "steps_trained": record.steps_trained,
-        **{f"steps_to_goal_{n.goal_text(goal)}": steps
+        **{n.goal_steps_column(goal): steps
            for goal, steps in zip(ladder, record_goal_steps(record, len(ladder)) if ladder else ())},
         "best_validation_error": record.best_validation_error, **record.trial.metaparameters,
         "init_seed": record.trial.init_seed, "run_id": record.run_id, "reused": record.reused,
@@ -101,7 +101,7 @@ def trials_table(outcome: StudyOutcome, ladder: tuple[float, ...] = ()) -> pd.Da
         "pack_size": record.pack_size, "device": record.device,
     } for record in outcome.records.values()]
     return pd.DataFrame(rows).astype({"steps_to_result": "Int64", **{
-        f"steps_to_goal_{n.goal_text(goal)}": "Int64" for goal in ladder}})
+        n.goal_steps_column(goal): "Int64" for goal in ladder}})
 
 
 def trial_outcomes_tag(outcome: StudyOutcome) -> str | None:
