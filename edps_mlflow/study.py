@@ -271,8 +271,9 @@ def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: flo
         done = claimed.done
         where = "finished study run" if done.key == spec.study_key else \
             f"goal ladder {done.key[:12]}, whose rung {spec.goal_error:g} is this study: its finished run"
-        print(f"study already done: steps_to_result = {done.steps_to_result} in the {where} {done.run_id}; nothing "
-              f"to train", file=out, flush=True)
+        result = "no trial reached the goal" if done.steps_to_result is None else \
+            f"steps_to_result = {done.steps_to_result}"
+        print(f"study already done: {result} in the {where} {done.run_id}; nothing to train", file=out, flush=True)
         return StudyOutcome(done.run_id, experiment_id, done.steps_to_result, {}, 0, 0, 0,
                             time.perf_counter() - started)
     assert claimed.owned is not None  # a study never watches (OnLive.WATCH)
