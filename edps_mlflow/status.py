@@ -51,8 +51,11 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():
         finished = sorted((r for r in group if r.state is RunState.FINISHED), key=lambda r: r.start_time)
-        if finished and finished[-1].rungs:  # a goal ladder: each rung's steps
-            cell = " ".join(f"{goal:g}:{'-' if steps is None else steps}" for goal, steps in finished[-1].rungs)
+        # Every goal measured at this point, the latest study of each: a ladder's rungs, one-goal studies' goals.
+        goals = {goal: steps for r in finished for goal, steps in (r.rungs or ((r.goal, r.steps_to_result),))}
+        if len(goals) > 1:
+            cell = " ".join(f"{goal:g}:{'-' if steps is None else steps}"
+                            for goal, steps in sorted(goals.items(), key=lambda g: -(g[0] or 0.0)))
         elif finished:
             steps = finished[-1].steps_to_result
             cell = "-" if steps is None else str(steps)

@@ -106,3 +106,23 @@ def test_a_one_goal_sweep_after_a_ladder_sweep_trains_nothing_and_adaptive_answe
     stops = decisions[decisions["decision"].str.startswith("stop")]
     assert sorted(stops["goal"]) == [0.1, 0.2] and all(math.isnan(g) for g in decisions["goal"][:3])
     assert run.data.tags[n.TAG_ADAPTIVE_STOP] == stops["decision"].iloc[0].removeprefix("stop: ")
+
+
+def test_status_shows_every_goal_measured_at_a_point_the_latest_study_of_each():
+    """A ladder and a later one-goal study at another goal share a cell: both goals stay in view, easiest first,
+    and a later one-goal study of a rung replaces that rung only (the cell once showed the latest study alone)."""
+    from edps_mlflow.results import RunState
+    from edps_mlflow.status import tables_of
+    from edps_mlflow.store.read.status import StudyRow
+
+    curve = CurveId("digits-simple-cnn", "sgd", 0.0)
+
+    def row(start: int, steps: int, goal: float, rungs: tuple = ()) -> StudyRow:
+        return StudyRow(curve, 64, f"key{start}", RunState.FINISHED, steps, 6, 6, start, rungs=rungs, goal=goal)
+
+    ladder = row(1, 60, 0.05, ((0.2, 20), (0.1, 60), (0.05, 60)))
+    cell = lambda rows: next(iter(tables_of(rows).values())).loc[64, "sparsity 0"]  # noqa: E731
+    assert cell([ladder]) == "0.2:20 0.1:60 0.05:60"
+    assert cell([ladder, row(2, 80, 0.07)]) == "0.2:20 0.1:60 0.07:80 0.05:60"
+    assert cell([ladder, row(2, 40, 0.1)]) == "0.2:20 0.1:40 0.05:60"
+    assert cell([row(1, 80, 0.07), row(2, 60, 0.07)]) == "60"  # one goal: the plain cell, as before

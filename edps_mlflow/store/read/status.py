@@ -32,6 +32,7 @@ class StudyRow:
     start_time: int
     live: bool = False  # RUNNING with a lease renewed in time: a process is working on it now
     rungs: tuple[tuple[float, int | None], ...] = ()  # a finished goal ladder's (goal, steps-to-result), easiest first
+    goal: float | None = None  # a one-goal study's goal (a ladder's hardest)
 
 
 def with_studies(client: Any, experiments: list[Any]) -> list[Any]:
@@ -74,7 +75,8 @@ def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -
                 curve=CurveId.from_tags(run.data.tags), batch_size=int(run.data.tags[n.TAG_BATCH_SIZE]),
                 study_key=study.study_key, state=study.state, steps_to_result=study.steps_to_result, trials=trials,
                 finished_trials=counts.get(study.study_key, trials), start_time=study.start_time, live=study.live,
-                rungs=tuple((r.goal, r.steps_to_result) for r in study.rungs)))
+                rungs=tuple((r.goal, r.steps_to_result) for r in study.rungs),
+                goal=run.data.metrics.get(n.METRIC_GOAL_ERROR)))
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
     return rows
