@@ -198,11 +198,12 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
             if run is None:
                 return None
             trials = run.trial_outcomes
-            if trials is None:  # a study written before its trials were kept on its run
-                trials = tuple(study_trial_outcomes(client, run.run_id))
-            # Only the hardest rung's trials can be missing from the run (too many for a tag): they are the study's.
+            if trials is None:  # written before its trials were kept on its run, or left out of the index entry
+                trials = tuple(study_trial_outcomes(client, run.run_id, run.rung))
+            # A rung whose trials the index entry left out (too long) is read from its run.
             rungs = tuple((r.steps_to_result, tuple(decode_trial_outcomes(r.trial_outcomes_text) or ())
-                           if r.trial_outcomes_text is not None else trials) for r in run.rungs)
+                           if r.trial_outcomes_text is not None else trials if r is run.rungs[-1]
+                           else tuple(study_trial_outcomes(client, run.run_id, r.goal))) for r in run.rungs)
             cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials, rungs)
         found[key] = cache[key]
     return found

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from edps_mlflow.config import StudySpec
 from edps_mlflow.data.fingerprint import splits_fingerprint
-from edps_mlflow.store.read.trials import finished_trials
+from edps_mlflow.store.read.trials import finished_trials, study_trial_outcomes
 
 from conftest import run_edps
 from helpers import digits_data
@@ -62,6 +62,12 @@ def test_a_ladder_study_carries_every_rung_answers_a_rung_and_grows(sqlite_store
         assert table[f"steps_to_goal_{goal!r}"].min() == rungs[goal]
     goals_json = json.loads(open(client.download_artifacts(study.info.run_id, "study.json", str(tmp_path))).read())
     assert [g["steps_to_result"] for g in goals_json["goals"]] == [rungs[g] for g in GOALS]
+    # An easier rung's trials that its tag no longer holds (too many for one) come from trials.csv, listed as that
+    # goal's one-goal study lists them (an adaptive sweep's bootstrap reads them so).
+    from_tag = study_trial_outcomes(client, study.info.run_id, 0.1)
+    assert any(t.steps_to_result == rungs[0.1] for t in from_tag)
+    client.delete_tag(study.info.run_id, "edps.goal_outcomes.0.1")
+    assert study_trial_outcomes(client, study.info.run_id, 0.1) == from_tag
 
     # (i) A one-goal study of an easier rung is the ladder's answer: no training, no new study run.
     answered = _study(tmp_path, sqlite_store, "ladder", "--goal-error", "0.1", "--trials", "3")

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from edps_mlflow import names as n
 from edps_mlflow.filters import filter_string
-from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes, encode_trial_outcomes
+from edps_mlflow.results import RunState, TrialOutcome, decode_trial_outcomes
 from edps_mlflow.store import index
 from edps_mlflow.store.client import StoreClient, search_all, searcher
 from edps_mlflow.store.ownership.owner import exited_owner
@@ -164,6 +164,7 @@ class StoredStudy:
     epoch: int = 0  # as LeasedRun's, for the Fence (fence.py)
     planned: bool = False
     rungs: tuple[Rung, ...] = ()  # a goal ladder's, easiest first
+    rung: float | None = None  # an answer of a ladder's easier rung (answers): that goal, whose trials it lists
     kind = n.KIND_STUDY
 
     @property
@@ -180,7 +181,8 @@ class StoredStudy:
 
     @property
     def trial_outcomes(self) -> tuple[TrialOutcome, ...] | None:
-        """Its trials from its tag edps.trial_outcomes (None: written before the tag; trials.study_trial_outcomes)."""
+        """Its trials from its tag (None: written before the tag, or left out of a long index entry;
+        trials.study_trial_outcomes reads them from the run)."""
         decoded = decode_trial_outcomes(self.trial_outcomes_text)
         return tuple(decoded) if decoded is not None else None
 
@@ -188,7 +190,8 @@ class StoredStudy:
         """The study and, for a ladder, the one-goal study of each rung as that rung answers it: its key, steps and
         trials (the hardest rung's are the study's own)."""
         return [self, *(replace(self, study_key=r.study_key, steps_to_result=r.steps_to_result,
-                                trial_outcomes_text=r.trial_outcomes_text, rungs=()) for r in self.rungs)]
+                                trial_outcomes_text=r.trial_outcomes_text, rungs=(),
+                                rung=None if r is self.rungs[-1] else r.goal) for r in self.rungs)]
 
 
 def _rungs(tags: dict[str, str], metrics: dict[str, float]) -> tuple[Rung, ...]:
@@ -199,9 +202,9 @@ def _rungs(tags: dict[str, str], metrics: dict[str, float]) -> tuple[Rung, ...]:
     rungs = []
     for goal in goals:
         steps = metrics.get(n.goal_steps_metric(goal))
-        # An easier rung's trials too many for a tag are read as none (the study's trials.csv is the hardest's).
-        outcomes = tags.get(n.TAG_TRIAL_OUTCOMES) if goal == goals[-1] else \
-            tags.get(n.goal_outcomes_tag(goal), encode_trial_outcomes([]))
+        # None where the tag is missing (too many trials for it, or left out of a long index entry): readers that
+        # need the trials read them from the run (trials.study_trial_outcomes).
+        outcomes = tags.get(n.TAG_TRIAL_OUTCOMES if goal == goals[-1] else n.goal_outcomes_tag(goal))
         if n.goal_key_tag(goal) in tags:
             rungs.append(Rung(goal, tags[n.goal_key_tag(goal)], int(steps) if steps is not None else None, outcomes))
     return tuple(rungs)

@@ -94,10 +94,12 @@ def neighbour_best_point(client: StoreClient, experiment_id: str,
     return batch_size, point
 
 
-def study_trial_outcomes(client: StoreClient, run_id: str) -> list[TrialOutcome]:
-    """The trials of a finished study run: from its tag edps.trial_outcomes, else (a study written before
-    the tag, or with too many trials for one) from its ``trials.csv`` artifact; empty when it has neither."""
-    decoded = decode_trial_outcomes(client.get_run(run_id).data.tags.get(n.TAG_TRIAL_OUTCOMES))
+def study_trial_outcomes(client: StoreClient, run_id: str, rung: float | None = None) -> list[TrialOutcome]:
+    """The trials of a finished study run (of a ladder's easier ``rung``: as that goal's one-goal study lists them):
+    from its tag, else (a study written before the tag, or with too many trials for one) from its ``trials.csv``
+    artifact; empty when it has neither."""
+    tag = n.TAG_TRIAL_OUTCOMES if rung is None else n.goal_outcomes_tag(rung)
+    decoded = decode_trial_outcomes(client.get_run(run_id).data.tags.get(tag))
     if decoded is not None:
         return decoded
     with tempfile.TemporaryDirectory(prefix="edps-trials-") as scratch:
@@ -109,9 +111,10 @@ def study_trial_outcomes(client: StoreClient, run_id: str) -> list[TrialOutcome]
     outcomes = []
     for row in rows:
         try:
-            steps = row.get("steps_to_result") or ""
-            outcomes.append(TrialOutcome(int(row["trial_index"]), TrialStatus(row["status"]),
-                                         int(float(steps)) if steps else None, int(float(row["steps_trained"] or 0))))
+            steps = row.get("steps_to_result" if rung is None else n.goal_steps_column(rung)) or ""
+            status = TrialStatus.REACHED if steps else TrialStatus(row["status"])  # a rung met is reached
+            outcomes.append(TrialOutcome(int(row["trial_index"]), status, int(float(steps)) if steps else None,
+                                         int(float(row["steps_trained"] or 0))))
         except (KeyError, ValueError):
             return []  # not a trials table of ours: the study gets no bootstrap
     return outcomes
