@@ -327,3 +327,24 @@ def test_a_former_owners_end_of_a_sweep_run_neither_stops_its_owner_nor_stands(s
     out = io.StringIO()
     assert run_doctor("sweep-ends", True, out, sqlite_store) == 0, out.getvalue()
     assert raw.get_run(run_id).info.end_time == ended and raw.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_study_marked_dead_by_its_sweep_still_marks_the_trial_runs_it_opened(sqlite_store):
+    """An interrupted sweep marks its study run dead, maybe just after the study's process opened a trial run the
+    sweep did not see: the study's own abort leaves the study run as the sweep marked it and ends that trial run
+    (it once left it RUNNING, since the study run was no longer its own)."""
+    from edps_mlflow.config import StudySpec, TrialSpec
+    from edps_mlflow.store.client import StoreClient
+    from edps_mlflow.store.experiment import resolve_experiment
+    from edps_mlflow.store.ownership.claim import mark_dead
+    from edps_mlflow.store.ownership.lease import abort_guard
+
+    client, raw = StoreClient(sqlite_store), MlflowClient(sqlite_store)
+    spec = StudySpec.build("digits-simple-cnn", "sgd", 0.0, 64, trials=1)
+    study = _tracker(client, resolve_experiment(client, "cancelled"), spec, 1)
+    with pytest.raises(KeyboardInterrupt), abort_guard(study.owned, study.open_trial_runs):
+        mark_dead(client, [study.study_run_id], "the sweep that submitted it was interrupted")
+        study.trial_runs[0] = raw.create_run(study.experiment_id).info.run_id  # opened as the sweep marked
+        raise KeyboardInterrupt
+    assert raw.get_run(study.study_run_id).info.status == "FAILED"  # as the sweep marked it
+    assert raw.get_run(study.trial_runs[0]).info.status == "KILLED"

@@ -130,17 +130,20 @@ class OwnedRun:
         client.set_terminated(self.run_id, status, end_time=end_time)
 
     def abort(self, interrupted: bool, open_runs: list[str] | None = None) -> list[str]:
-        """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs), if still ours; a run
-        another process took over keeps what that process wrote. Returns the runs the store refused to mark."""
+        """KILLED (interrupted) or FAILED, with ``open_runs`` (its RUNNING trial runs); a run another process took
+        over (or marked dead) keeps what that process wrote, and only the open runs are marked. Returns the runs
+        the store refused to mark."""
         self.stop_heartbeat()
         # One try each: a locked or unreachable store would make every run wait out the retries again, so none
         # after a write that fails, unless the disk is full: a status is a tiny write, which may still fit.
         client = self.client.without_retries()
+        ours = True
         with suppress(Exception):  # the store is failing: marking is best effort, the owner's exit covers the rest
-            if self.lost.is_set() or self._why_not_ours(client.get_run(self.run_id)) is not None:
-                return []
+            ours = not self.lost.is_set() and self._why_not_ours(client.get_run(self.run_id)) is None
         status = (RunState.KILLED if interrupted else RunState.FAILED).value
-        runs, unmarked = [*(open_runs or []), self.run_id], []
+        # The trial runs this process opened are its own whoever holds the run now (a taker opens its own; an
+        # interrupted sweep marks its study dead, maybe before a trial run created at that moment): mark them.
+        runs, unmarked = [*(open_runs or []), *([self.run_id] if ours else [])], []
         for at, run_id in enumerate(runs):
             try:
                 if run_id == self.run_id:
@@ -151,7 +154,7 @@ class OwnedRun:
                 if store_trouble(error) is not StoreTrouble.FULL:
                     return [*unmarked, *runs[at:]]
                 unmarked.append(run_id)
-        if self.run_id not in unmarked:
+        if ours and self.run_id not in unmarked:
             with suppress(Exception):  # best effort: an entry that says RUNNING is read from the store
                 # A study run's entry in the study index says RUNNING until this (a sweep run has none).
                 index_study_run(client, self.run_id)
