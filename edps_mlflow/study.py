@@ -15,6 +15,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from edps_mlflow import names as n
 from edps_mlflow import resources
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
 from edps_mlflow.data.fingerprint import splits_fingerprint
@@ -388,7 +389,7 @@ def _print_plan(spec: StudySpec, plan: StudyPlan, tracker: StudyTracker, device:
                 out: TextIO) -> None:
     layout = plan.layout
     print(f"study {spec.workload} {spec.optimizer} bs={spec.batch_size} sparsity={spec.sparsity:g}"
-          f"{pruned_by(spec)} goal={spec.goal_error:g}: {len(plan.trials)} trials, run {tracker.study_run_id} in "
+          f"{pruned_by(spec)} goal{'s' if spec.goals else ''}={n.goals_text(spec.ladder)}: {len(plan.trials)} trials, run {tracker.study_run_id} in "
           f"experiment {tracker.experiment_id}; artifacts under {tracker.artifact_location()}", file=out)
     if plan.reused:
         print(f"reusing {len(plan.reused)} finished trials from earlier runs (same trial keys); training "
