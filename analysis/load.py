@@ -190,10 +190,11 @@ def _goal_metric(workload: str, known: dict[str, str | None]) -> str | None:
 def _outcomes_tag(tags: dict[str, str], goal: float | None) -> str:
     """The tag of a row's trial outcomes: a ladder rung's own; the hardest rung's and a one-goal study's are
     edps.trial_outcomes."""
-    ladder = tags.get(n.TAG_GOALS)
-    if goal is None or not ladder or ladder.rsplit(",", 1)[-1] == n.goal_text(goal):
+    try:
+        goals = n.parse_goals_text(tags[n.TAG_GOALS])
+    except (KeyError, ValueError):  # a one-goal study
         return n.TAG_TRIAL_OUTCOMES
-    return n.goal_outcomes_tag(goal)
+    return n.TAG_TRIAL_OUTCOMES if goal is None else n.rung_outcomes_tag(goals, goal)
 
 
 def _status_counts(text: str | None) -> dict[str, float]:

@@ -25,11 +25,11 @@ from edps_mlflow.descriptions import markdown_table
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.executors.base import executor_session
-from edps_mlflow.results import TrialOutcome, decode_trial_outcomes
+from edps_mlflow.results import TrialOutcome
 from edps_mlflow.store.client import ui_link
 from edps_mlflow.store.ownership.claim import clear_expired
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
-from edps_mlflow.store.read.runs import study_runs, study_views
+from edps_mlflow.store.read.runs import StoredStudy, study_runs, study_views
 from edps_mlflow.store.read.trials import study_trial_outcomes
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.sweep import (FinishedSweep, PlanState, SweepOptions, SweepRun, SweepSpec, dispatch, open_sweep,
@@ -197,16 +197,20 @@ def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials
             run = latest.get((key, study.full_trials(full_trials)))
             if run is None:
                 return None
-            trials = run.trial_outcomes
-            if trials is None:  # written before its trials were kept on its run, or left out of the index entry
-                trials = tuple(study_trial_outcomes(client, run.run_id, run.rung))
-            # A rung whose trials the index entry left out (too long) is read from its run.
-            rungs = tuple((r.steps_to_result, tuple(decode_trial_outcomes(r.trial_outcomes_text) or ())
-                           if r.trial_outcomes_text is not None else trials if r is run.rungs[-1]
-                           else tuple(study_trial_outcomes(client, run.run_id, r.goal))) for r in run.rungs)
+            trials = _trials(client, run)
+            # Each rung as the one-goal study it answers; the hardest rung's trials are the study's own.
+            rungs = tuple((a.steps_to_result, trials if a.rung is None else _trials(client, a))
+                          for a in run.answers()[1:])
             cache[key] = MeasuredStudy(study, run.run_id, run.steps_to_result, trials, rungs)
         found[key] = cache[key]
     return found
+
+
+def _trials(client: Any, study: StoredStudy) -> tuple[TrialOutcome, ...]:
+    """A finished study's (or a ladder rung's) trials: from its tag as read, else (written before the tag, too many
+    for one, or left out of a long index entry) from its run."""
+    found = study.trial_outcomes
+    return found if found is not None else tuple(study_trial_outcomes(client, study.run_id, study.rung))
 
 
 def run_adaptive_sweep(spec: AdaptiveSweepSpec, options: SweepOptions, out: TextIO | None = None) -> AdaptiveResult:

@@ -219,3 +219,8 @@ def goal_best_trial_tag(goal: float) -> str:
 
 def goal_outcomes_tag(goal: float) -> str:
     return TAG_GOAL_OUTCOMES_PREFIX + goal_text(goal)
+
+
+def rung_outcomes_tag(goals: tuple[float, ...], goal: float) -> str:
+    """The tag of a ladder rung's trial outcomes: the hardest rung's are the study's own (TAG_TRIAL_OUTCOMES)."""
+    return TAG_TRIAL_OUTCOMES if goal == goals[-1] else goal_outcomes_tag(goal)

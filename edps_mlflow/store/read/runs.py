@@ -204,7 +204,7 @@ def _rungs(tags: dict[str, str], metrics: dict[str, float]) -> tuple[Rung, ...]:
         steps = metrics.get(n.goal_steps_metric(goal))
         # None where the tag is missing (too many trials for it, or left out of a long index entry): readers that
         # need the trials read them from the run (trials.study_trial_outcomes).
-        outcomes = tags.get(n.TAG_TRIAL_OUTCOMES if goal == goals[-1] else n.goal_outcomes_tag(goal))
+        outcomes = tags.get(n.rung_outcomes_tag(goals, goal))
         if n.goal_key_tag(goal) in tags:
             rungs.append(Rung(goal, tags[n.goal_key_tag(goal)], int(steps) if steps is not None else None, outcomes))
     return tuple(rungs)
