@@ -22,8 +22,8 @@ REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to
 # goal: what the study reached for (an error rate, a loss, or in a CSV any positive label of a target);
 # goal_metric: "error" or "loss" where the workload is known; goal_error: the goal, as older tables have it.
 STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal", "goal_metric", "goal_error",
-                 "check_interval",
-                 "max_steps", "steps_to_result", "trials_total", "trials_reached", "trials_not_reached",
+                 "check_interval", "max_steps", "seed", "steps_to_result", "trials_total", "trials_reached",
+                 "trials_not_reached",
                  "trials_diverged", "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step",
                  "pack_size", "device", "model_parameters", "model_parameter_bytes", "experiment", "study_run_id",
                  "study_key", "sweep_run_id")
@@ -36,7 +36,8 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, math.inf, False, False),
     **dict.fromkeys(("batch_size", "check_interval", "max_steps", "trials_total", "model_parameters",
                      "model_parameter_bytes"), (1, math.inf, True, True)),
-    **dict.fromkeys(("trial_index", "trials_reached", "trials_not_reached", "trials_diverged", "trials_superseded"),
+    **dict.fromkeys(("seed", "trial_index", "trials_reached", "trials_not_reached", "trials_diverged",
+                     "trials_superseded"),
                     (0, math.inf, True, True)),
     **dict.fromkeys(("steps_to_result", "best_learning_rate", "seconds_per_step", "goal"),
                     (0.0, math.inf, False, False)),

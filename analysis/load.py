@@ -167,7 +167,8 @@ def _study_row(run: Any, experiment: str) -> dict[str, Any] | None:
     statuses, best = ("reached", "not_reached", "diverged", "superseded"), ("learning_rate", "momentum")
     return {**curve.as_dict(), "batch_size": batch_size, "experiment": experiment, "study_run_id": run.info.run_id,
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
-            **{name: _number(params.get(n.PARAM_SPEC_PREFIX + name)) for name in ("check_interval", "max_steps")},
+            **{name: _number(params.get(n.PARAM_SPEC_PREFIX + name))
+               for name in ("check_interval", "max_steps", "seed")},
             **{f"best_{name}": _number(params.get(n.PARAM_BEST_PREFIX + name)) for name in best},
             **{f"trials_{status}": metrics.get(n.trials_metric(status)) for status in statuses},
             "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT), "goal_error": metrics.get(n.METRIC_GOAL_ERROR),

@@ -47,6 +47,8 @@ def study(given: SimpleNamespace) -> None:
     sweep_run, sweep_key = given.sweep_run.strip(), given.sweep_key.strip()
     if bool(sweep_run) != bool(sweep_key):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
+    if given.replicates > 1:
+        raise EdpsError("--replicates is not yet an option of `edps study`: run `edps sweep --replicates`")
     spec = StudySpec.build(**spec_arguments(given))
     require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))  # before the data are loaded
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
@@ -77,7 +79,9 @@ def sweep(given: SimpleNamespace) -> None:
             raise EdpsError("--grid paper sets the batch sizes and sparsities; leave out --batch-sizes and "
                             "--sparsities")
         arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
-    spec = SweepSpec.build(**arguments)
+    spec = SweepSpec.build(**arguments, replicates=given.replicates)
+    if given.adaptive and given.replicates > 1:
+        raise EdpsError("--replicates is not yet an option of an adaptive sweep")
     require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))
     options = SweepOptions(
         experiment=given.experiment, executor=given.executor, workers=given.workers, ray_address=given.ray_address,

@@ -121,6 +121,9 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
     _key("goals", "goals", "none", "Comma-separated goals, easiest first (e.g. 0.10,0.05,0.03, or losses in nats on a "
          "loss-goal workload): each gets its own best trial and steps-to-result from one set of trials, at the cost "
          "of the hardest alone (instead of --goal-error).", key_default=()),
+    _run("replicates", "count", "1", "Independent studies per point, each its own study with seeds --seed, --seed + "
+         "1, ... (initialisations and data order; the same search points): the analysis' intervals rest on them.",
+         sweep=True),
     _run("full_trials", "bool", "false", "true: run every trial to its own end instead of exact early stopping "
          "(same result).", parameter=True, sweep=True),
     _run("data_dir", "text", None, "Dataset directory (else $EDPS_DATA_DIR, else the user cache).", parameter=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edps_mlflow.config import StudySpec, content_key
+from edps_mlflow.config import SEED_LIMIT, StudySpec, content_key
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
@@ -29,8 +29,15 @@ class SweepSpec:
     batch_sizes: tuple[int, ...]
     sparsities: tuple[float, ...]
     prunings: tuple[str, ...] = (DEFAULT_METHOD,)
+    # Independent studies per grid point: seeds protocol.seed, protocol.seed + 1, ... (the same search points).
+    replicates: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) or self.replicates < 1:
+            raise EdpsError(f"replicates must be a positive integer, got {self.replicates}")
+        if self.protocol.seed + self.replicates > SEED_LIMIT:
+            raise EdpsError(f"--seed {self.protocol.seed} with --replicates {self.replicates} passes the largest "
+                            f"seed, {SEED_LIMIT - 1}")
         object.__setattr__(self, "prunings", tuple(parse_method(m) for m in self.prunings))
         for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
                              ("sparsities", self.sparsities), ("pruning methods", self.prunings)):
@@ -45,7 +52,7 @@ class SweepSpec:
     @classmethod
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
               sparsities: tuple[float, ...] | None = (0.0,), *protocol: Any,
-              prunings: tuple[str, ...] = (DEFAULT_METHOD,), **named: Any) -> "SweepSpec":
+              prunings: tuple[str, ...] = (DEFAULT_METHOD,), replicates: int = 1, **named: Any) -> "SweepSpec":
         """A sweep of one study protocol: ``protocol`` and ``named`` are StudySpec.build's arguments after the
         batch size (the workload's value wherever one is None). Batch sizes default to the powers of two from 2
         to the largest that fits the training split, sparsities to 0."""
@@ -54,18 +61,25 @@ class SweepSpec:
         first = optimizers[0] if optimizers else "sgd"
         study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
         return cls(study, tuple(parse_optimizer(o) for o in optimizers), batch_sizes,
-                   (0.0,) if sparsities is None else sparsities, prunings)
+                   (0.0,) if sparsities is None else sparsities, prunings, replicates)
 
     @property
     def workload(self) -> str:
         return self.protocol.workload
 
     def studies(self) -> list[StudySpec]:
-        """Every study of the grid once (the dense study once, whatever the methods)."""
+        """Every study of the grid once (the dense study once, whatever the methods); replicate by replicate, so
+        that the first replicate of every point comes first."""
         return list(dict.fromkeys(
-            replace(self.protocol, optimizer=optimizer, sparsity=sparsity, pruning=pruning, batch_size=batch_size)
-            for optimizer in self.optimizers for sparsity in self.sparsities for pruning in self.prunings
-            for batch_size in self.batch_sizes))
+            replace(self.protocol, optimizer=optimizer, sparsity=sparsity, pruning=pruning, batch_size=batch_size,
+                    seed=seed)
+            for seed in self.seeds for optimizer in self.optimizers for sparsity in self.sparsities
+            for pruning in self.prunings for batch_size in self.batch_sizes))
+
+    @property
+    def seeds(self) -> range:
+        """The study seeds of the replicates."""
+        return range(self.protocol.seed, self.protocol.seed + self.replicates)
 
     @property
     def sweep_key(self) -> str:
@@ -73,9 +87,10 @@ class SweepSpec:
         protocol = {k: v for k, v in self.protocol.key_fields().items() if k not in GRID_AXES}
         # SNIP alone is every sweep's grid before methods existed: those sweeps keep their keys.
         methods = {} if self.prunings == (DEFAULT_METHOD,) else {"prunings": list(self.prunings)}
+        replicates = {} if self.replicates == 1 else {"replicates": self.replicates}  # one: every older sweep
         return content_key({
             "kind": "sweep", "optimizers": list(self.optimizers), "batch_sizes": list(self.batch_sizes),
-            "sparsities": list(self.sparsities), **methods, **protocol})
+            "sparsities": list(self.sparsities), **methods, **replicates, **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
@@ -87,6 +102,7 @@ class SweepSpec:
                 "check_interval": p.check_interval, "seed": p.seed, "probes": ",".join(p.probes),
                 "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"goals": goals_text(p.goals)} if p.goals else {}),
+                **({"replicates": self.replicates} if self.replicates > 1 else {}),
                 **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 
