@@ -19,6 +19,7 @@ from typing import Any, Callable
 import click
 import pandas as pd
 
+from analysis.budget import budget_fits, budget_points, budget_text
 from analysis.csv_io import TRIAL_COLUMNS, csv_text, read_csv, write_csv
 from analysis.load import load_best_trial_probes, load_probe_values, load_studies, load_trials
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
@@ -361,6 +362,35 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
         fits = None
     summary = noise_scale_table(latest, fits)
     _emit(summary, output_format, _numbers(summary))
+
+
+@cli.command()
+@_SOURCE
+@click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes of the --csv studies.")
+@click.option("--within", type=FiniteRange(min=0, max=1, min_open=True, max_open=True), default=0.1,
+              show_default=True, help="Tolerance of B_crit against its value at every trial (0.1 = 10%).")
+@click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where the figure goes.")
+@_format("table", "csv", "json")
+def budget(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, trials_csv, within, out_dir,
+           output_format) -> None:
+    """Tuning-budget curves: per point and n = 1..N, P(reach) and the expected and median steps-to-result of a
+    study of n of its N trials (bounds where trials were superseded), and B_crit against n."""
+    from analysis.budget_plot import budget_figure
+
+    if csv_path and not trials_csv:
+        raise EdpsError("budget needs the trials of the --csv studies: give --trials-csv")
+    studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    if trials_csv:
+        trials = read_csv(trials_csv, columns=TRIAL_COLUMNS)
+        if not trials["study_key"].astype(str).isin(set(studies["study_key"].dropna().astype(str))).any():
+            raise EdpsError(f"{trials_csv}: none of its study_key values matches a study of the study table")
+    else:
+        trials = load_trials(studies, tracking_uri)
+    points = budget_points(studies, trials)
+    fits = budget_fits(points, within)
+    _emit(points.merge(fits, how="left"), output_format, budget_text(points, fits, within))
+    for path in budget_figure(points, fits, within, Path(out_dir)):
+        click.echo(str(path), err=True)
 
 
 def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -> None:
