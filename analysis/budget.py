@@ -171,7 +171,8 @@ def budget_text(points: pd.DataFrame, fits: pd.DataFrame, within: float) -> str:
         settled = [f"n = {int(v)}" if np.isfinite(v) else "not within" for v in fitted.iloc[0][
             ["settled_early", "settled_never"]]]
         superseded = int(curve.groupby("batch_size")["superseded"].first().sum())
-        head = " / ".join(f"{c} {v}" for c, v in zip(columns, key) if pd.notna(v))
+        head = " / ".join(f"{c} {v:g}" if isinstance(v, float) else f"{c} {v}" for c, v in zip(columns, key)
+                         if pd.notna(v))
         blocks.append(f"{head}\n  {int(curve['trials'].min())} trials per study, replicates per point: "
                       f"{'/'.join(str(r) for r in curve.groupby('batch_size')['replicates'].first())}"
                       + (f"; {superseded} trials superseded: values early..never" if superseded else "; exact")
