@@ -188,7 +188,7 @@ def test_refusals(folder, capsys, arguments, message):
 def test_the_command_on_a_store_filled_by_real_studies(tmp_path_factory, tmp_path, capsys):
     """On the goal ladder's store (built once per session for the goal tests): real trials, superseded ones among
     them; with every trial, each point is its study's own result in both scenarios (a superseded trial stopped
-    at the best reaching step, so even early it reaches later)."""
+    one check before the best reaching step, so even early it reaches no sooner)."""
     uri = built_once(tmp_path_factory, "goal-ladder-store", build_ladder)["uri"]
     table = pd.read_csv(io.StringIO(analyze(["budget", "--tracking-uri", uri, "--format", "csv",
                                              "--out-dir", str(tmp_path / "figures")], capsys)))
