@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.fits import InsufficientData, fit_hyperbola
-from analysis.regimes import curve_columns, curves
+from analysis.regimes import curve_columns, curves, with_curve_axes
 from edps_mlflow.errors import EdpsError
 
 # How a superseded trial (stopped by exact early stopping, known only not to have reached by steps_trained) is
@@ -65,7 +65,7 @@ def summarise(distributions: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, f
     median = math.nan
     if reach > 0.5:
         median = float(values[np.argmax(np.cumsum(weights) >= 0.5 - 1e-12)])
-    return {"p_reach": min(reach, 1.0), "expected_steps": expected, "median_steps": median}
+    return dict(zip(POINT_QUANTITIES, (min(reach, 1.0), expected, median)))
 
 
 def _point_rows(replicates: pd.DataFrame, by_key: dict[str, pd.DataFrame]) -> list[dict]:
@@ -99,8 +99,8 @@ def budget_points(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     the point, averaged over), ``superseded`` (their superseded trials) and POINT_QUANTITIES per scenario."""
     by_key = {str(key): group for key, group in trials.groupby(trials["study_key"].astype(str), sort=False)}
     rows = []
+    columns = curve_columns(with_curve_axes(studies))  # the whole table's: a curve's key has one value for each
     for key, group in curves(studies).items():
-        columns = curve_columns(group)
         for batch_size, replicates in group.groupby("batch_size", sort=True):
             rows += [{**dict(zip(columns, key)), "batch_size": int(batch_size), **row}
                      for row in _point_rows(replicates, by_key)]

@@ -366,9 +366,10 @@ def noise_scale(tracking_uri, experiments, output_format) -> None:
 
 @cli.command()
 @_SOURCE
-@click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes of the --csv studies.")
+@click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes (needed with --csv).")
 @click.option("--within", type=FiniteRange(min=0, max=1, min_open=True, max_open=True), default=0.1,
-              show_default=True, help="Tolerance of B_crit against its value at every trial (0.1 = 10%).")
+              show_default=True, help="B_crit has settled from the n where it stays within this fraction of its "
+                                      "value at n = N.")
 @click.option("--out-dir", default="figures", show_default=True, type=click.Path(), help="Where the figure goes.")
 @_format("table", "csv", "json")
 def budget(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, trials_csv, within, out_dir,

@@ -202,3 +202,12 @@ def test_the_command_on_a_store_filled_by_real_studies(tmp_path_factory, tmp_pat
             every["steps_to_result"].to_numpy(), nan_ok=True)
     assert (table["p_reach_early"] >= table["p_reach_never"]).all()
     assert (tmp_path / "figures" / "budget.png").exists()
+
+
+def test_a_curve_without_a_protocol_value_keeps_its_columns_apart():
+    studies, trials = synthetic_curves()
+    studies["goal"] = np.where(studies["sparsity"] == 0, 0.1, np.nan)  # the pruned curve's goal unknown
+    studies["trials_total"] = 5
+    points = budget_points(studies, trials)
+    assert set(points["trials_total"]) == {5} and points.groupby("sparsity")["goal"].first().isna().tolist() == [
+        False, True]
