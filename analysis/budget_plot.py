@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from analysis.plots import FIGURE_FORMATS, LEGEND_BESIDE, _axes, _literal, _save, plt
 
@@ -44,6 +45,8 @@ def budget_figure(points: pd.DataFrame, fits: pd.DataFrame, within: float, direc
             right.axhspan(final * (1 - within), final * (1 + within), color=colour, alpha=0.1, linewidth=0)
     _axes(right, "B_crit (examples per step)", f"B_crit of the median steps; band: +-{within:g} at the largest n",
           x_base=None, y_base=None, xlabel="trials per study n")
+    for axis in (left, right):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # n counts trials
     left.legend(fontsize=7, **LEGEND_BESIDE)
     right.legend(fontsize=7)
     return _save(figure, directory, "budget", formats)
