@@ -42,13 +42,15 @@ def trial_steps(trials: pd.DataFrame, check_interval: float | None = None,
 
 def minimum_distribution(steps: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The distribution of the best (smallest) steps of n trials drawn without replacement from ``steps``: the
-    sorted steps and the probability that each is the best, C(N - j, n - 1) / C(N, n) for the j-th smallest."""
+    sorted steps and the probability that each is the best, p_j = C(N - j, n - 1) / C(N, n) for the j-th
+    smallest, by its ratio p_(j+1) / p_j = (N - j - n + 1) / (N - j) from p_1 = n / N (no huge binomials)."""
     ordered = np.sort(np.asarray(steps, dtype=float))
     total = len(ordered)
     if not 1 <= n <= total:
         raise ValueError(f"a study of {n} of {total} trials")
-    whole = math.comb(total, n)
-    return ordered, np.array([math.comb(total - j, n - 1) / whole for j in range(1, total + 1)])
+    j = np.arange(1, total, dtype=float)
+    ratios = np.clip((total - j - n + 1) / (total - j), 0.0, None)
+    return ordered, n / total * np.concatenate([[1.0], np.cumprod(ratios)])
 
 
 def summarise(distributions: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
