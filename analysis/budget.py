@@ -136,8 +136,7 @@ def budget_fits(points: pd.DataFrame, within: float = 0.1) -> pd.DataFrame:
     """A row per (curve, n), n up to the fewest trials of the curve's points: B_crit of the hyperbola through the
     median steps across batch sizes per scenario (``b_crit_<scenario>``; two fits, not an interval), and the
     smallest n from which it stays within ``within`` of its value at the largest n (``settled_<scenario>``)."""
-    columns = [c for c in points.columns if c not in ("batch_size", "n", "trials", "replicates", "superseded")
-               and not c.endswith(SCENARIOS)]
+    columns = list(points.columns[:points.columns.get_loc("batch_size")])  # the curve's, before the point's
     frames = []
     for key, curve in points.groupby(columns, sort=True, dropna=False):
         largest = int(curve.groupby("batch_size")["n"].max().min())
@@ -159,7 +158,7 @@ def _shown(early: float, never: float, form: str) -> str:
 
 def budget_text(points: pd.DataFrame, fits: pd.DataFrame, within: float) -> str:
     """Per curve: median steps and P(reach) per batch size against n, B_crit against n, and where it settles."""
-    columns = [c for c in fits.columns if c not in ("n", "batch_sizes") and not c.startswith(("b_crit_", "settled_"))]
+    columns = list(fits.columns[:fits.columns.get_loc("n")])
     blocks = []
     for key, fitted in fits.groupby(columns, sort=True, dropna=False):
         curve = points[(points[columns].astype(str) == pd.Series(key, index=columns).astype(str)).all(axis=1)]

@@ -21,7 +21,7 @@ def budget_figure(points: pd.DataFrame, fits: pd.DataFrame, within: float, direc
     """budget.png (and .svg): left, the expected steps (solid; dashed: the median) against n with the superseded
     trials counted early, and shaded up to never where that differs; right, B_crit against n (solid: early,
     dashed: never) with a band of +-``within`` around its value at the largest n."""
-    columns = [c for c in fits.columns if c not in ("n", "batch_sizes") and not c.startswith(("b_crit_", "settled_"))]
+    columns = list(fits.columns[:fits.columns.get_loc("n")])  # the curve's
     varying = [c for c in columns if fits[c].nunique(dropna=False) > 1]
     figure, (left, right) = plt.subplots(1, 2, figsize=(13.0, 4.5), layout="tight")
     lines = list(points.groupby(columns + ["batch_size"], sort=True, dropna=False))
