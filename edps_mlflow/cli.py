@@ -18,7 +18,7 @@ import click
 from edps_mlflow import __version__
 from edps_mlflow.cli_options import (LISTS, OPTIONAL_INT, ExperimentName, declared_options, spec_arguments,
                                      usage_line)
-from edps_mlflow.config import StudySpec
+from edps_mlflow.config import StudySpec, replicate_seeds
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import get_executor
 from edps_mlflow.interrupts import raise_interrupt
@@ -47,20 +47,28 @@ def study(given: SimpleNamespace) -> None:
     sweep_run, sweep_key = given.sweep_run.strip(), given.sweep_key.strip()
     if bool(sweep_run) != bool(sweep_key):
         raise EdpsError("--sweep-run and --sweep-key go together (a sweep sets both)")
-    if given.replicates > 1:
-        raise EdpsError("--replicates is not yet an option of `edps study`: run `edps sweep --replicates`")
+    if given.replicates > 1 and (launcher_run_id() or sweep_run):
+        # `mlflow run` made one run for one study, and a sweep submits each replicate as a study of its own.
+        raise EdpsError("the main entry point runs one study: run the sweep entry point with -P replicates=N"
+                        if launcher_run_id() else "--replicates is not an option of a sweep's study")
     spec = StudySpec.build(**spec_arguments(given))
+    replicate_seeds(spec.seed, given.replicates)
     require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))  # before the data are loaded
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
+    from edps_mlflow.replicates import run_replicates
     from edps_mlflow.study import ExecutionOptions, run_study
 
-    run_study(spec, ExecutionOptions(
+    options = ExecutionOptions(
         full_trials=given.full_trials, device=given.device or None, workers=given.workers, pack_size=given.pack_size,
         early_abort_evaluation=not given.full_evaluation, experiment=given.experiment,
         data_dir=given.data_dir or None, log_interval=given.log_interval or 10.0, curve_interval=given.curve_interval,
         system_metrics=given.system_metrics,
         # A sweep's study waits for a live run of its key elsewhere, as it does in the other executors.
-        wait=given.wait or bool(sweep_run), parent_run_id=sweep_run or None, sweep_key=sweep_key or None))
+        wait=given.wait or bool(sweep_run), parent_run_id=sweep_run or None, sweep_key=sweep_key or None)
+    if given.replicates == 1:
+        run_study(spec, options)  # the plain study, which says nothing of replicates
+    else:
+        run_replicates(spec, given.replicates, options)
 
 
 @cli.command()

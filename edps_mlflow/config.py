@@ -52,6 +52,16 @@ MAX_STEP_CAP = 10**9
 SEED_LIMIT = 2**32
 
 
+def replicate_seeds(seed: int, replicates: int) -> range:
+    """The study seeds of ``replicates`` replicates from ``seed`` (seed, seed + 1, ...): refused in one line when
+    they would pass the largest seed."""
+    if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
+        raise EdpsError(f"replicates must be a positive integer, got {replicates}")
+    if seed + replicates > SEED_LIMIT:
+        raise EdpsError(f"--seed {seed} with --replicates {replicates} passes the largest seed, {SEED_LIMIT - 1}")
+    return range(seed, seed + replicates)
+
+
 def parse_probes(text: str | None) -> tuple[str, ...]:
     """``lipschitz,noise_scale`` -> a sorted tuple of probe names (unknown names are an error)."""
     return _checked_probes(tuple(part.strip() for part in (text or "").split(",") if part.strip()))

@@ -80,6 +80,9 @@ def _run(name: str, kind: str, default: str | None, help_: str, parameter: bool 
     return StudyField(name, kind, default, help_, _flag(name), name if parameter else None, hidden, in_sweep=sweep)
 
 
+_REPLICATES_HELP = ("Independent studies per point, each its own study with seeds --seed, --seed + 1, ... "
+                    "(initialisations and data order; the same search points): the analysis' intervals rest on them.")
+
 # In StudySpec's order (the order of key_fields, hence of a study run's ``spec.*`` params and study.json).
 STUDY_FIELDS: tuple[StudyField, ...] = (
     _key("workload", "text", "digits-simple-cnn", "Workload: {workloads} (`edps workloads`), or "
@@ -121,9 +124,8 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
     _key("goals", "goals", "none", "Comma-separated goals, easiest first (e.g. 0.10,0.05,0.03, or losses in nats on a "
          "loss-goal workload): each gets its own best trial and steps-to-result from one set of trials, at the cost "
          "of the hardest alone (instead of --goal-error).", key_default=()),
-    _run("replicates", "count", "1", "Independent studies per point, each its own study with seeds --seed, --seed + "
-         "1, ... (initialisations and data order; the same search points): the analysis' intervals rest on them.",
-         sweep=True),
+    # A study's option only: the MLproject's main entry point runs one study (a sweep's option has a parameter).
+    _run("replicates", "count", "1", _REPLICATES_HELP),
     _run("full_trials", "bool", "false", "true: run every trial to its own end instead of exact early stopping "
          "(same result).", parameter=True, sweep=True),
     _run("data_dir", "text", None, "Dataset directory (else $EDPS_DATA_DIR, else the user cache).", parameter=True,
@@ -151,6 +153,7 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
 SWEEP_FIELDS: tuple[Option, ...] = (
     _option("grid", "grids", "none", "paper: the paper's sparsities (0, 0.5, 0.7, 0.9) and batch sizes 2 .. the "
             "largest that fits the training split (instead of --batch-sizes / --sparsities).", parameter=True),
+    _option("replicates", "count", "1", _REPLICATES_HELP, parameter=True),
     _option("executor", "executors", "local", "Where the studies run (docs/executors.md).", parameter=True),
     _option("workers", "count|default", "default", "Local: study processes ('default': one per core, or per GPU); "
             "mlflow-project: runs submitted at once ('default': one per core).", parameter=True),

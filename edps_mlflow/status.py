@@ -1,14 +1,17 @@
 """``edps status``: the grid of an experiment from the tracking store alone, one table per curve but its
 sparsity. A cell is the study's steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials
-(running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``.
+(running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``. A point measured at
+several seeds (replicates) shows its value over them (analysis.replicates), e.g. ``412 (3/3 seeds, 380..450)``.
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 
+from analysis.replicates import point_value
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
@@ -50,21 +53,7 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
     for row in rows:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():
-        finished = sorted((r for r in group if r.state is RunState.FINISHED), key=lambda r: r.start_time)
-        # Every goal measured at this point, the latest study of each: a ladder's rungs, one-goal studies' goals.
-        goals = {goal: steps for r in finished for goal, steps in (r.rungs or ((r.goal, r.steps_to_result),))}
-        if len(goals) > 1:
-            cell = " ".join(f"{goal:g}:{'-' if steps is None else steps}"
-                            for goal, steps in sorted(goals.items(), key=lambda g: -(g[0] or 0.0)))
-        elif finished:
-            steps = finished[-1].steps_to_result
-            cell = "-" if steps is None else str(steps)
-        else:
-            latest = max(group, key=lambda r: r.start_time)
-            # Without a live lease its process died (or was stopped): the same command again resumes it.
-            state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
-            cell = f"{latest.finished_trials}/{latest.trials} trials ({state})"
-        cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": cell})
+        cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": _point_cell(group)})
     # The dense study is every method's sparsity 0 (StudySpec names its method snip): its column goes into the
     # table of each method measured beside it.
     siblings = [axis for axis in TABLE_AXES if axis != "pruning"]
@@ -89,6 +78,47 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
     return tables
 
 
+def _goals(group: list[StudyRow]) -> dict[float | None, int | None]:
+    """Every goal measured by the finished studies of ``group``, the latest study of each: a ladder's rungs,
+    one-goal studies' goals."""
+    finished = sorted((r for r in group if r.state is RunState.FINISHED), key=lambda r: r.start_time)
+    return {goal: steps for r in finished for goal, steps in (r.rungs or ((r.goal, r.steps_to_result),))}
+
+
+def _unfinished(group: list[StudyRow]) -> str:
+    latest = max(group, key=lambda r: r.start_time)
+    # Without a live lease its process died (or was stopped): the same command again resumes it.
+    state = "running" if any(r.live for r in group) else "stopped, rerun to resume"
+    return f"{latest.finished_trials}/{latest.trials} trials ({state})"
+
+
+def _point_cell(group: list[StudyRow]) -> str:
+    """One point's cell: its study's steps-to-result, or over its replicates (studies at several seeds) the
+    point's value (analysis.replicates) with how many reached and their range."""
+    seeds: dict[int, list[StudyRow]] = {}
+    for row in group:
+        seeds.setdefault(row.seed, []).append(row)
+    measured = {seed: goals for seed, rows in seeds.items() if (goals := _goals(rows))}
+    if not measured:
+        return _unfinished(group) + (f", {len(seeds)} seeds" if len(seeds) > 1 else "")
+    values, spreads = {}, {}
+    for goal in dict.fromkeys(goal for goals in measured.values() for goal in goals):
+        steps = [goals[goal] for goals in measured.values() if goal in goals]
+        reached = [s for s in steps if s is not None]
+        value = point_value(np.array([np.inf if s is None else s for s in steps], dtype=float))
+        values[goal] = "-" if np.isnan(value) else (str(steps[0]) if len(steps) == 1 else f"{value:.0f}")
+        span = f", {min(reached)}..{max(reached)}" if len(reached) > 1 else ""
+        spreads[goal] = f" ({len(reached)}/{len(steps)} seeds{span})" if len(seeds) > 1 else ""
+    if len(values) > 1:  # a ladder: its rungs' values, hardest last
+        cell = " ".join(f"{goal:g}:{values[goal]}" for goal in sorted(values, key=lambda g: -(g or 0.0)))
+        cell += f" ({len(measured)} seeds)" if len(seeds) > 1 else ""
+    else:
+        goal = next(iter(values))
+        cell = values[goal] + spreads[goal]
+    pending = [rows for seed, rows in seeds.items() if seed not in measured]
+    return cell + "".join(f"; seed {rows[0].seed}: {_unfinished(rows)}" for rows in pending)
+
+
 def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
     """The tables, each titled by its family; the pruning method is named when another than SNIP is there."""
     parts = []
@@ -97,5 +127,7 @@ def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
         title = " / ".join(f"pruned by {value}" if axis == "pruning" else str(value)
                            for axis, value in zip(TABLE_AXES, family) if axis != "pruning" or named)
         ladder = " (a goal ladder: goal:steps per rung)" if grid.map(lambda c: ":" in c).any(axis=None) else ""
-        parts.append(f"{title}: steps-to-result{ladder} (or trials finished)\n{grid.to_string()}")
+        seeds = " (replicates: the geometric mean of the seeds that reached, where more than half reached; " \
+            "reached/seeds, min..max)" if grid.map(lambda c: "seeds" in c).any(axis=None) else ""
+        parts.append(f"{title}: steps-to-result{ladder}{seeds} (or trials finished)\n{grid.to_string()}")
     return "\n\n".join(parts)

@@ -16,6 +16,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Callable, TextIO, TypeVar
 
+import numpy as np
+
+from analysis.replicates import point_value
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, markdown_table
@@ -203,7 +206,8 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {
         "studies": len(plan), "done": counts[PlanState.DONE], "partial": counts[PlanState.PARTIAL],
         "todo": counts[PlanState.TODO]})
-    print(f"sweep {spec.sweep_key[:12]} ({spec.workload}): {len(plan)} studies, run {sweep.tracker.run_id} in "
+    print(f"sweep {spec.sweep_key[:12]} ({spec.workload}): {len(plan)} studies{replicates_words(spec)}, run "
+          f"{sweep.tracker.run_id} in "
           f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}; artifacts under "
           f"{redact_uri(sweep.client.get_experiment(sweep.experiment_id).artifact_location)}", file=out)
     if stale:
@@ -222,18 +226,40 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     p = spec.protocol
     goal = f"goals {goals_text(p.goals)} (the table: the hardest)" if p.goals else \
         f"goal {p.goal_error:g}"
-    parts = [f"Sweep of {spec.workload}: {len(plan)} studies, {p.trials} trials each, {goal}, "
-             f"a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
-             f"reached the goal); each study is a child run."]
-    steps = {(s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size): s.steps_to_result
-             for s in plan}
+    each = "" if spec.replicates == 1 else (
+        f" A point's value is the geometric mean of its replicates that reached, where more than half reached "
+        f"(reached/replicates beside it).")
+    parts = [f"Sweep of {spec.workload}: {len(plan)} studies{replicates_words(spec)}, {p.trials} trials each, "
+             f"{goal}, a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
+             f"reached the goal); each study is a child run.{each}"]
+    steps: dict[tuple, list[int | None]] = {}
+    for s in plan:
+        steps.setdefault((s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size), []).append(
+            s.steps_to_result)
     header = ["batch size", *(f"sparsity {s:g}" for s in spec.sparsities)]
     for optimizer, pruning in ((o, m) for o in spec.optimizers for m in spec.prunings):
-        rows = [[b, *(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b)) or "-"
+        rows = [[b, *(_point_cell(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b), []))
                       for s in spec.sparsities)] for b in spec.batch_sizes]
         title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
         parts.append(f"**{title}**\n\n{markdown_table(header, rows)}")
     return "\n\n".join(parts)
+
+
+def replicates_words(spec: SweepSpec) -> str:
+    """`` (3 points x 2 replicates, seeds 0..1)``; nothing for one replicate."""
+    if spec.replicates == 1:
+        return ""
+    return (f" ({len(spec.studies()) // spec.replicates} points x {spec.replicates} replicates, seeds "
+            f"{spec.seeds[0]}..{spec.seeds[-1]})")
+
+
+def _point_cell(steps: list[int | None]) -> str | int:
+    """A point's steps-to-result: its study's, or over its replicates their value (analysis.replicates)."""
+    if len(steps) <= 1:
+        return (steps[0] if steps else None) or "-"
+    value = point_value(np.array([np.inf if s is None else s for s in steps], dtype=float))
+    reached = sum(s is not None for s in steps)
+    return f"{'-' if np.isnan(value) else f'{value:.0f}'} ({reached}/{len(steps)})"
 
 
 def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
@@ -251,8 +277,9 @@ def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, p
              out: TextIO, executor: Executor | None = None) -> None:
     """Run the pending studies on the chosen executor (``executor``: an instance the caller holds a session
     of); one line naming the studies that failed once the others are done."""
-    # Large batches first: they dominate the cost, so starting them early shortens the tail.
-    pending = sorted(pending, key=lambda s: -s.batch_size)
+    # The first replicate of every point first (a sweep stopped early has whole curves); within one, large batches
+    # first: they dominate the cost, so starting them early shortens the tail.
+    pending = sorted(pending, key=lambda s: (s.seed, -s.batch_size))
     executor = executor if executor is not None else get_executor(options.executor)()
     failures = executor.run(pending, sweep, options, progress, out)
     if failures:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edps_mlflow.config import SEED_LIMIT, StudySpec, content_key
+from edps_mlflow.config import StudySpec, content_key, replicate_seeds
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
@@ -33,11 +33,7 @@ class SweepSpec:
     replicates: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) or self.replicates < 1:
-            raise EdpsError(f"replicates must be a positive integer, got {self.replicates}")
-        if self.protocol.seed + self.replicates > SEED_LIMIT:
-            raise EdpsError(f"--seed {self.protocol.seed} with --replicates {self.replicates} passes the largest "
-                            f"seed, {SEED_LIMIT - 1}")
+        replicate_seeds(self.protocol.seed, self.replicates)  # refused in one line past the largest seed
         object.__setattr__(self, "prunings", tuple(parse_method(m) for m in self.prunings))
         for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
                              ("sparsities", self.sparsities), ("pruning methods", self.prunings)):
@@ -79,7 +75,7 @@ class SweepSpec:
     @property
     def seeds(self) -> range:
         """The study seeds of the replicates."""
-        return range(self.protocol.seed, self.protocol.seed + self.replicates)
+        return replicate_seeds(self.protocol.seed, self.replicates)
 
     @property
     def sweep_key(self) -> str:

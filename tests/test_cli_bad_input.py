@@ -37,6 +37,11 @@ CASES = [
     (["--goals", "2.5,1.5"], "(digits-simple-cnn sets a validation error rate, not a loss)"),
     (["--goals", "0.1,abc"], "'--goals'"),
     (["--goals", "0.1,nan"], "'--goals'"),
+    # Replicates: seeds --seed .. --seed + R - 1, each a study of its own.
+    (["--replicates", "0"], "'--replicates': 0 is not in the range x>=1"),
+    (["--replicates", "-2"], "'--replicates': -2 is not in the range x>=1"),
+    (["--seed", "4294967295", "--replicates", "2"], "--seed 4294967295 with --replicates 2 passes the largest seed"),
+    (["--replicates", "2", "--sweep-run", "r", "--sweep-key", "k"], "--replicates is not an option of a sweep's study"),
 ]
 
 
@@ -74,6 +79,8 @@ SWEEP_CASES = [
     (["--optimizers", "sgd,lbfgs"], "unknown optimizer 'lbfgs'"),
     (["--executor", "spark"], "'spark' is not one of 'local', 'ray'"),
     (["--workers", "0"], "'--workers': 0 is not in the range x>=1"),
+    (["--replicates", "0"], "'--replicates': 0 is not in the range x>=1"),
+    (["--seed", "4294967290", "--replicates", "7"], "--seed 4294967290 with --replicates 7 passes the largest seed"),
 ]
 
 

@@ -106,6 +106,9 @@ def test_under_mlflow_run_the_hint_names_the_mlproject_parameter(sqlite_store, m
             (["study", "--batch_size", "64"], "did you mean --bs (under mlflow run: -P bs=...)?"),
             (["study", "--pack_size", "2"], "did you mean --pack-size (not a parameter of the MLproject's main "
                                             "entry point)?"),
+            # `-P replicates=3` on the main entry point, which has no such parameter: MLflow appends the option.
+            (["study", "--replicates", "3"], "the main entry point runs one study: run the sweep entry point with "
+                                             "-P replicates=N"),
             (["sweep", "--batch_size", "64"], "did you mean --batch-sizes (under mlflow run: -P batch_sizes=...)?")]:
         with pytest.raises(SystemExit) as exit_info:
             main(arguments)

@@ -72,8 +72,9 @@ def executor_session(executor: Any, options: "SweepOptions", out: TextIO) -> Abs
 
 
 def study_label(study: StudySpec) -> str:
-    """``sgd sparsity=0.9 pruning=grasp bs=64`` (no method named for the dense network)."""
-    return f"{CurveId.of(study).label()} bs={study.batch_size}"
+    """``sgd sparsity=0.9 pruning=grasp bs=64`` (no method named for the dense network), ``... bs=64 seed=2`` for a
+    replicate of another seed than 0 (the labels of a sweep's studies differ: its progress line keys them)."""
+    return f"{CurveId.of(study).label()} bs={study.batch_size}" + (f" seed={study.seed}" if study.seed else "")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class StudyRow:
     live: bool = False  # RUNNING with a lease renewed in time: a process is working on it now
     rungs: tuple[tuple[float, int | None], ...] = ()  # a finished goal ladder's (goal, steps-to-result), easiest first
     goal: float | None = None  # a one-goal study's goal (a ladder's hardest)
+    seed: int = 0  # the study seed: the studies of one point at several seeds are its replicates
 
 
 def with_studies(client: Any, experiments: list[Any]) -> list[Any]:
@@ -76,7 +77,8 @@ def study_rows(experiment: str, lease: float, tracking_uri: str | None = None) -
                 study_key=study.study_key, state=study.state, steps_to_result=study.steps_to_result, trials=trials,
                 finished_trials=counts.get(study.study_key, trials), start_time=study.start_time, live=study.live,
                 rungs=tuple((r.goal, r.steps_to_result) for r in study.rungs),
-                goal=run.data.metrics.get(n.METRIC_GOAL_ERROR)))
+                goal=run.data.metrics.get(n.METRIC_GOAL_ERROR),
+                seed=int(run.data.params.get(n.PARAM_SPEC_PREFIX + "seed", 0))))
         except (KeyError, ValueError):
             continue  # a study run refused before it logged anything
     return rows
