@@ -13,7 +13,7 @@ import pandas as pd
 
 from analysis.bootstrap import (Interval, StudyOutcomes, bootstrap, interval_basis, interval_basis_warning,
                                 outcomes_by_study, percentile_interval)
-from analysis.censoring import threshold_censoring
+from analysis.censoring import CENSORED_COLUMNS, threshold_censoring
 from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
                            points, regime_boundaries, threshold_critical_batch)
 from analysis.intervals import (Basis, collapsed, drop_collapsed, grounds, point_intervals, replicate_bootstrap,
@@ -217,7 +217,8 @@ def goal_table(fits: pd.DataFrame, studies: pd.DataFrame | None = None) -> pd.Da
     fits = with_curve_axes(fits) if len(fits) else fits
     family = family_columns(fits) if len(fits) else []
     values = [f"{name}{end}" for name in GOAL_VALUES for end in ("", "_low", "_high")]
-    columns = [*family, "goal", "goal_metric", "points", *values, "perfect_scaling_end", "note"]
+    columns = [*family, "goal", "goal_metric", "points", *values, "perfect_scaling_end", *CENSORED_COLUMNS,
+               "interval_basis", "interval_replicates", "note"]
     if "goal" not in fits.columns:
         return pd.DataFrame(columns=columns)
     ladders = [group.sort_values("goal", ascending=False)

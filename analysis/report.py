@@ -244,7 +244,7 @@ def _intro(source: str, tolerance: float) -> str:
             f"the tolerance of ideal linear scaling, in parentheses the largest passing and smallest failing batch "
             f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
             f"B_crit. Brackets: 95% bootstrap intervals over replicates or complete trials, as the first section "
-            f"says per curve; an interval whose resamples all agree is left out, never written [x, x].")
+            f"says per curve; an interval whose resamples all agree is left out, never shown with equal ends.")
 
 
 Section = tuple[str, pd.DataFrame, list[Path]]  # a title, a table and its figures
