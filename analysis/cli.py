@@ -24,7 +24,7 @@ from analysis.load import load_best_trial_probes, load_probe_values, load_studie
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import intervals_footnote, summary_for_people
 from analysis.regimes import fit_table, sparsity_comparison, with_curve_axes
-from analysis.report import fit_summary, markdown_table, steps_grids, write_report
+from analysis.report import certainty_lines, fit_summary, markdown_table, steps_grids, write_report
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
@@ -170,7 +170,8 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
     fitted) per curve, with bootstrap intervals."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
-    _emit(fits, output_format, fit_summary(fits).to_string(index=False))
+    sure = "\n".join(["How sure each answer is:", *(f"- {line}" for line in certainty_lines(fits))])
+    _emit(fits, output_format, f"{sure}\n\n{fit_summary(fits).to_string(index=False)}")
     if log_to_mlflow:
         _publish(tracking_uri, experiments, studies, {"fit": fits}, [],
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})

@@ -256,9 +256,11 @@ def _interval_warnings(row: dict) -> list[str]:
         if not contains_estimate(low, value, high):
             # a basic interval reflects the resamples about the estimate: with nearly every resample's
             # minimum on one side of it, the interval ends on the other side, short of the estimate
+            why = ("the estimate is taken at the recorded steps, the top of their censoring, which the resamples "
+                   "spread below" if row.get("interval_basis") == "replicates" else
+                   "the resampled minima lie almost all on one side of it (too few reaching trials)")
             warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
-                            f"{value:.3g}: the resampled minima lie almost all on one side of it (too few "
-                            f"reaching trials)")
+                            f"{value:.3g}: {why}")
     basis = interval_basis_warning(row)
     return warnings + ([basis] if basis else [])
 

@@ -160,6 +160,7 @@ def test_no_interval_is_printed_as_x_x(tmp_path, capsys):
         outputs.append(capsys.readouterr().out)
     outputs.append((tmp_path / "report.md").read_text())
     assert not [match.group(0) for text in outputs for match in COLLAPSED.finditer(text)]
+    assert outputs[0].startswith("How sure each answer is:\n- w sgd sparsity 0: intervals over replicates")
     # With spread, the same commands print real intervals, and the report leads with how sure they are.
     _replicated().to_csv(source, index=False)
     main(["table", "--csv", str(source)])
