@@ -23,7 +23,7 @@ from analysis.csv_io import TRIAL_COLUMNS, csv_text, read_csv, write_csv
 from analysis.load import load_best_trial_probes, load_probe_values, load_studies, load_trials
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import intervals_footnote, summary_for_people
-from analysis.regimes import fit_table, sparsity_comparison, with_curve_axes
+from analysis.regimes import fit_table, point_table, sparsity_comparison, with_curve_axes
 from analysis.report import certainty_lines, fit_summary, markdown_table, steps_grids, write_report
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
@@ -241,7 +241,8 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
         files = [path] + [p for paths in figures.values() for p in paths] + [
             p for _, _, paths in against + pruning + times + probes for p in paths]
         _publish(tracking_uri, experiments, studies,
-                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies, bootstrap, seed),
+                 {"fit": fits, "studies": studies, "points": point_table(studies, bootstrap, seed),
+                  "sparsity_comparison": sparsity_comparison(studies, bootstrap, seed),
                   **goal_tables, **pruning_tables, **time_tables, **probe_tables}, files,
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
                   "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})

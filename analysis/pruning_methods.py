@@ -173,7 +173,7 @@ def intervals_footnote(summary: pd.DataFrame) -> str | None:
         return None
     return (f"* not judged: the B_crit intervals of {count} curve(s) or of the dense curve rest on one reaching trial "
             "in most studies (exact early stopping supersedes the others), so they have almost no width and say "
-            "little; studies with --full-trials true or more trials give intervals that mean something")
+            "little; more trials per study, or --replicates 3 or more, give intervals that mean something")
 
 
 def comparison_keys(table: pd.DataFrame) -> list[tuple]:
