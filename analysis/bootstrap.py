@@ -1,7 +1,8 @@
-"""95% intervals of a curve's fit by a bootstrap over trials (docs/fit.md): each study's trials resampled, its
-best reaching one kept (a superseded trial is known only to be slower than the best), the curve refitted. The
-minimum lies above the estimate, so S_min, B_crit and E_min get basic (reflected) intervals; grid values percentile
-ones.
+"""95% intervals of a curve's fit by a bootstrap over trials (docs/fit.md), used only where every study of the
+curve trained every trial to its end: each study's trials resampled, its best reaching one kept and drawn within its
+check interval, the curve refitted. The minimum lies above the estimate, so S_min, B_crit and E_min get basic
+(reflected) intervals; grid values percentile ones. Also what every bootstrap of a curve shares: the statistics of a
+resample and percentile intervals.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.fits import HyperbolaFit, InsufficientData, fit_hyperbolas, regime_boundaries, threshold_critical_batch
+from analysis.replicates import censored, point_values
 
 # What the bootstrap of a curve resampled (fit-table columns): the studies, those with a single reaching
 # trial, and the trials superseded by exact early stopping.
@@ -82,48 +84,69 @@ def outcomes_by_study(trials: pd.DataFrame) -> dict[str, StudyOutcomes]:
 CurveTrials = list[tuple[int, StudyOutcomes]]  # each study of a curve: its batch size and its trials
 
 
-def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tolerance: float = 0.2,
-              estimate: HyperbolaFit | None = None) -> dict[str, Interval]:
-    """95% intervals of S_min, B_crit, E_min, the boundaries and the threshold critical batch size."""
-    rng = np.random.default_rng(seed)
-    samples: dict[str, list[float]] = {"perfect_scaling_end": [], "maximal_parallelism_start": [],
-                                       "b_crit_threshold": []}
-    # every repeat's resample of a study at once, as the best reaching trial it holds (inf: none reached)
-    batch_sizes, resampled = [], []
-    for batch_size, outcomes in curve_trials:
-        if outcomes.trials:
-            batch_sizes.append(batch_size)
-            resampled.append(_resampled_minima(outcomes.reached_steps, outcomes.trials, repeats, rng))
-    sizes = np.array(batch_sizes, dtype=float)
-    minima = np.column_stack(resampled) if resampled else np.empty((repeats, 0))
-    s_min, b_crit = fit_hyperbolas(sizes, minima)  # NaN where a resample has too few points
-    for repeat in range(repeats):
-        found = np.isfinite(minima[repeat])
+def resample_statistics(sizes: np.ndarray, resampled: np.ndarray, tolerance: float) -> dict[str, np.ndarray]:
+    """S_min, B_crit, E_min, the boundaries and the threshold of every row of ``resampled`` (a resample's point
+    per batch size of ``sizes``; not finite: no result there), NaN where a resample has too few points."""
+    s_min, b_crit = fit_hyperbolas(sizes, resampled)
+    grid: dict[str, list[float]] = {"perfect_scaling_end": [], "maximal_parallelism_start": [],
+                                    "b_crit_threshold": []}
+    for row in resampled:
+        found = np.isfinite(row) & (row > 0)
+        values = [math.nan] * 3
         with suppress(InsufficientData):
-            bounds = regime_boundaries(sizes[found], minima[repeat][found], tolerance)
-            samples["perfect_scaling_end"].append(bounds.perfect_scaling_end or math.nan)
-            samples["maximal_parallelism_start"].append(bounds.maximal_parallelism_start or math.nan)
-            samples["b_crit_threshold"].append(threshold_critical_batch(sizes[found], minima[repeat][found],
-                                                                        tolerance))
+            bounds = regime_boundaries(sizes[found], row[found], tolerance)
+            values = [bounds.perfect_scaling_end or math.nan, bounds.maximal_parallelism_start or math.nan,
+                      threshold_critical_batch(sizes[found], row[found], tolerance)]
+        for name, value in zip(grid, values):
+            grid[name].append(value)
     # E_min per resample from that resample's own fit: the product of the two intervals' ends would ignore that
     # S_min and B_crit move together
-    samples = {"s_min": list(s_min), "b_crit": list(b_crit), "e_min": list(s_min * b_crit), **samples}
+    return {"s_min": s_min, "b_crit": b_crit, "e_min": s_min * b_crit,
+            **{name: np.array(values, dtype=float) for name, values in grid.items()}}
+
+
+def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tolerance: float = 0.2,
+              estimate: HyperbolaFit | None = None, check: int | None = None) -> dict[str, Interval]:
+    """95% intervals of S_min, B_crit, E_min, the boundaries and the threshold critical batch size; each
+    resampled study's best trial drawn within its check interval (``check``), the studies of one batch size
+    taken together by the point rule (analysis.replicates.point_values)."""
+    rng = np.random.default_rng(seed)
+    by_size: dict[int, list[np.ndarray]] = {}
+    for batch_size, outcomes in curve_trials:
+        if outcomes.trials:
+            minima = _resampled_minima(outcomes.reached_steps, outcomes.trials, repeats, rng)
+            by_size.setdefault(batch_size, []).append(censored(minima, check, rng))
+    sizes = np.array(sorted(by_size), dtype=float)
+    resampled = np.column_stack([point_values(np.column_stack(by_size[int(size)])) for size in sizes]) \
+        if len(sizes) else np.empty((repeats, 0))
+    samples = resample_statistics(sizes, resampled, tolerance)
     return {name: _interval(name, values, repeats, estimate) for name, values in samples.items()}
 
 
-def _interval(name: str, values: list[float], repeats: int, estimate: HyperbolaFit | None) -> Interval:
-    array = np.array(values, dtype=float)
+GRID_VALUES = ("perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold")
+
+
+def percentile_interval(values: np.ndarray, repeats: int, grid: bool = False) -> Interval:
+    """The 2.5 and 97.5 percentiles of the finite ``values``; none where fewer than a quarter of the resamples
+    (at least 10) gave one. A grid value's ends stay on the grid."""
+    array = np.asarray(values, dtype=float)
     array = array[np.isfinite(array)]
     if len(array) < max(10, repeats // 4):
         return Interval(None, None)
-    if name not in ("s_min", "b_crit", "e_min"):  # grid values: the interval stays on the grid
+    if grid:
         return Interval(float(np.percentile(array, 2.5, method="lower")),
                         float(np.percentile(array, 97.5, method="higher")))
     low, high = np.percentile(array, [2.5, 97.5])
-    if estimate is not None:  # basic (reflected) interval in log space: the statistic is a minimum
-        centre = math.log(getattr(estimate, name))
-        low, high = math.exp(2 * centre - math.log(high)), math.exp(2 * centre - math.log(low))
     return Interval(float(low), float(high))
+
+
+def _interval(name: str, values: np.ndarray, repeats: int, estimate: HyperbolaFit | None) -> Interval:
+    interval = percentile_interval(values, repeats, grid=name in GRID_VALUES)
+    if name in GRID_VALUES or estimate is None or interval.low is None:
+        return interval
+    # basic (reflected) interval in log space: the statistic is a minimum
+    centre = math.log(getattr(estimate, name))
+    return Interval(math.exp(2 * centre - math.log(interval.high)), math.exp(2 * centre - math.log(interval.low)))
 
 
 def interval_basis(curve_trials: CurveTrials) -> dict[str, int]:

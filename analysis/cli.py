@@ -24,8 +24,8 @@ from analysis.csv_io import TRIAL_COLUMNS, csv_text, read_csv, write_csv
 from analysis.load import load_best_trial_probes, load_probe_values, load_studies, load_trials
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import intervals_footnote, summary_for_people
-from analysis.regimes import fit_table, sparsity_comparison, with_curve_axes
-from analysis.report import fit_summary, markdown_table, steps_grids, write_report
+from analysis.regimes import fit_table, point_table, sparsity_comparison, with_curve_axes
+from analysis.report import certainty_lines, fit_summary, markdown_table, steps_grids, write_report
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
@@ -73,12 +73,14 @@ _SOURCE = _options(
 _TOLERANCE = click.option(
     "--tolerance", type=FiniteRange(min=0, max=10, min_open=True, max_open=True), default=0.2, show_default=True,
     help="Tolerance of the regime boundaries and of the threshold critical batch size (0.2 = 20%, Zhang et al.'s).")
-_FIT = _options(
-    _TOLERANCE,
+_RESAMPLES = _options(
     # 100,000 resamples are far more than a 95% interval needs; more would only hang the command.
     click.option("--bootstrap", type=click.IntRange(0, 100_000), default=200, show_default=True,
                  help="Bootstrap resamples (0: no intervals)."),
-    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="Bootstrap seed."),
+    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True, help="Bootstrap seed."))
+_FIT = _options(
+    _TOLERANCE,
+    _RESAMPLES,
     click.option("--trials-csv", default=None, type=click.Path(), help="Per-trial outcomes for intervals with --csv."))
 _COST = _options(
     click.option("--devices", "device_counts", metavar="DEVICES", callback=_devices, show_default=True,
@@ -146,11 +148,15 @@ def cli() -> None:
 
 @cli.command()
 @_SOURCE
+@_RESAMPLES
 @_format("table", "csv", "json")
-def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, output_format) -> None:
-    """The steps-to-result grid (batch size x sparsity) per workload and optimizer."""
+def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, bootstrap, seed,
+          output_format) -> None:
+    """The steps-to-result grid (batch size x sparsity) per workload and optimizer: each point by the point rule
+    over its replicates, with its 95% interval where it has 3 replicates or more (csv/json: the study table)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}" for (w, o), grid in steps_grids(studies).items())
+    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}"
+                        for (w, o), grid in steps_grids(studies, bootstrap, seed).items())
     _emit(studies, output_format, human)
 
 
@@ -165,19 +171,21 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
     fitted) per curve, with bootstrap intervals."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
-    _emit(fits, output_format, fit_summary(fits).to_string(index=False))
+    sure = "\n".join(["How sure each answer is:", *(f"- {line}" for line in certainty_lines(fits))])
+    _emit(fits, output_format, f"{sure}\n\n{fit_summary(fits).to_string(index=False)}")
     if log_to_mlflow:
         _publish(tracking_uri, experiments, studies, {"fit": fits}, [],
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
 
 
 def _figures(studies: pd.DataFrame, directory: Path, tolerance: float, fits: pd.DataFrame | None = None,
-             formats: tuple[str, ...] = ("png", "svg")) -> dict[tuple[str, str], list[Path]]:
+             formats: tuple[str, ...] = ("png", "svg"), resamples: tuple[int, int] = (200, 0)
+             ) -> dict[tuple[str, str], list[Path]]:
     """Per (workload, optimizer), the files of its steps figure and its sparsity comparison."""
     from analysis.plots import comparison_figures, steps_figure
 
-    comparison = sparsity_comparison(studies)
-    return {(w, o): steps_figure(group, w, o, directory, tolerance, fits, formats) + comparison_figures(
+    comparison = sparsity_comparison(studies, *resamples)
+    return {(w, o): steps_figure(group, w, o, directory, tolerance, fits, formats, resamples) + comparison_figures(
                 comparison[(comparison["workload"] == w) & (comparison["optimizer"] == o)], w, o, directory, formats)
             for (w, o), group in studies.groupby(["workload", "optimizer"], sort=True)}
 
@@ -222,19 +230,20 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)  # input checked before any write
     directory = path.parent / f"{path.stem}_figures"
     path.parent.mkdir(parents=True, exist_ok=True)
-    figures = _figures(studies, directory, tolerance, fits, formats)
+    figures = _figures(studies, directory, tolerance, fits, formats, (bootstrap, seed))
     against, goal_tables = goal_sections(studies, fits, directory, formats)
     pruning, pruning_tables = pruning_sections(studies, fits, tolerance, directory, formats)
     times, time_tables = time_sections(studies, model, directory, formats)
     probes, probe_tables = probe_sections(experiments, tracking_uri, fits, directory, formats) \
         if not csv_path else ([], {})
-    write_report(path, steps_grids(studies), fits, source, tolerance, figures, against + pruning + times + probes)
+    write_report(path, steps_grids(studies, bootstrap, seed), fits, source, tolerance, figures, against + pruning + times + probes)
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths] + [
             p for _, _, paths in against + pruning + times + probes for p in paths]
         _publish(tracking_uri, experiments, studies,
-                 {"fit": fits, "studies": studies, "sparsity_comparison": sparsity_comparison(studies),
+                 {"fit": fits, "studies": studies, "points": point_table(studies, bootstrap, seed),
+                  "sparsity_comparison": sparsity_comparison(studies, bootstrap, seed),
                   **goal_tables, **pruning_tables, **time_tables, **probe_tables}, files,
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
                   "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})

@@ -16,7 +16,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 
 from analysis.regimes import (CURVE_KEYS, UNBOUNDED_FACTOR, curve_columns, curves, family_columns,  # noqa: E402
-                              fit_of, fit_table, fit_value, is_degenerate, unbounded, with_curve_axes)
+                              fit_of, fit_table, fit_value, is_degenerate, point_table, unbounded,
+                              with_curve_axes)
 from analysis.report import curve_words, several_methods  # noqa: E402
 from analysis.timing import TIME_COLUMNS, duration_unit  # noqa: E402
 
@@ -153,6 +154,17 @@ def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row:
     return list(fitted) + [y]
 
 
+def _error_bars(axis: plt.Axes, points: pd.DataFrame, colour: object) -> None:
+    """Each point's 95% interval over its replicates, where it has one."""
+    shown = points.dropna(subset=["steps_to_result_low", "steps_to_result_high"])
+    if len(shown):
+        s = shown["steps_to_result"].to_numpy(dtype=float)
+        below = np.maximum(s - shown["steps_to_result_low"].to_numpy(dtype=float), 0.0)
+        above = np.maximum(shown["steps_to_result_high"].to_numpy(dtype=float) - s, 0.0)
+        axis.errorbar(shown["batch_size"].to_numpy(dtype=float), s, yerr=[below, above], fmt="none", ecolor=colour,
+                      elinewidth=1.0, capsize=3)
+
+
 def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
                      label: bool, limits: tuple[float, float]) -> None:
     """The threshold critical batch size: measured, a ring on its point; fitted, a triangle on the fit."""
@@ -186,16 +198,19 @@ def _shade_regimes(axis: plt.Axes, b: np.ndarray, row: pd.Series, limits: tuple[
 
 
 def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: Path, tolerance: float = 0.2,
-                 fits: pd.DataFrame | None = None, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
+                 fits: pd.DataFrame | None = None, formats: tuple[str, ...] = FIGURE_FORMATS,
+                 resamples: tuple[int, int] = (200, 0)) -> list[Path]:
     """The figure of :func:`draw_steps`, written in ``formats`` to ``directory``."""
-    return _save(draw_steps(table, workload, optimizer, tolerance, fits), directory,
+    return _save(draw_steps(table, workload, optimizer, tolerance, fits, resamples), directory,
                  file_stem("steps", workload, optimizer), formats)
 
 
 def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: float = 0.2,
-               fits: pd.DataFrame | None = None) -> plt.Figure:
-    """log2-log2 steps-to-result against batch size, a line per curve, the fits of ``fits`` (else of the fit table
-    without intervals, as the table reports them) dashed, the densest curve's regimes shaded."""
+               fits: pd.DataFrame | None = None, resamples: tuple[int, int] = (200, 0)) -> plt.Figure:
+    """log2-log2 steps-to-result against batch size, a line per curve through its points (the point rule over
+    each batch size's replicates; error bars: their 95% intervals, with ``resamples`` (repeats, seed), where a
+    point has 3 replicates or more), the fits of ``fits`` (else of the fit table without intervals, as the table
+    reports them) dashed, the densest curve's regimes shaded."""
     group = table[(table["workload"] == workload) & (table["optimizer"] == optimizer)]
     fits = fit_table(group, None, tolerance, repeats=0) if fits is None else fits
     figure, axis = plt.subplots(figsize=(8.4, 4.6))
@@ -208,12 +223,14 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
     heights: list[float] = []
     shaded = False
     for colour, (key, curve) in zip(colours, lines.items()):
-        b = curve["batch_size"].to_numpy(dtype=float)
-        s = curve["steps_to_result"].to_numpy(dtype=float)
+        points = point_table(curve, *resamples)
+        b = points["batch_size"].to_numpy(dtype=float)
+        s = points["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
         label = " ".join([curve_words(key[2], _literal(key[3]), several)]
                          + [f"{columns[i]} {_literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
+        _error_bars(axis, points[valid], colour)
         row = fit_of(fits, dict(zip(columns, key)))
         heights += list(s[valid]) + _draw_fit(axis, b, s, colour, row, not shaded, limits)
         _mark_thresholds(axis, b[valid], s[valid], colour, row, not shaded, limits)

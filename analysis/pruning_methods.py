@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis.bootstrap import BASIS_COLUMNS, interval_basis_warning
 from analysis.regimes import curve_columns, fit_of, matching, with_curve_axes
+from analysis.replicates import point_steps
 from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
 
 SUMMARY_COLUMNS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high")
@@ -25,9 +26,9 @@ def _family(table: pd.DataFrame) -> list[str]:
 
 
 def _steps(curve: pd.DataFrame) -> pd.Series:
-    """batch size -> steps-to-result (NaN without a result); a batch size measured twice counts once."""
-    rows = curve.drop_duplicates("batch_size", keep="last").set_index("batch_size")["steps_to_result"]
-    return pd.to_numeric(rows, errors="coerce").astype(float).sort_index()
+    """batch size -> steps-to-result (NaN without a result): each point by the point rule over its replicates."""
+    points = point_steps(curve)
+    return pd.Series(points["steps_to_result"].to_numpy(dtype=float), index=points["batch_size"])
 
 
 def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
@@ -134,8 +135,9 @@ def _interval(row: pd.Series, name: str) -> str:
     value, low, high = (_number(row.get(f"{name}{suffix}")) for suffix in ("", "_low", "_high"))
     if math.isnan(value):
         return "-"
-    text = f"{value:.4g}"
-    return text if math.isnan(low) or math.isnan(high) else f"{text} [{low:.4g}, {high:.4g}]"
+    text = f"{value:.4g}"  # never [x, x]: ends that read alike are no interval to show
+    return text if math.isnan(low) or math.isnan(high) or f"{low:.4g}" == f"{high:.4g}" else \
+        f"{text} [{low:.4g}, {high:.4g}]"
 
 
 def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
@@ -171,7 +173,7 @@ def intervals_footnote(summary: pd.DataFrame) -> str | None:
         return None
     return (f"* not judged: the B_crit intervals of {count} curve(s) or of the dense curve rest on one reaching trial "
             "in most studies (exact early stopping supersedes the others), so they have almost no width and say "
-            "little; studies with --full-trials true or more trials give intervals that mean something")
+            "little; more trials per study, or --replicates 3 or more, give intervals that mean something")
 
 
 def comparison_keys(table: pd.DataFrame) -> list[tuple]:

@@ -33,7 +33,10 @@ _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_c
                 "e_min_high", "r2_log",
                 "perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold", "b_crit_threshold_low",
                 "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
-                "b_crit_threshold_fit_high")
+                "b_crit_threshold_fit_high", "interval_replicates", "b_crit_threshold_censored_low",
+                "b_crit_threshold_censored_high", "b_crit_threshold_decided")
+# What the intervals rest on, as a metric (a metric holds numbers): 2 replicates, 1 complete trials, 0 none.
+INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0}
 
 
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
@@ -49,8 +52,12 @@ def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
                  + "".join(f"/{c}{row[c]:g}" for c in varying))
         if several:
             curve = f"{row['workload']}/{curve}"
-        for column in _FIT_METRICS:
-            value = row.get(column)
+        values = {column: row.get(column) for column in _FIT_METRICS}
+        if "interval_basis" in row.index:  # interval metrics only where the fit table has them: the basis beside
+            values["interval_basis"] = INTERVAL_BASIS_CODES.get(str(row["interval_basis"]), 0.0)
+            if not values["interval_basis"]:
+                values["interval_replicates"] = None  # no interval rests on them
+        for column, value in values.items():
             if value is not None and pd.notna(value):
                 metrics[re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{n.METRIC_FIT_PREFIX}{curve}/{column}")] = float(value)
     return metrics
@@ -88,7 +95,8 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
         fits = markdown_table(fit_summary(tables["fit"]))
         tags[n.MLFLOW_NOTE] = (f"Fits of steps-to-result against batch size (S(B) = S_min (1 + B_crit / B); regime "
                                f"boundaries with a {settings.get('tolerance', 0.2):.0%} tolerance; brackets: 95% "
-                               f"bootstrap intervals). The figures are under `figures/`, the whole report in the "
+                               f"bootstrap intervals over replicates or complete trials, where they exist). The "
+                               f"figures are under `figures/`, the whole report in the "
                                f"report artifact.\n\n{fits}\n")[:20_000]
     with suppress(MlflowException):  # its sweep run is gone: not nested
         if len(sweeps) == 1 and client.get_run(sweeps[0]).info.experiment_id == experiment_id:

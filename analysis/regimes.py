@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import math
 from contextlib import suppress
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from analysis.bootstrap import CurveTrials, bootstrap, interval_basis, interval_basis_warning, outcomes_by_study
-from analysis.fits import (MIN_POINTS, HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
+from analysis.bootstrap import (Interval, StudyOutcomes, bootstrap, interval_basis, interval_basis_warning,
+                                outcomes_by_study, percentile_interval)
+from analysis.censoring import CENSORED_COLUMNS, threshold_censoring
+from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
                            points, regime_boundaries, threshold_critical_batch)
+from analysis.intervals import (Basis, collapsed, drop_collapsed, grounds, point_intervals, replicate_bootstrap,
+                                resampled_points)
+from analysis.replicates import (MIN_REPLICATES, POINT_COLUMNS, check_interval, point_steps, point_value,
+                                 replicate_steps)
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
 
 CURVE_KEYS = CURVE_AXES  # what identifies a curve (edps_mlflow.curves.CurveId), declared there once
@@ -82,16 +89,16 @@ def _add_note(row: dict, note: str) -> None:
     row["note"] = f"{row['note']}; {note}" if row["note"] else note
 
 
-def _curve_row(key: tuple, columns: list[str], siblings: list[tuple], group: pd.DataFrame,
+def _curve_row(key: tuple, columns: list[str], siblings: list[tuple], b: np.ndarray, s: np.ndarray,
                tolerance: float) -> tuple[dict, HyperbolaFit | None]:
-    """One curve's row of the fit table without intervals, and its fit (None: too few points)."""
+    """One curve's row of the fit table from its points (batch sizes ``b``, steps ``s``) without intervals, and its
+    fit (None: too few points)."""
     base = len(CURVE_KEYS)
-    row: dict = {**dict(zip(columns, key)), "points": int(group["steps_to_result"].notna().sum()), "note": ""}
+    row: dict = {**dict(zip(columns, key)), "points": int(np.isfinite(s).sum()), "note": ""}
     if len(siblings) > 1:
         differing = [c for i, c in enumerate(columns[base:], base) if len({str(k[i]) for k in siblings}) > 1]
         row["note"] = (f"one of {len(siblings)} curves of this workload, optimizer, sparsity and pruning method: "
                        f"the studies differ in {', '.join(differing)}")
-    b, s = group["batch_size"].to_numpy(), group["steps_to_result"].to_numpy(dtype=float)
     fit = None
     try:
         fit = fit_hyperbola(b, s)
@@ -109,39 +116,90 @@ def _curve_row(key: tuple, columns: list[str], siblings: list[tuple], group: pd.
     return row, fit
 
 
-def _add_intervals(row: dict, by_size: CurveTrials, fit: HyperbolaFit, smallest: float,
+@dataclass(frozen=True)
+class _Curve:
+    """One curve's studies as the intervals read them."""
+    group: pd.DataFrame
+    replicates: dict[int, np.ndarray]
+    check: int | None
+    smallest: float  # the smallest batch size with a result
+
+
+def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[str, StudyOutcomes] | None,
                    tolerance: float, repeats: int, seed: int) -> None:
-    for name, interval in bootstrap(by_size, repeats, seed, tolerance, fit).items():
+    """The intervals on the grounds the curve has (analysis.intervals.grounds), or the note says why none."""
+    fitted = [size for size, steps in curve.replicates.items() if math.isfinite(point_value(steps))]
+    keys = curve.group["study_key"] if "study_key" in curve.group.columns else pd.Series(None, index=curve.group.index)
+    outcomes = [] if trials_of is None else [trials_of.get(str(k)) if pd.notna(k) else None for k in keys]
+    found = grounds(curve.replicates, fitted, outcomes)
+    row["interval_basis"] = found.basis.value
+    row["interval_replicates"] = min(len(curve.replicates[size]) for size in fitted)
+    if found.basis is Basis.NONE:
+        _add_note(row, found.why_none)
+        return
+    if found.basis is Basis.REPLICATES:
+        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance).quantities
+    else:
+        pairs = list(zip(curve.group["batch_size"].astype(int), outcomes))
+        intervals = bootstrap(pairs, repeats, seed, tolerance, fit, curve.check)
+        row.update(interval_basis(pairs))
+    for name, interval in intervals.items():
         row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
     if row.get("b_crit_low") is not None:  # the fitted threshold increases with B_crit at the measured B_0
         for end in ("low", "high"):
             row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(
-                HyperbolaFit(fit.s_min, row[f"b_crit_{end}"], fit.rmse_log, fit.r2_log), smallest, tolerance)
-    row.update(interval_basis(by_size))
+                HyperbolaFit(fit.s_min, row[f"b_crit_{end}"], fit.rmse_log, fit.r2_log), curve.smallest, tolerance)
+    for reason in drop_collapsed(row, (*intervals, "b_crit_threshold_fit")):
+        _add_note(row, reason)
 
 
 def fit_table(table: pd.DataFrame, trials: pd.DataFrame | None = None, tolerance: float = 0.2,
               repeats: int = 200, seed: int = 0) -> pd.DataFrame:
-    """One row per curve: hyperbola, boundaries, intervals (when trials are given), or why not."""
+    """One row per curve from its points (the point rule over each batch size's replicates): hyperbola,
+    boundaries, the threshold under censoring, intervals (``repeats`` > 0) where replicates or complete trials
+    give them, or why not."""
     table = with_curve_axes(table)
     columns, grouped = curve_columns(table), curves(table)
-    trials_of = outcomes_by_study(trials) if trials is not None and len(trials) else {}
+    trials_of = outcomes_by_study(trials) if trials is not None and len(trials) else None
     rows = []
     for key, group in grouped.items():
         siblings = [other for other in grouped if other[:len(CURVE_KEYS)] == key[:len(CURVE_KEYS)]]
-        row, fit = _curve_row(key, columns, siblings, group, tolerance)
-        b, s = group["batch_size"].to_numpy(), group["steps_to_result"].to_numpy(dtype=float)
-        if trials is not None and len(trials) and fit is not None:
-            # every study of the curve, as the fit has them: a batch size may have several
-            pairs = [(int(size), trials_of[str(study)]) for size, study in zip(group["batch_size"], group["study_key"])
-                     if pd.notna(study) and str(study) in trials_of]
-            if len({size for size, _ in pairs}) >= MIN_POINTS:
-                _add_intervals(row, pairs, fit, points(b, s)[0][0], tolerance, repeats, seed)
-            else:
-                _add_note(row, "no intervals: trials not available")
+        replicates = replicate_steps(group)
+        b, s = np.array(sorted(replicates), dtype=float), np.array([point_value(replicates[k]) for k in
+                                                                    sorted(replicates)])
+        row, fit = _curve_row(key, columns, siblings, b, s, tolerance)
+        curve = _Curve(group, replicates, check_interval(group), points(b, s)[0][0] if np.isfinite(s).any() else 0)
+        censoring = threshold_censoring(replicates, curve.check, tolerance)
+        if censoring is not None:
+            row.update(censoring.columns())
+            if not censoring.decided:
+                _add_note(row, censoring.words())
+        if repeats > 0 and fit is not None:
+            _add_intervals(row, curve, fit, trials_of, tolerance, repeats, seed)
         row["note"] = "; ".join([part for part in (row["note"],) if part] + fit_warnings(row, b, s))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def point_table(table: pd.DataFrame, repeats: int = 200, seed: int = 0) -> pd.DataFrame:
+    """One row per curve and batch size (analysis.replicates.POINT_COLUMNS) with steps_to_result_low/high where
+    the point has MIN_REPLICATES replicates (the resamples of the fit table's replicate bootstrap)."""
+    table = with_curve_axes(table)
+    columns, frames = curve_columns(table), []
+    for key, group in curves(table).items():
+        frame = point_steps(group).assign(**dict(zip(columns, key)))
+        replicates = replicate_steps(group)
+        if repeats > 0:
+            resampled = resampled_points(replicates, check_interval(group), repeats, np.random.default_rng(seed))
+            found = point_intervals(replicates, resampled, repeats)
+            frame["steps_to_result_low"] = [found[size].low for size in frame["batch_size"]]
+            frame["steps_to_result_high"] = [found[size].high for size in frame["batch_size"]]
+            for i in frame.index:
+                if collapsed(frame.at[i, "steps_to_result_low"], frame.at[i, "steps_to_result_high"]):
+                    frame.loc[i, ["steps_to_result_low", "steps_to_result_high"]] = None
+        frames.append(frame)
+    ordered = [*columns, *POINT_COLUMNS, "steps_to_result_low", "steps_to_result_high"]
+    return pd.concat(frames, ignore_index=True).reindex(columns=ordered) if frames else pd.DataFrame(columns=ordered)
 
 
 # What is shown against the goal: each with its interval (<name>_low, <name>_high) where the fit table has one.
@@ -159,7 +217,8 @@ def goal_table(fits: pd.DataFrame, studies: pd.DataFrame | None = None) -> pd.Da
     fits = with_curve_axes(fits) if len(fits) else fits
     family = family_columns(fits) if len(fits) else []
     values = [f"{name}{end}" for name in GOAL_VALUES for end in ("", "_low", "_high")]
-    columns = [*family, "goal", "goal_metric", "points", *values, "perfect_scaling_end", "note"]
+    columns = [*family, "goal", "goal_metric", "points", *values, "perfect_scaling_end", *CENSORED_COLUMNS,
+               "interval_basis", "interval_replicates", "note"]
     if "goal" not in fits.columns:
         return pd.DataFrame(columns=columns)
     ladders = [group.sort_values("goal", ascending=False)
@@ -197,9 +256,11 @@ def _interval_warnings(row: dict) -> list[str]:
         if not contains_estimate(low, value, high):
             # a basic interval reflects the resamples about the estimate: with nearly every resample's
             # minimum on one side of it, the interval ends on the other side, short of the estimate
+            why = ("the estimate is taken at the recorded steps, the top of their censoring, which the resamples "
+                   "spread below" if row.get("interval_basis") == "replicates" else
+                   "the resampled minima lie almost all on one side of it (too few reaching trials)")
             warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
-                            f"{value:.3g}: the resampled minima lie almost all on one side of it (too few "
-                            f"reaching trials)")
+                            f"{value:.3g}: {why}")
     basis = interval_basis_warning(row)
     return warnings + ([basis] if basis else [])
 
@@ -233,9 +294,27 @@ def is_degenerate(row: pd.Series | dict) -> bool:
     return any(flag in note for flag in ("no fit", "steps rise", "far outside", "cannot be checked"))
 
 
-def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
-    """Per curve and batch size: steps relative to the dense curve of its family (every curve axis but the
-    sparsity and the method, and the protocol), and each curve normalised by its first point."""
+def _ratio_intervals(curve: dict[int, np.ndarray], dense: dict[int, np.ndarray], check: int | None,
+                     repeats: int, seed: int) -> dict[int, Interval]:
+    """Per batch size both curves measured, the 95% percentile interval of steps relative to dense over
+    resamples of both curves' replicates (each point needs MIN_REPLICATES)."""
+    shared = {size: (curve[size], dense[size]) for size in curve if size in dense
+              and min(len(curve[size]), len(dense[size])) >= MIN_REPLICATES}
+    if not shared or repeats <= 0:
+        return {}
+    rng = np.random.default_rng(seed)
+    ours = resampled_points({k: v[0] for k, v in shared.items()}, check, repeats, rng)
+    theirs = resampled_points({k: v[1] for k, v in shared.items()}, check, repeats, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = ours / theirs
+    found = {size: percentile_interval(ratios[:, i], repeats) for i, size in enumerate(sorted(shared))}
+    return {size: interval for size, interval in found.items() if not collapsed(interval.low, interval.high)}
+
+
+def sparsity_comparison(table: pd.DataFrame, repeats: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Per curve and batch size (its point, by the point rule): steps relative to the dense curve of its family
+    (every curve axis but the sparsity and the method, and the protocol), with a 95% interval where both points
+    have MIN_REPLICATES replicates, and each curve normalised by its first point."""
     table = with_curve_axes(table)
     rows = []
     protocol = curve_columns(table)[len(CURVE_KEYS):]
@@ -243,19 +322,27 @@ def sparsity_comparison(table: pd.DataFrame) -> pd.DataFrame:
     for _, group in table.groupby([*family, *protocol], sort=True, dropna=False):
         head = {axis: group[axis].iloc[0] for axis in family}
         protocol_values = {column: group[column].iloc[0] for column in protocol}
-        dense_rows = group[group["sparsity"] == 0.0].drop_duplicates("batch_size", keep="last")
-        dense = pd.to_numeric(dense_rows.set_index("batch_size")["steps_to_result"], errors="coerce")
+        dense_replicates = replicate_steps(group[group["sparsity"] == 0.0])
+        dense = pd.Series({size: point_value(steps) for size, steps in dense_replicates.items()}, dtype=float)
         for (sparsity, pruning), curve in group.groupby(["sparsity", "pruning"], sort=True):
-            curve = curve.sort_values("batch_size")
-            steps = pd.to_numeric(curve["steps_to_result"], errors="coerce").to_numpy(dtype=float)
+            replicates = replicate_steps(curve)
+            sizes = np.array(sorted(replicates))
+            steps = np.array([point_value(replicates[size]) for size in sizes])
             reached = steps[~np.isnan(steps)]
             first = reached[0] if len(reached) else math.nan
-            reference = dense.reindex(curve["batch_size"]).to_numpy(dtype=float)
+            reference = dense.reindex(sizes).to_numpy(dtype=float)
             with np.errstate(divide="ignore", invalid="ignore"):
                 relative = np.where((reference != 0) & ~np.isnan(reference), steps / reference, math.nan)
                 normalised = steps / first if first and not math.isnan(first) else np.full(len(steps), math.nan)
+            found = _ratio_intervals(replicates, dense_replicates, check_interval(curve), repeats, seed) \
+                if sparsity > 0 else {}  # the dense curve against itself: 1, no interval
             rows.append(pd.DataFrame({**head, "sparsity": sparsity, "pruning": pruning, **protocol_values,
-                                      "batch_size": curve["batch_size"].to_numpy().astype(int),
-                                      "steps_to_result": steps, "relative_to_dense": relative,
+                                      "batch_size": sizes.astype(int), "steps_to_result": steps,
+                                      "replicates": [len(replicates[size]) for size in sizes],
+                                      "relative_to_dense": relative,
+                                      "relative_to_dense_low": [found.get(size, Interval(None, None)).low
+                                                                for size in sizes],
+                                      "relative_to_dense_high": [found.get(size, Interval(None, None)).high
+                                                                 for size in sizes],
                                       "normalised_by_first": normalised}))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.bootstrap import BASIS_COLUMNS
-from analysis.regimes import CURVE_KEYS, family_columns, with_curve_axes
+from analysis.bootstrap import interval_basis_warning
+from analysis.intervals import HOW_TO_GET_ONE
+from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, family_columns, point_table
 from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
 
@@ -36,42 +37,71 @@ def several_methods(table: pd.DataFrame) -> bool:
     return "pruning" in table.columns and table.loc[table["sparsity"] > 0, "pruning"].nunique() > 1
 
 
-def steps_grids(table: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (workload, optimizer): steps-to-result, batch size down, sparsity (and method) across; a column per
-    goal too, easiest first, where the studies differ in goal (a ladder is a row per rung)."""
-    table = with_curve_axes(table)
+def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tuple[str, str], pd.DataFrame]:
+    """Per (workload, optimizer): each point's steps-to-result (the point rule over its replicates; with its 95%
+    interval where ``repeats`` > 0 and it has enough replicates), batch size down, sparsity (and method) across;
+    a column per goal too, easiest first, where the studies differ in goal (a ladder is a row per rung)."""
+    points = point_table(table, repeats, seed).sort_values("steps_to_result", na_position="last")
+    points["cell"] = [_with_interval(row, "steps_to_result") for _, row in points.iterrows()]
     grids = {}
-    for (workload, optimizer), group in table.groupby(["workload", "optimizer"], sort=True):
+    for (workload, optimizer), group in points.groupby(["workload", "optimizer"], sort=True):
         goals = ["goal"] if "goal" in group.columns and group["goal"].nunique() > 1 else []
-        grid = group.pivot_table(index="batch_size", columns=goals + ["sparsity", "pruning"],
-                                 values="steps_to_result", aggfunc="min")
+        # the fewest steps of the curves (protocols) that share a cell, as the sort put them first
+        grid = group.pivot_table(index="batch_size", columns=goals + ["sparsity", "pruning"], values="cell",
+                                 aggfunc="first", dropna=False)
         grid = grid.reindex(sorted(group["batch_size"].unique()))
         if goals:  # easiest first: the largest goal, for an error as for a loss
             grid = grid[sorted(grid.columns, key=lambda c: (-c[0], *c[1:]))]
         several = several_methods(group)
         grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-2:], several) for c in grid.columns]
         grid.index.name = "batch size"
-        grids[(workload, optimizer)] = grid.map(_number)
+        grids[(workload, optimizer)] = grid.fillna("-")
     return grids
 
 
+def _present(value: object) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def _with_interval(row: pd.Series, name: str) -> str:
+    """``value [low, high]``; the value alone where there is no interval or its ends read alike (never
+    ``[x, x]``: more digits first, then none)."""
     value = _number(row.get(name))
     low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
-    if low is None or high is None or (isinstance(low, float) and math.isnan(low)):
+    if not (_present(low) and _present(high)):
         return value
-    return f"{value} [{_number(low)}, {_number(high)}]"
+    for digits in (4, 8):
+        ends = _number(low, digits), _number(high, digits)
+        if ends[0] != ends[1]:
+            return f"{value} [{ends[0]}, {ends[1]}]"
+    return value
 
 
 def threshold_words(row: pd.Series | dict) -> str:
     """The measured threshold critical batch size, with Merrill et al.'s bracket (the largest passing and the
-    smallest failing batch size) and its interval: ``16 (16..32) [8, 32]``; ``>1024`` when none failed."""
+    smallest failing batch size) and its interval: ``16 (16..32) [8, 32]``; ``>1024`` when none failed; where
+    the check interval leaves it undecided, ``undecided at check interval 25: between 16 and 32``."""
     value, failing = row.get("b_crit_threshold"), row.get("perfect_scaling_end")
     if value is None or pd.isna(value):
         return "-"
+    if row.get("b_crit_threshold_decided") is False or row.get("b_crit_threshold_decided") == 0:
+        return (f"undecided at check interval {_number(row.get('check_interval'))}: between "
+                f"{_number(row.get('b_crit_threshold_censored_low'))} and "
+                f"{_number(row.get('b_crit_threshold_censored_high'))}")
     value = _number(value)
     bracket = f"{value}..{_number(failing)}" if failing is not None and pd.notna(failing) else f">{value}"
     return _with_interval(row, "b_crit_threshold").replace(value, f"{value} ({bracket})", 1)
+
+
+def end_words(row: pd.Series | dict) -> str:
+    """perfect_scaling_end with its interval, or, where the check interval leaves the first failing batch size
+    undecided, ``undecided at check interval 25: 32 or 64`` (``beyond 128``: none fails at the optimistic end)."""
+    low, high = row.get("perfect_scaling_end_censored_low"), row.get("perfect_scaling_end_censored_high")
+    decided = row.get("b_crit_threshold_decided")
+    if decided is None or pd.isna(decided) or bool(decided) or not _present(low) or low == high:
+        return _with_interval(row, "perfect_scaling_end")
+    later = _number(high) if _present(high) else "beyond the largest batch size"
+    return f"undecided at check interval {_number(row.get('check_interval'))}: {_number(low)} or {later}"
 
 
 def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +117,7 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
             "E_min (examples)": _with_interval(row, "e_min"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
-            "perfect_scaling_end": _with_interval(row, "perfect_scaling_end"),
+            "perfect_scaling_end": end_words(row),
             "maximal_parallelism_start": _with_interval(row, "maximal_parallelism_start"),
             "B_crit threshold (passes..fails)": threshold_words(row),
             "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"),
@@ -136,21 +166,49 @@ def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFra
     return summary, rows
 
 
-def interval_basis_text(fits: pd.DataFrame) -> str | None:
-    """What the report's intervals rest on, with the counts, and what would help; None without intervals."""
-    if not set(BASIS_COLUMNS) <= set(fits.columns):
-        return None
-    studies, single, superseded = (int(pd.to_numeric(fits[c], errors="coerce").fillna(0).sum()) for c in BASIS_COLUMNS)
-    if not studies:
-        return None
-    text = (f"the bootstrap resampled the trials of {studies} studies; {single} of them had a single reaching "
-            f"trial, and {superseded} trials were superseded by exact early stopping (known only to be slower "
-            f"than the best, never resampled as results).")
-    if 2 * single >= studies:
-        text += (" A resample of such a study either keeps its one reaching trial or loses the point, so these "
-                 "intervals say little about the spread of steps-to-result. Studies run with full_trials=true "
-                 "(every trial trained to its end) or with more trials would give intervals that mean something.")
-    return text[0].upper() + text[1:]
+def _curve_name(row: pd.Series, varying: list[str], several: bool) -> str:
+    return " ".join([str(row["workload"]), str(row["optimizer"]), curve_words(row["sparsity"], row.get("pruning", ""),
+                                                                              several)]
+                    + [f"{column} {_number(row[column])}" for column in varying])
+
+
+def _intervals_words(row: pd.Series) -> str:
+    basis = row.get("interval_basis")
+    if basis == "replicates":
+        return f"intervals over replicates, {int(row['interval_replicates'])} or more at every fitted point"
+    if basis == "complete trials":
+        text = (f"intervals over the complete trials of {int(row['interval_studies'])} studies (fewer than 3 "
+                f"replicates at some point)")
+        warning = interval_basis_warning(row)
+        return text + (f"; {warning}" if warning else "")
+    note = str(row.get("note") or "")
+    if "no intervals: " in note:  # the reason, to the end of what would give them
+        start = note.index("no intervals: ")
+        return note[start:note.index(HOW_TO_GET_ONE, start) + len(HOW_TO_GET_ONE)]
+    return "no fit, so no intervals" if pd.isna(row.get("s_min")) else "no intervals: none asked for (--bootstrap 0)"
+
+
+def _threshold_certainty(row: pd.Series) -> str:
+    decided = row.get("b_crit_threshold_decided")
+    if pd.isna(row.get("b_crit_threshold")):
+        return ""
+    if decided is None or pd.isna(decided):
+        return "the check interval is unknown, so the threshold's censoring is not carried"
+    if bool(decided):
+        return f"the threshold critical batch size is decided at check interval {_number(row['check_interval'])}"
+    return next(part for part in str(row.get("note") or "").split("; ") if "undecided at check interval" in part)
+
+
+def certainty_lines(fits: pd.DataFrame) -> list[str]:
+    """Per curve: what its intervals rest on (replicates and how many, complete trials, or none and why) and
+    whether its threshold critical batch size is decided at its check interval."""
+    if not len(fits):
+        return []
+    several = several_methods(fits)
+    varying = [c for c in fits.columns if c in PROTOCOL_KEYS and fits[c].nunique(dropna=False) > 1]
+    return [f"{_curve_name(row, varying, several)}: "
+            + "; ".join(part for part in (_intervals_words(row), _threshold_certainty(row)) if part) + "."
+            for _, row in fits.iterrows()]
 
 
 def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
@@ -185,7 +243,8 @@ def _intro(source: str, tolerance: float) -> str:
             f"the threshold form (Zhang et al. 2025): the largest measured batch size whose steps stay within "
             f"the tolerance of ideal linear scaling, in parentheses the largest passing and smallest failing batch "
             f"size (Merrill et al. 2025), and the fitted hyperbola's value of it, (1 + tolerance) B_0 + tolerance "
-            f"B_crit. Brackets: 95% bootstrap intervals over trials.")
+            f"B_crit. Brackets: 95% bootstrap intervals over replicates or complete trials, as the first section "
+            f"says per curve; an interval whose resamples all agree is left out, never shown with equal ends.")
 
 
 Section = tuple[str, pd.DataFrame, list[Path]]  # a title, a table and its figures
@@ -195,7 +254,7 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
                  tolerance: float, figures: dict[tuple[str, str], list[Path]], extra: list[Section] = ()) -> Path:
     """The one-file report (.md or .html): per (workload, optimizer) its figures, grid and fits; then ``extra``."""
     summary = fit_summary(fits)
-    intro, basis = _intro(source, tolerance), interval_basis_text(fits)
+    intro, certainty = _intro(source, tolerance), certainty_lines(fits)
     curves = [(f"{workload}, {optimizer}", figures.get((workload, optimizer), []), grid,
                summary[(summary["workload"] == workload) & (summary["optimizer"] == optimizer)])
               for (workload, optimizer), grid in grids.items()]
@@ -204,8 +263,9 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
                  "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
                  "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
-        if basis:
-            parts.append(f"<p><strong>What the intervals rest on.</strong> {html.escape(basis)}</p>")
+        if certainty:
+            parts += ["<h2>How sure each answer is</h2><ul>",
+                      *(f"<li>{html.escape(line)}</li>" for line in certainty), "</ul>"]
         for title, files, grid, fit in curves:
             parts += [f"<h2>{html.escape(title)}</h2>", *_images(path, title, files, "100%"),
                       "<h3>Steps to result</h3>" + grid.to_html(), "<h3>Fits</h3>" + fit.to_html(index=False)]
@@ -214,8 +274,8 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
                       *_images(path, title, files, "80%")]
         parts.append("</body></html>")
     else:
-        parts = ["# Steps-to-result report", "", intro, ""] + ([f"**What the intervals rest on.** {basis}", ""]
-                                                               if basis else [])
+        parts = ["# Steps-to-result report", "", intro, ""] + (
+            ["## How sure each answer is", "", *(f"- {line}" for line in certainty), ""] if certainty else [])
         for title, files, grid, fit in curves:
             parts += [f"## {title}", "", *_images(path, title, files, "100%"), "", "### Steps to result", "",
                       markdown_table(grid, index=True), "", "### Fits", "", markdown_table(fit), ""]

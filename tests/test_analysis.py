@@ -205,9 +205,15 @@ def test_the_bootstrap_resamples_every_study_of_a_curve_even_two_of_one_batch_si
         assert (together[key].trials, together[key].superseded) == (alone.trials, alone.superseded)
         assert together[key].reached_steps.tolist() == alone.reached_steps.tolist()
     assert together["2-0"].superseded == 2 and len(together["2-0"].reached_steps) == 5
+    # A point per batch size (its two studies by the point rule); a study with superseded trials is no sample
+    # of itself under resampling, so the curve gets no interval and the note says why ...
     fits = fit_table(pd.DataFrame(studies), trials, repeats=50)
-    assert len(fits) == 1 and fits["points"].iloc[0] == 16
-    assert fits["interval_studies"].iloc[0] == 16
+    assert len(fits) == 1 and fits["points"].iloc[0] == 8 and fits["interval_basis"].iloc[0] == ""
+    assert "s_min_low" not in fits.columns and "1 of 16 studies had trials superseded" in fits["note"].iloc[0]
+    # ... and with every trial trained to its end, every study of the curve is resampled.
+    trials["status"] = trials["status"].replace("superseded", "not_reached")
+    fits = fit_table(pd.DataFrame(studies), trials, repeats=50)
+    assert fits["interval_studies"].iloc[0] == 16 and fits["interval_basis"].iloc[0] == "complete trials"
     assert fits["s_min_low"].iloc[0] <= fits["s_min"].iloc[0] <= fits["s_min_high"].iloc[0]
 
 
@@ -341,7 +347,10 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
     out = capsys.readouterr().out
     fits = pd.read_csv(__import__("io").StringIO(out))
     assert set(fits["sparsity"]) == {0.0, 0.5} and fits["s_min"].notna().all()
-    assert "s_min_low" in fits.columns  # the trials came from the study runs' trials.csv
+    # the trials came from the study runs' trials.csv: intervals where they are complete, else the note says why
+    for _, row in fits.iterrows():
+        assert (row["interval_basis"] == "complete trials" and pd.notna(row.get("s_min_low"))) or (
+            pd.isna(row["interval_basis"]) and "no intervals: " in row["note"])
     main(["report", "--tracking-uri", mlflow_server, "--experiment", experiment, "--bootstrap", "20",
           "--output", str(tmp_path / "r" / "report.md"), "--log-to-mlflow"])
     client = MlflowClient(mlflow_server)

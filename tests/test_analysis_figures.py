@@ -88,9 +88,13 @@ def test_report_says_what_the_intervals_rest_on(tmp_path, capsys):
     main(["report", "--csv", str(tmp_path / "steps.csv"), "--trials-csv", str(tmp_path / "trials.csv"),
           "--sparsity", "0.9", "--bootstrap", "40", "--output", str(tmp_path / "report.md")])
     text = (tmp_path / "report.md").read_text()
-    assert "trials of 8 studies; 8 of them had a single reaching trial, and 56 trials were superseded" in text
-    assert "full_trials=true" in text
-    assert "8 of 8 studies had one reaching trial (56 trials superseded by exact early stopping)" in text
+    # Superseded trials are no sample of their study: no interval, and the first section says why and what gives one.
+    sure = text.split("## How sure each answer is", 1)[1].split("\n## ", 1)[0]
+    assert ("digits-simple-cnn sgd sparsity 0.9: no intervals: the fewest replicates at a fitted point is 1 "
+            "(intervals over replicates need 3 at every point) and 8 of 8 studies had trials superseded by exact "
+            "early stopping") in sure
+    assert "--replicates 3 or more, or studies with full_trials=true, would give them" in sure
+    assert "the check interval is unknown" in sure and "[" not in text.split("### Fits", 1)[1].split("##", 1)[0]
     assert "perfect_scaling_end is the first measured batch size" in text
     assert (tmp_path / "report_figures" / "steps_digits-simple-cnn_sgd.png").read_bytes()[:4] == b"\x89PNG"
     # The time to result in a readable unit, the raw hours kept for programs.

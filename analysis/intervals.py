@@ -1,0 +1,110 @@
+"""What a curve's intervals rest on, and the bootstrap over replicates (docs/fit.md): where every fitted point has
+MIN_REPLICATES replicates or more, each point's replicates are resampled with replacement, each draw's steps placed
+uniformly within its check interval, the point taken by the point rule and the curve refitted; percentile intervals
+(the point is a mean, not a minimum). Else the trial bootstrap where every study trained every trial to its end;
+else none, and why. An interval whose ends are equal (every resample alike) is dropped, with the reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pandas as pd
+
+from analysis.bootstrap import GRID_VALUES, Interval, StudyOutcomes, percentile_interval, resample_statistics
+from analysis.replicates import MIN_REPLICATES, censored, point_values
+
+# A curve's intervals rest on (fit-table column interval_basis) ...
+BASIS_REPLICATES, BASIS_TRIALS = "replicates", "complete trials"
+# ... and on how many: the fewest replicates at a fitted point (column interval_replicates).
+HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_trials=true, would give them"
+
+
+class Basis(Enum):
+    REPLICATES = BASIS_REPLICATES
+    TRIALS = BASIS_TRIALS
+    NONE = ""
+
+
+@dataclass(frozen=True)
+class Grounds:
+    """What a curve's intervals can rest on: the basis, and why none where there is none."""
+    basis: Basis
+    why_none: str = ""
+
+
+def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list[StudyOutcomes | None]) -> Grounds:
+    """Replicates where every fitted batch size has MIN_REPLICATES; else complete trials where every study's
+    trials were read and none was superseded (exact early stopping supersedes them); else none, and why.
+    ``outcomes``: each study's trials (None: not read); empty where no trials were read at all."""
+    fewest = min((len(replicates[size]) for size in fitted), default=0)
+    if fitted and fewest >= MIN_REPLICATES:
+        return Grounds(Basis.REPLICATES)
+    short = (f"the fewest replicates at a fitted point is {fewest} (intervals over replicates need "
+             f"{MIN_REPLICATES} at every point)")
+    if not outcomes:
+        return Grounds(Basis.NONE, f"no intervals: {short} and no trials were read; {HOW_TO_GET_ONE}")
+    missing = sum(o is None for o in outcomes)
+    superseded = sum(o is not None and o.superseded > 0 for o in outcomes)
+    if missing:
+        return Grounds(Basis.NONE, f"no intervals: {short} and the trials of {missing} of {len(outcomes)} studies "
+                                   f"are not available; {HOW_TO_GET_ONE}")
+    if superseded:
+        return Grounds(Basis.NONE, f"no intervals: {short} and {superseded} of {len(outcomes)} studies had trials "
+                                   f"superseded by exact early stopping (known only to be slower than the best, so "
+                                   f"a resample of them is no sample of the study); {HOW_TO_GET_ONE}")
+    return Grounds(Basis.TRIALS)
+
+
+@dataclass(frozen=True)
+class ReplicateIntervals:
+    quantities: dict[str, Interval]  # S_min, B_crit, E_min, the boundaries, the threshold
+    points: dict[int, Interval]  # each batch size's steps-to-result
+
+
+def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repeats: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """``repeats`` resamples of every point (a column per batch size, in order): its replicates drawn with
+    replacement, each draw within its censoring, taken together by the point rule."""
+    columns = []
+    for size in sorted(replicates):
+        steps = replicates[size]
+        drawn = steps[rng.integers(0, len(steps), size=(repeats, len(steps)))]
+        columns.append(point_values(censored(drawn, check, rng)))
+    return np.column_stack(columns) if columns else np.empty((repeats, 0))
+
+
+def replicate_bootstrap(replicates: dict[int, np.ndarray], check: int | None, repeats: int = 200, seed: int = 0,
+                        tolerance: float = 0.2) -> ReplicateIntervals:
+    """95% percentile intervals over resamples of each point's replicates (each draw within its censoring)."""
+    sizes = np.array(sorted(replicates), dtype=float)
+    resampled = resampled_points(replicates, check, repeats, np.random.default_rng(seed))
+    samples = resample_statistics(sizes, resampled, tolerance)
+    return ReplicateIntervals(
+        {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()},
+        point_intervals(replicates, resampled, repeats))
+
+
+def point_intervals(replicates: dict[int, np.ndarray], resampled: np.ndarray, repeats: int) -> dict[int, Interval]:
+    """Each point's interval from its column of ``resampled``, where it has MIN_REPLICATES replicates."""
+    return {size: percentile_interval(resampled[:, i], repeats) if len(replicates[size]) >= MIN_REPLICATES
+            else Interval(None, None) for i, size in enumerate(sorted(replicates))}
+
+
+def collapsed(low: object, high: object) -> bool:
+    """Whether an interval's ends are equal (every resample alike): such an interval is dropped, never [x, x]."""
+    return all(v is not None and not pd.isna(v) for v in (low, high)) and math.isclose(
+        float(low), float(high), rel_tol=1e-9, abs_tol=0.0)
+
+
+def drop_collapsed(row: dict, names: tuple[str, ...]) -> list[str]:
+    """Each interval of ``row`` (<name>_low, <name>_high) whose ends are equal dropped; the reasons."""
+    reasons = []
+    for name in names:
+        low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
+        if collapsed(low, high):
+            row[f"{name}_low"] = row[f"{name}_high"] = None
+            reasons.append(f"no {name} interval: every resample gave {float(low):.6g}")
+    return reasons
