@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from analysis.plots import FIGURE_FORMATS, LEGEND_BESIDE, _axes, _literal, _save, plt
+from analysis.plots import FIGURE_FORMATS, LEGEND_BESIDE, literal, plt, save_figure, style_axes
 
 
 def _label(key: tuple, columns: list[str], varying: list[str]) -> str:
-    return " ".join(f"{c} {_literal(v)}" for c, v in zip(columns, key) if c in varying)
+    return " ".join(f"{c} {literal(v)}" for c, v in zip(columns, key) if c in varying)
 
 
 def budget_figure(points: pd.DataFrame, fits: pd.DataFrame, within: float, directory: Path,
@@ -34,7 +34,7 @@ def budget_figure(points: pd.DataFrame, fits: pd.DataFrame, within: float, direc
         never = line["median_steps_never"].to_numpy(dtype=float)
         left.fill_between(n, line["median_steps_early"], np.where(np.isfinite(never), never, np.nan),
                           color=colour, alpha=0.15, linewidth=0)
-    _axes(left, "steps to result", "a study of n trials: expected (solid), median (dashed)", x_base=None,
+    style_axes(left, "steps to result", "a study of n trials: expected (solid), median (dashed)", x_base=None,
           xlabel="trials per study n")
     for colour, (key, curve) in zip(plt.cm.tab10(np.arange(10) % 10), fits.groupby(columns, sort=True, dropna=False)):
         n = curve["n"].to_numpy(dtype=float)
@@ -43,10 +43,10 @@ def budget_figure(points: pd.DataFrame, fits: pd.DataFrame, within: float, direc
         final = curve["b_crit_early"].iloc[-1]
         if np.isfinite(final):
             right.axhspan(final * (1 - within), final * (1 + within), color=colour, alpha=0.1, linewidth=0)
-    _axes(right, "B_crit (examples per step)", f"B_crit of the median steps; band: +-{within:g} at the largest n",
+    style_axes(right, "B_crit (examples per step)", f"B_crit of the median steps; band: +-{within:g} at the largest n",
           x_base=None, y_base=None, xlabel="trials per study n")
     for axis in (left, right):
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # n counts trials
     left.legend(fontsize=7, **LEGEND_BESIDE)
     right.legend(fontsize=7)
-    return _save(figure, directory, "budget", formats)
+    return save_figure(figure, directory, "budget", formats)

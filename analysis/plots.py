@@ -47,7 +47,7 @@ def file_stem(kind: str, *values: object) -> str:
     return "_".join((kind, *cleaned, digest))
 
 
-def _literal(value: object) -> str:
+def literal(value: object) -> str:
     """A value read from a store or a CSV as text for a figure: a '$' is a dollar sign, not mathtext."""
     return str(value).replace("$", r"\$")
 
@@ -66,7 +66,7 @@ class PlainLogFormatter(LogFormatter):
         return _plain_number(x) if super().__call__(x, pos) else ""
 
 
-def _axes(axis: plt.Axes, ylabel: str, title: str | None = None, x_base: float | None = 2,
+def style_axes(axis: plt.Axes, ylabel: str, title: str | None = None, x_base: float | None = 2,
           y_base: float | None = 2, xlabel: str | None = BATCH_AXIS) -> None:
     """Log scales (a base of None: linear), labels, a title and a light grid."""
     for ticks, set_scale, base in ((axis.xaxis, axis.set_xscale, x_base), (axis.yaxis, axis.set_yscale, y_base)):
@@ -83,7 +83,7 @@ def _axes(axis: plt.Axes, ylabel: str, title: str | None = None, x_base: float |
 
 def _relative_axes(axis: plt.Axes, title: str) -> None:
     """Steps relative to the dense network against batch size."""
-    _axes(axis, "steps relative to the dense network", title, y_base=None)
+    style_axes(axis, "steps relative to the dense network", title, y_base=None)
     axis.axhline(1.0, color="grey", linewidth=0.8)
 
 
@@ -92,7 +92,7 @@ def _write(figure: plt.Figure, paths: list[Path]) -> None:
         figure.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
 
 
-def _save(figure: plt.Figure, directory: Path, stem: str, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
+def save_figure(figure: plt.Figure, directory: Path, stem: str, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
     """``figure`` written to ``directory/stem.<format>`` and closed; the paths."""
     for axis in figure.axes:
         drawn = [y for line in axis.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
@@ -201,7 +201,7 @@ def steps_figure(table: pd.DataFrame, workload: str, optimizer: str, directory: 
                  fits: pd.DataFrame | None = None, formats: tuple[str, ...] = FIGURE_FORMATS,
                  resamples: tuple[int, int] = (200, 0)) -> list[Path]:
     """The figure of :func:`draw_steps`, written in ``formats`` to ``directory``."""
-    return _save(draw_steps(table, workload, optimizer, tolerance, fits, resamples), directory,
+    return save_figure(draw_steps(table, workload, optimizer, tolerance, fits, resamples), directory,
                  file_stem("steps", workload, optimizer), formats)
 
 
@@ -227,8 +227,8 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         b = points["batch_size"].to_numpy(dtype=float)
         s = points["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
-        label = " ".join([curve_words(key[2], _literal(key[3]), several)]
-                         + [f"{columns[i]} {_literal(key[i])}" for i in varying])
+        label = " ".join([curve_words(key[2], literal(key[3]), several)]
+                         + [f"{columns[i]} {literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         _error_bars(axis, points[valid], colour)
         row = fit_of(fits, dict(zip(columns, key)))
@@ -237,11 +237,11 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         if not shaded and row is not None and valid.sum() >= 2:
             _shade_regimes(axis, b[valid], row, limits)
             shaded = True
-    _axes(axis, "steps to result")
+    style_axes(axis, "steps to result")
     axis.set_xlim(*limits)
     if heights:
         axis.set_ylim(min(heights) / AXIS_MARGIN, max(heights) * AXIS_MARGIN)
-    axis.set_title(f"{_literal(workload)}, {_literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
+    axis.set_title(f"{literal(workload)}, {literal(optimizer)}: steps to reach the goal\n(dashed: fitted "
                    f"S_min (1 + B_crit / B); shading: regimes of the densest curve)", fontsize=9)
     axis.legend(fontsize=7, **LEGEND_BESIDE)
     return figure
@@ -259,17 +259,17 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     several = several_methods(group)
     for colour, (key, curve) in zip(colours, lines):
-        label = " ".join([curve_words(key[0], _literal(key[1]), several)]
-                         + [f"{c} {_literal(v)}" for c, v in zip(keys[2:], key[2:])])
+        label = " ".join([curve_words(key[0], literal(key[1]), several)]
+                         + [f"{c} {literal(v)}" for c, v in zip(keys[2:], key[2:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
-    _axes(left, "steps / steps at the smallest batch size", "normalised curves (same shape: same scaling)")
+    style_axes(left, "steps / steps at the smallest batch size", "normalised curves (same shape: same scaling)")
     _relative_axes(right, "cost of sparsity at each batch size")
     for axis in (left, right):
         axis.legend(fontsize=8, framealpha=0.9)
-    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}", fontsize=10)
-    return _save(figure, directory, file_stem("sparsity", workload, optimizer), formats)
+    figure.suptitle(f"{literal(workload)}, {literal(optimizer)}", fontsize=10)
+    return save_figure(figure, directory, file_stem("sparsity", workload, optimizer), formats)
 
 
 def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, sparsity: float,
@@ -285,20 +285,20 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
     palette = dict(zip(bases, plt.cm.tab10(np.arange(len(bases)) % 10)))
     for method, curve in group.groupby("pruning", sort=True):
         shuffle = method.startswith("shuffle(")
-        style = dict(color=palette[method[len("shuffle("):-1] if shuffle else method], label=_literal(method),
+        style = dict(color=palette[method[len("shuffle("):-1] if shuffle else method], label=literal(method),
                      linestyle="--" if shuffle else "-", marker="s" if shuffle else "o")
         valid = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         steps_axis.plot(valid["batch_size"], valid["steps_to_result"], **style)
         relative = valid.dropna(subset=["relative_to_dense"])
         relative_axis.plot(relative["batch_size"], relative["relative_to_dense"], **style)
         shape_axis.plot(valid["batch_size"], valid["normalised_by_first"], **style)
-    _axes(steps_axis, "steps to result", "steps to reach the goal")
-    _axes(shape_axis, "steps / steps at the smallest batch size", "normalised curves (same shape: same scaling)")
+    style_axes(steps_axis, "steps to result", "steps to reach the goal")
+    style_axes(shape_axis, "steps / steps at the smallest batch size", "normalised curves (same shape: same scaling)")
     _relative_axes(relative_axis, "cost of each method at each batch size")
     shape_axis.legend(fontsize=7, **LEGEND_BESIDE)
-    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
+    figure.suptitle(f"{literal(workload)}, {literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
                     f"dense network (dashed: the method's mask shuffled within each tensor)", fontsize=10)
-    return _save(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"), formats)
+    return save_figure(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"), formats)
 
 
 def lipschitz_figure(by_study: pd.DataFrame, directory: Path,
@@ -312,12 +312,12 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path,
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
-                      capsize=3, label=f"{_literal(workload)}, {_literal(optimizer)}, "
-                                        f"{curve_words(sparsity, _literal(pruning), several)}")
-    _axes(axis, "Lipschitz constant of the gradient", "along the best trial's run: median over probe steps (bar: "
+                      capsize=3, label=f"{literal(workload)}, {literal(optimizer)}, "
+                                        f"{curve_words(sparsity, literal(pruning), several)}")
+    style_axes(axis, "Lipschitz constant of the gradient", "along the best trial's run: median over probe steps (bar: "
           "maximum)", y_base=10, xlabel="batch size")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    return _save(figure, directory, "lipschitz", formats)
+    return save_figure(figure, directory, "lipschitz", formats)
 
 
 def noise_scale_figure(table: pd.DataFrame, directory: Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
@@ -327,20 +327,20 @@ def noise_scale_figure(table: pd.DataFrame, directory: Path, formats: tuple[str,
     several = several_methods(table)
     for (workload, optimizer, pruning), group in table.groupby(["workload", "optimizer", "pruning"], sort=True):
         group = group.sort_values("sparsity")
-        method = _literal(f", {pruning}" if several else "")
+        method = literal(f", {pruning}" if several else "")
         median = group["b_simple_median"].to_numpy(dtype=float)
         spread = np.vstack([median - group["b_simple_p25"].to_numpy(dtype=float),
                             group["b_simple_p75"].to_numpy(dtype=float) - median])
         line = axis.errorbar(group["sparsity"], median, yerr=np.clip(spread, 0, None), fmt="o-", capsize=3,
-                             label=f"B_simple, {_literal(workload)}, {_literal(optimizer)}{method}")
+                             label=f"B_simple, {literal(workload)}, {literal(optimizer)}{method}")
         b_crit = group["b_crit"].to_numpy(dtype=float)
         if np.isfinite(b_crit).any():
             axis.plot(group["sparsity"], b_crit, "s--", color=line[0].get_color(),
-                      label=f"fitted B_crit, {_literal(optimizer)}{method}")
-    _axes(axis, "batch size (examples)", "gradient noise scale (bars: quartiles over trials) and the fitted critical "
+                      label=f"fitted B_crit, {literal(optimizer)}{method}")
+    style_axes(axis, "batch size (examples)", "gradient noise scale (bars: quartiles over trials) and the fitted critical "
           "batch size", x_base=None, xlabel="sparsity (fraction of parameters pruned)")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    return _save(figure, directory, "noise_scale", formats)
+    return save_figure(figure, directory, "noise_scale", formats)
 
 
 def _time_grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -382,17 +382,17 @@ def time_figures(table: pd.DataFrame, directory: Path, cost: str,
                 axis.set_xlabel("batch size (examples per step, all devices together)")
             sparsity, method = float(head["sparsity"]), str(head.get("pruning", "snip"))
             named = sparsity > 0 and (several or method != "snip")  # SNIP, the default, is named beside others
-            words = [f"sparsity {sparsity:g}" + (f" {_literal(method)}" if named else "")]
-            words += [f"{k} {_literal(head[k])}" for k in protocol]
-            words += [] if one_device else [f"(one device: {_literal(device)})"]
+            words = [f"sparsity {sparsity:g}" + (f" {literal(method)}" if named else "")]
+            words += [f"{k} {literal(head[k])}" for k in protocol]
+            words += [] if one_device else [f"(one device: {literal(device)})"]
             axis.set_title(" ".join(words), fontsize=9)
             if index == across - 1:  # the legend beside the first row, off the data
                 axis.legend(fontsize=8, **LEGEND_BESIDE)
-        measured = f"one device: measured on {_literal(measured_on[0])}" if one_device else "one device: measured"
-        figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}: time to reach the goal (star: the fastest "
+        measured = f"one device: measured on {literal(measured_on[0])}" if one_device else "one device: measured"
+        figure.suptitle(f"{literal(workload)}, {literal(optimizer)}: time to reach the goal (star: the fastest "
                         f"batch size)\n{measured}\nmore devices: {cost}", fontsize=8,
                         y=1.0 - 0.1 / figure.get_figheight(), va="top")
-        paths += _save(figure, directory, file_stem("time", workload, optimizer), formats)
+        paths += save_figure(figure, directory, file_stem("time", workload, optimizer), formats)
     return paths
 
 
@@ -412,7 +412,7 @@ def _time_panel(axis: plt.Axes, curve: pd.DataFrame, colours: dict) -> None:
         best = line.loc[line["hours"].idxmin()]  # as analysis.timing.fastest_table finds it
         axis.plot([best["batch_size"]], [best["hours"] / per_unit], "*", color=colour, markersize=14,
                   markeredgecolor="black", markeredgewidth=0.6)
-    _axes(axis, f"time to result ({unit})", y_base=10, xlabel=None)
+    style_axes(axis, f"time to result ({unit})", y_base=10, xlabel=None)
 
 
 # The panels against the goal: (title, y label, the goal table's columns drawn with their intervals, marker, line)
@@ -455,16 +455,16 @@ def goals_figure(goals: pd.DataFrame, workload: str, optimizer: str, directory: 
     figure, axes = plt.subplots(1, len(_GOAL_PANELS), figsize=(15.0, 3.8), layout="tight")
     for axis, (title, ylabel, drawn) in zip(axes, _GOAL_PANELS):
         for colour, (key, curve) in zip(colours, lines):
-            label = " ".join([curve_words(key[2], _literal(key[3]), several)]
-                             + [f"{c} {_literal(curve[c].iloc[0])}" for c in varying])
+            label = " ".join([curve_words(key[2], literal(key[3]), several)]
+                             + [f"{c} {literal(curve[c].iloc[0])}" for c in varying])
             for column, marker, style in drawn:
                 _draw_against_goal(axis, curve.sort_values("goal"), column, marker, style, colour,
                                    label if column == drawn[0][0] else None)
-        _axes(axis, ylabel, title, x_base=10, y_base=10, xlabel=xlabel)
+        style_axes(axis, ylabel, title, x_base=10, y_base=10, xlabel=xlabel)
         axis.set_xticks(sorted(group["goal"].unique()), [_plain_number(g) for g in sorted(group["goal"].unique())])
         axis.xaxis.set_minor_formatter(plt.NullFormatter())
         axis.invert_xaxis()
     axes[0].legend(fontsize=7, framealpha=0.9)
-    figure.suptitle(f"{_literal(workload)}, {_literal(optimizer)}: against the goal (bars: 95% bootstrap "
+    figure.suptitle(f"{literal(workload)}, {literal(optimizer)}: against the goal (bars: 95% bootstrap "
                     f"intervals; an end more than {UNBOUNDED_FACTOR:g}x from its value is left out)", fontsize=10)
-    return _save(figure, directory, file_stem("goals", workload, optimizer), formats)
+    return save_figure(figure, directory, file_stem("goals", workload, optimizer), formats)
