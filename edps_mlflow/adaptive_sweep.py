@@ -17,6 +17,7 @@ from typing import Any, Callable, TextIO
 
 import pandas as pd
 
+from analysis.replicates import MIN_REPLICATES
 from edps_mlflow import adaptive
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, content_key
@@ -323,9 +324,20 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
                      "maximal parallelism from": adaptive.number(fit.get("maximal_parallelism_start"), 6),
                      "B_crit threshold (passes..fails)": _threshold(fit),
                      "B_crit threshold, fit (95%)": _interval(fit, "b_crit_threshold_fit"),
-                     **({"replicates": ", ".join(f"{b}:{k}" for b, k in state.counts)} if len(state.seeds) > 1 else {}),
+                     **({"replicates": _replicates(state)} if len(state.seeds) > 1 else {}),
                      "still uncertain": state.summary()})
     return rows
+
+
+def _replicates(state: adaptive.CurveState) -> str:
+    """Replicates per batch size, and what the fit table's intervals rest on (where it says: interval_basis)."""
+    counts = ", ".join(f"{b}:{k}" for b, k in state.counts)
+    basis = state.fit.get("interval_basis")
+    if basis is None or pd.isna(basis):
+        return counts
+    fewest = state.fit.get("interval_replicates")
+    return counts + (f"; intervals rest on {basis} (the fewest replicates at a point: {fewest})" if basis else
+                     f"; no intervals (they need {MIN_REPLICATES} replicates at every point, or complete trials)")
 
 
 def goal_text(settings: adaptive.AdaptiveSettings) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,7 @@ from edps_mlflow.adaptive import (
     point_values,
     powers_of_two,
 )
-from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, MeasuredStudy, adapt
+from edps_mlflow.adaptive_sweep import AdaptiveSweepSpec, MeasuredStudy, _replicates, adapt
 from edps_mlflow.curves import CurveId
 from edps_mlflow.results import TrialOutcome, TrialStatus
 from edps_mlflow.sweep import SweepSpec
@@ -97,23 +98,23 @@ def test_an_open_question_walks_on_replicate_0_without_replicates():
 
 
 def test_an_answered_question_replicates_its_deciding_points_until_they_have_r():
-    measured = {b: (0,) for b in powers_of_two(16, 1024)}
+    measured = {b: (0,) for b in powers_of_two(8, 1024)}
     state = assess(measured)
     assert not state.open and state.fit["b_crit"] == pytest.approx(32, rel=0.02)
     b_crit = state.fit["b_crit"]
     below, above = max(b for b in measured if b <= b_crit), min(b for b in measured if b >= b_crit)
-    deciding = sorted({16, below, above, 1024})
+    deciding = sorted({8, below, above, 1024})
     assert sorted({r.batch_size for r in state.replicates}) == deciding
     assert {r.seed for r in state.replicates} == {1, 2}
     # Replicate 2 of every deciding point first, the largest (cheapest) first; then replicate 3.
-    picks = decide([state], 9, 0, 0.0, AdaptiveSettings(width=5), RANGE).picks
+    picks = decide([state], 8, 0, 0.0, AdaptiveSettings(width=5), RANGE).picks
     assert [(p.batch_size, p.seed) for p in picks] == [*((b, 1) for b in reversed(deciding)), (1024, 2)][:5]
     assert all(p.reason is UncertaintyKind.REPLICATE for p in picks)
     assert picks[0].uncertainty == "replicate 2 of 3 at 1024: decides B_crit (the largest batch size)"
     # A limit stops it with the deciding points short said; with R at each, the target is met.
-    stopped = decide([state], 9, 0, 0.0, AdaptiveSettings(max_studies=9), RANGE)
+    stopped = decide([state], 8, 0, 0.0, AdaptiveSettings(max_studies=8), RANGE)
     assert stopped.stop is StopReason.MAX_STUDIES
-    assert "deciding points short of 3 replicates: 16 (1 of 3)" in stopped.uncertain()[0]
+    assert "deciding points short of 3 replicates: 8 (1 of 3)" in stopped.uncertain()[0]
     done = assess({**measured, **{b: SEEDS for b in deciding}})
     assert not done.replicates and not done.open
     assert decide([done], 20, 0, 0.0, AdaptiveSettings(), RANGE).stop is StopReason.TARGET_MET
@@ -180,6 +181,15 @@ def _values(result, curve: CurveId) -> pd.DataFrame:
     mine = [m for m in result.measured if CurveId.of(m.spec) == curve]
     return point_values(pd.DataFrame({"batch_size": [m.spec.batch_size for m in mine],
                                       "steps_to_result": [float(m.steps_to_result) for m in mine]}))
+
+
+def test_the_answer_says_what_its_intervals_rest_on():
+    state = assess({b: SEEDS for b in powers_of_two(16, 1024)})
+    assert _replicates(state).startswith("16:3, 32:3")  # without the fit table's basis: the counts alone
+    none = replace(state, fit={**state.fit, "interval_basis": "", "interval_replicates": 1})
+    assert _replicates(none).endswith("; no intervals (they need 3 replicates at every point, or complete trials)")
+    some = replace(state, fit={**state.fit, "interval_basis": "replicates", "interval_replicates": 3})
+    assert _replicates(some).endswith("; intervals rest on replicates (the fewest replicates at a point: 3)")
 
 
 # ---- one small real replicated adaptive sweep ---------------------------------------------------------
