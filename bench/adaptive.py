@@ -2,6 +2,7 @@
 
     python bench/adaptive.py [--trials 32] [--sparsities 0,0.5] [--workers 2]          live: trains both
     python bench/adaptive.py --replay --store DIR --experiment NAME [--sparsities 0,0.5,0.9] [--target ...]
+    python bench/adaptive.py --replicates 2 --trials 4 --batch-sizes 8..256     both with replicates
 
 Live: both run on the workload in one sqlite store (fresh unless ``--store`` names one), each in its own
 experiment, so each trains its own studies, with the same workers; wall-clock seconds are of this
@@ -17,7 +18,9 @@ the same schedule of all its studies at once.
 Printed per curve, for both: studies and trial-steps spent (every trial's steps, from the studies'
 trial outcomes, counted the same way), S_min, B_crit and the regime boundaries with the grid's 95%
 intervals, whether B_crit lies within x2 of the grid's estimate and whether each answer lies inside the
-grid's interval; then the ratios adaptive / grid of studies, trial-steps and wall clock.
+grid's interval; then the ratios adaptive / grid of studies, trial-steps and wall clock. With ``--replicates R``
+the grid is the fully replicated one (``edps sweep --replicates R``: R studies at every point) and the adaptive
+sweep ``--adaptive --replicates R`` (R only at the points that decide its question).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main() -> None:
     parser.add_argument("--max-studies", type=int, default=None)
     parser.add_argument("--budget", default=None)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--replicates", type=int, default=1, help="studies per point (seeds --seed ..)")
     parser.add_argument("--store", default=None, help="directory of the sqlite store (default: a temporary one)")
     parser.add_argument("--experiment", default="bench-grid", help="the grid's experiment")
     parser.add_argument("--replay", action="store_true", help="read the grid from --store instead of training")
@@ -110,7 +114,7 @@ def main() -> None:
         low, high = (int(v) for v in args.batch_sizes.split(".."))
         batch_sizes = tuple(b for b in batch_sizes if low <= b <= high)
     grid = SweepSpec.build(args.workload, ("sgd",), batch_sizes, sparsities, args.trials, args.goal_error,
-                           args.max_steps, args.check_interval)
+                           args.max_steps, args.check_interval, replicates=args.replicates)
     # The study keys carry the data's fingerprint (run_sweep would compute it; the bench needs the keys).
     grid = replace(grid, protocol=replace(grid.protocol, data_fingerprint=workload.data_fingerprint(None)))
     goal, factor = AdaptiveSettings.parse_target(args.target)
@@ -120,7 +124,7 @@ def main() -> None:
     p = grid.protocol
     print(f"{args.workload}, sgd, sparsities {args.sparsities}, batch sizes {min(batch_sizes)}..{max(batch_sizes)}; "
           f"{p.trials} trials per study, goal {p.goal_error:g}, cap {p.max_steps}, check every {p.check_interval}; "
-          f"target {settings.target_text()}; {args.workers} workers; store {uri}"
+          f"target {settings.target_text()}; {args.replicates} replicate(s); {args.workers} workers; store {uri}"
           + (" (replayed)" if args.replay else ""))
     if args.replay:
         adaptive, adaptive_seconds, grid_seconds = replay(spec, uri, args.experiment, args.workers)
@@ -194,7 +198,7 @@ def compare(spec: AdaptiveSweepSpec, adaptive: AdaptiveResult, adaptive_seconds:
         grid_curve = studies[studies["sparsity"] == curve.sparsity]
         curve_steps = int(trials[trials["study_key"].isin(grid_curve["study_key"])]["steps_trained"].sum())
         spent = sum(m.trial_steps for m in mine)
-        print(f"\n{curve.label()}: adaptive {len(mine)} studies ({','.join(map(str, state.measured))}), "
+        print(f"\n{curve.label()}: adaptive {len(mine)} studies ({', '.join(f'{b}x{k}' for b, k in state.counts)}), "
               f"{spent} trial-steps; grid {len(grid_curve)} studies, {curve_steps} trial-steps "
               f"(ratio {spent / curve_steps:.2f})")
         print(f"  {'quantity':<27} {'adaptive (95%)':<26} {'grid (95%)':<26} adaptive inside grid's interval")

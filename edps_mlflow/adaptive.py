@@ -2,22 +2,24 @@
 
 Each curve (curves.CurveId) starts at the largest, cheapest batch sizes of the range and walks down one
 doubling at a time only as far as its question (``--target``, :class:`Goal`) needs; every point is an
-ordinary study with its ordinary key. docs/adaptive.md states the rule, its goals and its stops. Pure: plain
+ordinary study with its ordinary key. With replicates, an answered question's deciding points get studies of
+the other seeds. docs/adaptive.md states the rule, its goals and its stops. Pure: plain
 numbers and pandas in, decisions out; no MLflow, no torch, no training.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from enum import Enum
 
 import pandas as pd
 
+from analysis.fits import regime_boundaries, threshold_critical_batch
 from analysis.regimes import fit_table, fit_value, is_degenerate
+from analysis.replicates import point_steps
+from edps_mlflow.adaptive_settings import AdaptiveSettings, Budget, BudgetKind, Goal
 from edps_mlflow.curves import CURVE_AXES, CurveId
-from edps_mlflow.errors import EdpsError
 
 # Two batch sizes show the plateau, one more where scaling may begin.
 START_POINTS = 3
@@ -31,18 +33,6 @@ UNKNOWN_EXCESS = 20.0
 BOOTSTRAP_REPEATS = 200
 BOOTSTRAP_SEED = 0
 TOLERANCE = 0.2  # of the regime boundaries (analysis.regimes)
-# Part of an adaptive sweep's key: bumped when the rule changes, so a rerun never replays another rule.
-RULE = "walk-down-1"
-
-
-class Goal(str, Enum):
-    """What an adaptive sweep pins (``--target``)."""
-
-    B_CRIT = "b_crit"
-    THRESHOLD = "threshold"
-    BOUNDARIES = "boundaries"
-
-
 class UncertaintyKind(str, Enum):
     NO_FIT = "no fit"
     DOUBTFUL_FIT = "doubtful fit"  # analysis.regimes says the hyperbola does not describe the curve
@@ -51,6 +41,7 @@ class UncertaintyKind(str, Enum):
     PERFECT_SCALING = "perfect scaling not reached"
     PERFECT_SCALING_END = "end of perfect scaling"
     MAXIMAL_PARALLELISM_START = "start of maximal data parallelism"
+    REPLICATE = "replicate"  # not an open question: a deciding point of an answered one has too few replicates
 
 
 class StopReason(str, Enum):
@@ -59,86 +50,6 @@ class StopReason(str, Enum):
     MAX_STUDIES = "max studies"
     BUDGET_STEPS = "budget (trial-steps)"
     BUDGET_TIME = "budget (wall clock)"
-
-
-class BudgetKind(str, Enum):
-    TRIAL_STEPS = "steps"
-    SECONDS = "seconds"
-
-
-_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+]?[0-9]+)?)\s*(steps|s|m|h)\s*$")
-_SECONDS_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A limit on trial-steps (every trial's steps, over the sweep's measured studies) or on this
-    invocation's wall-clock seconds."""
-
-    kind: BudgetKind
-    amount: float
-
-    def __post_init__(self) -> None:
-        if isinstance(self.amount, bool) or not math.isfinite(self.amount) or self.amount <= 0:
-            raise EdpsError(f"a budget must be a positive finite amount, got {self.amount!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> "Budget":
-        """``2e6steps`` (trial-steps), ``90s``, ``30m`` or ``2h`` (wall clock)."""
-        match = _BUDGET.match(text or "")
-        if match is None:
-            raise EdpsError(f"budget {text!r} is not <number>steps (trial-steps, e.g. 2e6steps) or <number>s|m|h "
-                            f"(wall clock, e.g. 30m)")
-        number, unit = float(match.group(1)), match.group(2)
-        if unit == "steps":
-            return cls(BudgetKind.TRIAL_STEPS, number)
-        return cls(BudgetKind.SECONDS, number * _SECONDS_PER[unit])
-
-    def text(self) -> str:
-        """The canonical spelling (part of the adaptive sweep's key)."""
-        return f"{self.amount:g}steps" if self.kind is BudgetKind.TRIAL_STEPS else f"{self.amount:g}s"
-
-
-@dataclass(frozen=True)
-class AdaptiveSettings:
-    """What an adaptive sweep pins (``goal``; ``target``: the B_crit goal's factor) and when it stops otherwise;
-    ``width``: studies per round (the sweep's workers), part of the key: it changes which batch sizes are measured."""
-
-    target: float = 2.0
-    max_studies: int | None = None
-    budget: Budget | None = None
-    goal: Goal = Goal.B_CRIT
-    width: int = 1
-
-    def __post_init__(self) -> None:
-        number = isinstance(self.target, (int, float)) and not isinstance(self.target, bool)
-        if not number or not math.isfinite(self.target) or self.target <= 1.0:
-            raise EdpsError(f"target must be a factor greater than 1 (e.g. 2), got {self.target!r}")
-        if self.max_studies is not None and (isinstance(self.max_studies, bool) or not isinstance(self.max_studies, int)
-                                             or self.max_studies < 1):
-            raise EdpsError(f"max studies must be a positive integer, got {self.max_studies!r}")
-
-    @classmethod
-    def parse_target(cls, text: str) -> tuple[Goal, float]:
-        """``--target``: ``b_crit`` or ``b_crit:F`` (a bare ``F`` too), ``threshold`` or ``boundaries``."""
-        name, colon, factor = (text or "").strip().partition(":")
-        try:
-            if not colon and name and name[0].isdigit():
-                return Goal.B_CRIT, float(name)
-            goal = Goal(name)
-            if colon and (goal is not Goal.B_CRIT or not factor):
-                raise ValueError
-            return goal, float(factor) if factor else 2.0
-        except ValueError:
-            raise EdpsError(f"target {text!r} is not b_crit, b_crit:<factor> (e.g. b_crit:2), threshold or "
-                            f"boundaries") from None
-
-    def target_text(self) -> str:
-        return f"b_crit:{self.target:g}" if self.goal is Goal.B_CRIT else self.goal.value
-
-    def key_fields(self) -> dict:
-        return {"rule": RULE, "goal": self.goal.value, "target": float(self.target), "width": self.width,
-                "max_studies": self.max_studies, "budget": self.budget.text() if self.budget else None}
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -177,6 +88,11 @@ class CurveState:
     fit: dict
     uncertainties: tuple[Uncertainty, ...]
     goal: float | None = None
+    # The sweep's study seeds (replicate 0 first), the studies its deciding points still need, and the
+    # replicates per measured batch size.
+    seeds: tuple[int, ...] = ()
+    replicates: tuple[Replicate, ...] = ()
+    counts: tuple[tuple[int, int], ...] = ()
 
     def label(self) -> str:
         return self.curve.label() + ("" if self.goal is None else f" goal<={self.goal:g}")
@@ -192,12 +108,16 @@ class CurveState:
         return max(actionable, key=lambda u: (u.excess, -order.index(u.kind))) if actionable else None
 
     def summary(self) -> str:
-        return "; ".join(u.description for u in self.open) or "resolved"
+        if self.open or not self.replicates:
+            return "; ".join(u.description for u in self.open) or "resolved"
+        short = {r.batch_size: r.index for r in reversed(self.replicates)}  # the first replicate missing
+        return (f"deciding points short of {len(self.seeds)} replicates: "
+                + ", ".join(f"{b} ({index} of {len(self.seeds)})" for b, index in sorted(short.items())))
 
 
 def uncertain(states: tuple[CurveState, ...] | list[CurveState]) -> list[str]:
-    """What is still uncertain, one line per curve that has anything open."""
-    return [f"{s.label()}: {s.summary()}" for s in states if s.open]
+    """What is still uncertain, one line per curve that has anything open or replicates missing."""
+    return [f"{s.label()}: {s.summary()}" for s in states if s.open or s.replicates]
 
 
 def number(value: object, digits: int = 3) -> str:
@@ -253,16 +173,98 @@ class _Walk:
 
 
 def assess_curve(curve: CurveId, points: pd.DataFrame, trials: pd.DataFrame | None,
-                 candidates: tuple[int, ...], settings: AdaptiveSettings, goal: float | None = None) -> CurveState:
-    """The fit of one curve's points (a row per study: its axes, ``batch_size, steps_to_result, study_key``) and
-    what is still open for ``settings.goal``; ``candidates``: the batch sizes the sweep may measure; ``goal``: the
-    ladder's rung the points are steps to."""
-    walk = _Walk.of(points, candidates)
+                 candidates: tuple[int, ...], settings: AdaptiveSettings, goal: float | None = None,
+                 seeds: tuple[int, ...] = ()) -> CurveState:
+    """The fit of one curve's points (a row per study: its axes, ``batch_size, steps_to_result, study_key`` and,
+    with replicates, ``seed``) and what is still open for ``settings.goal``; ``candidates``: the batch sizes the
+    sweep may measure; ``goal``: the ladder's rung the points are steps to; ``seeds``: the sweep's study seeds.
+    The walk sees one value per batch size (analysis.replicates.point_steps), however many seeds it has."""
+    values = point_values(points)
+    walk = _Walk.of(values, candidates)
     fit: dict = {}
     if len(walk.with_result) >= 2:
         fit = fit_table(points, trials, tolerance=TOLERANCE, repeats=BOOTSTRAP_REPEATS,
                         seed=BOOTSTRAP_SEED).iloc[0].to_dict()
-    return CurveState(curve, walk.measured, fit, tuple(_questions(walk, fit, points, candidates, settings)), goal)
+    questions = tuple(_questions(walk, fit, values, candidates, settings))
+    replicates = () if any(u.open for u in questions) else missing_replicates(points, values, fit, settings.goal,
+                                                                              seeds)
+    counts = tuple((int(b), int(k)) for b, k in zip(values["batch_size"], values["replicates"]))
+    return CurveState(curve, walk.measured, fit, questions, goal, tuple(seeds), replicates, counts)
+
+
+def point_values(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per batch size (analysis.replicates.point_steps); a point of one study keeps its steps exactly, as
+    a geometric mean of one may end an ulp off them and turn a tie of the scaling tests (16 x 300 = 1.2 x 8 x 500)."""
+    values = point_steps(points)
+    own = pd.to_numeric(points["steps_to_result"], errors="coerce").groupby(points["batch_size"]).first()
+    single = values["replicates"] == 1
+    values.loc[single, "steps_to_result"] = own.reindex(values.loc[single, "batch_size"]).to_numpy()
+    return values
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """A study that a deciding point of a curve still needs: replicate ``index`` (0: the walk's own) of ``of``."""
+
+    batch_size: int
+    seed: int
+    index: int
+    of: int
+    why: str
+
+    def description(self) -> str:
+        return f"replicate {self.index + 1} of {self.of} at {self.batch_size}: decides {self.why}"
+
+
+def deciding_points(values: pd.DataFrame, fit: dict, goal: Goal) -> dict[int, str]:
+    """The measured batch sizes (one value each, those with a result) on which ``goal``'s answer rests, and why:
+    B_crit's, the batch sizes either side of it and both ends; the threshold's (threshold_critical_batch), its
+    reference (the smallest), the last that passes and the first that fails; the boundaries', the reference,
+    the batch sizes either side of each boundary (regime_boundaries) and the largest (the plateau's level)."""
+    known = values[values["steps_to_result"].notna()]
+    b, s = known["batch_size"].to_numpy(dtype=int), known["steps_to_result"].to_numpy(dtype=float)
+    roles: dict[int, list[str]] = {}
+    if len(b) < 2:
+        return {}
+
+    def add(size: int, subject: str, role: str) -> None:
+        roles.setdefault(int(size), []).append(f"{subject} ({role})")
+
+    if goal is Goal.B_CRIT:
+        b_crit = fit_value(fit, "b_crit")
+        add(b[0], "B_crit", "the smallest batch size")
+        add(b[-1], "B_crit", "the largest batch size")
+        if b_crit is not None and (b <= b_crit).any():
+            add(b[b <= b_crit][-1], "B_crit", "the batch size below it")
+        if b_crit is not None and (b >= b_crit).any():
+            add(b[b >= b_crit][0], "B_crit", "the batch size above it")
+        return {size: ", ".join(why) for size, why in sorted(roles.items())}
+    subject = "the threshold" if goal is Goal.THRESHOLD else "the end of perfect scaling"
+    bounds = regime_boundaries(b, s, TOLERANCE)
+    add(b[0], subject, "its reference, the smallest batch size")
+    add(threshold_critical_batch(b, s, TOLERANCE), subject, "the last batch size in perfect scaling")
+    if bounds.perfect_scaling_end is not None:
+        add(bounds.perfect_scaling_end, subject, "the first batch size beyond perfect scaling")
+    if goal is Goal.BOUNDARIES:
+        start = bounds.maximal_parallelism_start
+        if start is not None and start > b[0]:
+            add(b[b < start][-1], "the start of maximal data parallelism", "the batch size before it")
+            add(start, "the start of maximal data parallelism", "its first batch size")
+        add(b[-1], "the plateau", "the largest batch size")
+    return {size: ", ".join(why) for size, why in sorted(roles.items())}
+
+
+def missing_replicates(points: pd.DataFrame, values: pd.DataFrame, fit: dict, goal: Goal,
+                       seeds: tuple[int, ...]) -> tuple[Replicate, ...]:
+    """The studies (batch size, seed) that the deciding points lack of ``seeds``: every replicate, in order;
+    none with one seed. A study row without a ``seed`` column is replicate 0's."""
+    if len(seeds) < 2:
+        return ()
+    seed_of = points["seed"] if "seed" in points.columns else pd.Series(seeds[0], index=points.index)
+    have = {int(b): set(group.astype(int)) for b, group in seed_of.groupby(points["batch_size"])}
+    return tuple(Replicate(size, seed, index, len(seeds), why)
+                 for size, why in deciding_points(values, fit, goal).items()
+                 for index, seed in enumerate(seeds) if seed not in have.get(size, set()))
 
 
 def _questions(walk: _Walk, fit: dict, points: pd.DataFrame, candidates: tuple[int, ...],
@@ -343,6 +345,7 @@ class Pick:
     excess: float
     uncertainty: str
     goal: float | None = None  # the ladder's rung that asked for it
+    seed: int | None = None  # the study's seed: None, the protocol's
 
 
 @dataclass(frozen=True)
@@ -363,8 +366,9 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     round has fewer than ``settings.width`` studies, the walks' next doublings down. ``studies``, ``trial_steps``
     and ``seconds`` (this invocation's): what the sweep has spent, checked against the limits before a round."""
     wanted = [(state, choice) for state in states if (choice := state.next_batch_size()) is not None]
+    replicates = _replicate_picks(states)
     room = settings.width if settings.max_studies is None else min(settings.width, settings.max_studies - studies)
-    stop = _stop(states, bool(wanted), room, trial_steps, seconds, settings.budget)
+    stop = _stop(states, bool(wanted or replicates), room, trial_steps, seconds, settings.budget)
     if stop is not None:
         return Decision((), stop, tuple(states))
     wanted.sort(key=lambda pair: -pair[1].excess)  # stable: curve order on a tie
@@ -373,17 +377,28 @@ def decide(states: list[CurveState], studies: int, trial_steps: int, seconds: fl
     for state, choice in wanted:
         first.setdefault((state.curve, choice.batch_size), (state, choice))
     chosen = list(first.values())[:room]
-    picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description, state.goal)
-             for state, choice in chosen]
+    picks = [Pick(state.curve, choice.batch_size, choice.kind, choice.excess, choice.description, state.goal,
+                  state.seeds[0] if state.seeds else None) for state, choice in chosen]
+    # Then the replicates answered questions need (certain to be wanted), before guesses ahead of a walk.
+    picks = _distinct(picks + replicates)[:room]
     return Decision(tuple(_distinct(picks + _ahead(chosen, room - len(picks), candidates))), None, tuple(states))
 
 
 def _distinct(picks: list[Pick]) -> list[Pick]:
-    """The first pick of each study (curve and batch size)."""
-    first: dict[tuple[CurveId, int], Pick] = {}
+    """The first pick of each study (curve, batch size and seed)."""
+    first: dict[tuple[CurveId, int, int | None], Pick] = {}
     for pick in picks:
-        first.setdefault((pick.curve, pick.batch_size), pick)
+        first.setdefault((pick.curve, pick.batch_size, pick.seed), pick)
     return list(first.values())
+
+
+def _replicate_picks(states: list[CurveState]) -> list[Pick]:
+    """Every replicate the curves' deciding points lack: the second replicate of every point first (so that the
+    values move early), curve by curve, the largest (cheapest) batch size first."""
+    found = sorted(((r.index, order, -r.batch_size), Pick(state.curve, r.batch_size, UncertaintyKind.REPLICATE, 0.0,
+                                                          r.description(), state.goal, r.seed))
+                   for order, state in enumerate(states) for r in state.replicates)
+    return [pick for _, pick in found]
 
 
 def _stop(states: list[CurveState], wanted: bool, room: int, trial_steps: int, seconds: float,
@@ -411,7 +426,8 @@ def _ahead(chosen: list[tuple[CurveState, Uncertainty]], room: int, candidates: 
                 continue
             ahead[state.curve, state.goal] = lower
             picks.append(Pick(state.curve, lower, choice.kind, choice.excess,
-                              f"{choice.description} (ahead of the walk: a free worker)", state.goal))
+                              f"{choice.description} (ahead of the walk: a free worker)", state.goal,
+                              state.seeds[0] if state.seeds else None))
     return picks
 
 
@@ -421,29 +437,31 @@ DECISION_COLUMNS = ("round", "decision", *(a for a in CURVE_AXES if a != "worklo
                     "excess_doublings", "uncertainty_before", "studies_before", "trial_steps_before")
 
 
-def decision_columns(ladder: bool) -> list[str]:
+def decision_columns(ladder: bool, replicated: bool = False) -> list[str]:
     columns = list(DECISION_COLUMNS)
     if ladder:  # the rung a row is about
         columns.insert(columns.index("batch_size"), "goal")
+    if replicated:  # which replicate a study is
+        columns.insert(columns.index("batch_size") + 1, "seed")
     return columns
 
 
 def _row(round_index: int, decision: str, curve: CurveId, batch_size: int | None, reason: str, excess: float | None,
-         before: str, studies: int, trial_steps: int, goal: float | None = None) -> dict:
+         before: str, studies: int, trial_steps: int, goal: float | None = None, seed: int | None = None) -> dict:
     return {"round": round_index, "decision": decision, **curve.within_workload(), "goal": goal,
-            "batch_size": batch_size, "reason": reason, "excess_doublings": excess, "uncertainty_before": before,
-            "studies_before": studies, "trial_steps_before": trial_steps}
+            "batch_size": batch_size, "seed": seed, "reason": reason, "excess_doublings": excess,
+            "uncertainty_before": before, "studies_before": studies, "trial_steps_before": trial_steps}
 
 
 def decision_rows(round_index: int, decision: Decision, studies: int, trial_steps: int) -> list[dict]:
     """The decision table's rows of one round: one per pick, or one 'stop' row per curve."""
     if decision.stop is None:
         return [_row(round_index, "measure", p.curve, p.batch_size, p.reason.value, round(p.excess, 3), p.uncertainty,
-                     studies, trial_steps, p.goal) for p in decision.picks]
+                     studies, trial_steps, p.goal, p.seed) for p in decision.picks]
     return [_row(round_index, f"stop: {decision.stop.value}", s.curve, None, "", None, s.summary(), studies,
                  trial_steps, s.goal) for s in decision.states]
 
 
-def start_rows(curves: list[CurveId], grid: tuple[int, ...]) -> list[dict]:
-    return [_row(0, "measure", c, b, "start: the largest batch sizes", None, "nothing measured yet", 0, 0)
+def start_rows(curves: list[CurveId], grid: tuple[int, ...], seed: int | None = None) -> list[dict]:
+    return [_row(0, "measure", c, b, "start: the largest batch sizes", None, "nothing measured yet", 0, 0, seed=seed)
             for c in curves for b in grid]

@@ -17,6 +17,7 @@ from typing import Any, Callable, TextIO
 
 import pandas as pd
 
+from analysis.replicates import MIN_REPLICATES
 from edps_mlflow import adaptive
 from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, content_key
@@ -77,15 +78,17 @@ class AdaptiveSweepSpec:
 
     @property
     def curves(self) -> list[CurveId]:
-        return [CurveId.of(study) for study in self.grid.studies() if study.batch_size == self.grid.batch_sizes[0]]
+        return list(dict.fromkeys(CurveId.of(study) for study in self.grid.studies()))  # once, whatever the seeds
 
     @property
     def rungs(self) -> list[tuple[int | None, float | None]]:
         """The curves' rungs (index, goal): each a curve of its own; one, (None, None), without a ladder."""
         return list(enumerate(self.grid.protocol.goals)) or [(None, None)]
 
-    def study(self, curve: CurveId, batch_size: int) -> StudySpec:
-        return replace(self.grid.protocol, **curve.as_dict(), batch_size=batch_size)
+    def study(self, curve: CurveId, batch_size: int, seed: int | None = None) -> StudySpec:
+        """A point's study: replicate 0 (the protocol's seed) unless ``seed`` says another."""
+        return replace(self.grid.protocol, **curve.as_dict(), batch_size=batch_size,
+                       seed=self.grid.protocol.seed if seed is None else seed)
 
     @property
     def sweep_key(self) -> str:
@@ -140,8 +143,8 @@ def curve_tables(curve: CurveId, measured: dict[str, MeasuredStudy],
                  rung: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The analysis' study table and trial table of one curve's measured studies (at one rung of a ladder)."""
     mine = [m for m in measured.values() if CurveId.of(m.spec) == curve]
-    points = pd.DataFrame([{**curve.as_dict(), "batch_size": m.spec.batch_size, "steps_to_result": m.rung(rung)[0],
-                            "study_key": m.spec.study_key} for m in mine])
+    points = pd.DataFrame([{**curve.as_dict(), "batch_size": m.spec.batch_size, "seed": m.spec.seed,
+                            "steps_to_result": m.rung(rung)[0], "study_key": m.spec.study_key} for m in mine])
     points["steps_to_result"] = pd.to_numeric(points["steps_to_result"], errors="coerce")
     trials = pd.DataFrame([{"study_key": m.spec.study_key, "trial_index": t.trial_index, "status": t.status.value,
                             "steps_to_result": t.steps_to_result, "steps_trained": t.steps_trained}
@@ -154,7 +157,8 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
           announce: Callable[[int, list[str]], None] = lambda round_index, lines: None) -> AdaptiveResult | None:
     """The rounds: the start, then the decisions of adaptive.decide until it stops. None when ``measure``
     found a study not done (a read-only replay)."""
-    rows = adaptive.start_rows(spec.curves, spec.start)
+    seeds, replicated = tuple(spec.grid.seeds), spec.grid.replicates > 1
+    rows = adaptive.start_rows(spec.curves, spec.start, seeds[0])
     chosen = [spec.study(curve, b) for curve in spec.curves for b in spec.start]
     announce(0, [f"start at batch sizes {', '.join(map(str, spec.start))} for {len(spec.curves)} curve(s)"])
     measured: dict[str, MeasuredStudy] = {}
@@ -165,19 +169,20 @@ def adapt(spec: AdaptiveSweepSpec, measure: Measure, clock: Callable[[], float],
             return None
         measured.update(found)
         states = [adaptive.assess_curve(curve, *curve_tables(curve, measured, rung), spec.candidates, spec.settings,
-                                        goal) for curve in spec.curves for rung, goal in spec.rungs]
+                                        goal, seeds) for curve in spec.curves for rung, goal in spec.rungs]
         studies, steps = len(measured), sum(m.trial_steps for m in measured.values())
         round_index += 1
         decision = adaptive.decide(states, studies, steps, clock(), spec.settings, spec.candidates)
         rows.extend(adaptive.decision_rows(round_index, decision, studies, steps))
         if decision.stop is not None:
             # Integer columns stay integers in the CSV although stop rows have no batch size.
-            table = pd.DataFrame(rows, columns=adaptive.decision_columns(bool(spec.grid.protocol.goals)))
-            table = table.astype({"batch_size": "Int64"})
+            table = pd.DataFrame(rows, columns=adaptive.decision_columns(bool(spec.grid.protocol.goals), replicated))
+            table = table.astype({"batch_size": "Int64", **({"seed": "Int64"} if replicated else {})})
             return AdaptiveResult(decision.stop, tuple(states), tuple(measured.values()), table, round_index)
-        announce(round_index, [f"{p.curve.label()} measures bs {p.batch_size}: {p.reason.value} "
-                               f"({p.uncertainty})" for p in decision.picks])
-        chosen = [spec.study(p.curve, p.batch_size) for p in decision.picks]
+        announce(round_index, [f"{p.curve.label()} measures bs {p.batch_size}"
+                               + (f" seed {p.seed}" if replicated else "") + f": {p.reason.value} ({p.uncertainty})"
+                               for p in decision.picks])
+        chosen = [spec.study(p.curve, p.batch_size, p.seed) for p in decision.picks]
 
 
 def _read(client: Any, experiment_id: str, studies: list[StudySpec], full_trials: bool,
@@ -250,7 +255,7 @@ def _run(spec: AdaptiveSweepSpec, options: SweepOptions, sweep: SweepRun, starte
     stale = clear_expired(sweep.client, sweep.experiment_id, lease_seconds())
     sweep.tracker.log_start({**spec.params(), "full_trials": options.full_trials}, {})
     print(f"adaptive sweep {spec.sweep_key[:12]} ({spec.workload}): {len(spec.curves)} curve(s), target "
-          f"{goal_text(spec.settings)}, {spec.settings.width} studies a round, run {sweep.tracker.run_id} in "
+          f"{goal_text(spec.settings)}{_replicated(spec)}, {spec.settings.width} studies a round, run {sweep.tracker.run_id} in "
           f"experiment {sweep.experiment_name!r} at {redact_uri(sweep.tracking_uri)}", file=out)
     if stale:
         print(f"marked {stale} runs left RUNNING by a dead process (lease expired) as FAILED", file=out)
@@ -319,8 +324,20 @@ def result_rows(result: AdaptiveResult) -> list[dict[str, str]]:
                      "maximal parallelism from": adaptive.number(fit.get("maximal_parallelism_start"), 6),
                      "B_crit threshold (passes..fails)": _threshold(fit),
                      "B_crit threshold, fit (95%)": _interval(fit, "b_crit_threshold_fit"),
+                     **({"replicates": _replicates(state)} if len(state.seeds) > 1 else {}),
                      "still uncertain": state.summary()})
     return rows
+
+
+def _replicates(state: adaptive.CurveState) -> str:
+    """Replicates per batch size, and what the fit table's intervals rest on (where it says: interval_basis)."""
+    counts = ", ".join(f"{b}:{k}" for b, k in state.counts)
+    basis = state.fit.get("interval_basis")
+    if basis is None or pd.isna(basis):
+        return counts
+    fewest = state.fit.get("interval_replicates")
+    return counts + (f"; intervals rest on {basis} (the fewest replicates at a point: {fewest})" if basis else
+                     f"; no intervals (they need {MIN_REPLICATES} replicates at every point, or complete trials)")
 
 
 def goal_text(settings: adaptive.AdaptiveSettings) -> str:
@@ -332,6 +349,11 @@ def goal_text(settings: adaptive.AdaptiveSettings) -> str:
         return (f"the threshold critical batch size, bracketed by adjacent powers of two, from a smallest batch size "
                 f"in perfect scaling ({adaptive.PERFECT_DOUBLINGS} doublings)")
     return "both regime boundaries between adjacent measured powers of two"
+
+
+def _replicated(spec: AdaptiveSweepSpec) -> str:
+    replicates = spec.grid.replicates
+    return f"; then {replicates} replicates at each point that decides it" if replicates > 1 else ""
 
 
 def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str:
@@ -350,7 +372,7 @@ def adaptive_description(spec: AdaptiveSweepSpec, result: AdaptiveResult) -> str
     parts = [f"Adaptive sweep of {spec.workload}: {len(result.measured)} studies ({p.trials} trials each, {goal}"
              f", a check every {p.check_interval} steps, cap {p.max_steps}) chosen in {result.rounds} "
              f"round(s) from batch sizes {min(spec.candidates)}..{max(spec.candidates)}; {result.trial_steps} "
-             f"trial-steps. Target: {goal_text(spec.settings)}" + (f"; limits: {limits}" if limits else "")
+             f"trial-steps. Target: {goal_text(spec.settings)}{_replicated(spec)}" + (f"; limits: {limits}" if limits else "")
              + ".",
              f"**Stopped: {result.stop.value}.** Still uncertain: {'; '.join(result.uncertain()) or 'nothing'}.",
              markdown_table(list(rows[0]), [list(row.values()) for row in rows]) if rows else "",
@@ -366,7 +388,8 @@ def _report(result: AdaptiveResult, out: TextIO) -> None:
         print(f"  {row['curve']}: batch sizes {row['batch sizes']}; S_min {row['S_min (95%)']}; B_crit "
               f"{row['B_crit (95%)']}; perfect_scaling_end {row['perfect_scaling_end']}; maximal data parallelism "
               f"from {row['maximal parallelism from']}; B_crit threshold {row['B_crit threshold (passes..fails)']}, "
-              f"fit {row['B_crit threshold, fit (95%)']}", file=out)
+              f"fit {row['B_crit threshold, fit (95%)']}"
+              + (f"; replicates per batch size {row['replicates']}" if "replicates" in row else ""), file=out)
     for line in result.uncertain():
         print(f"  still uncertain: {line}", file=out)
     out.flush()

@@ -88,8 +88,6 @@ def sweep(given: SimpleNamespace) -> None:
                             "--sparsities")
         arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
     spec = SweepSpec.build(**arguments, replicates=given.replicates)
-    if given.adaptive and given.replicates > 1:
-        raise EdpsError("--replicates is not yet an option of an adaptive sweep")
     require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))
     options = SweepOptions(
         experiment=given.experiment, executor=given.executor, workers=given.workers, ray_address=given.ray_address,
