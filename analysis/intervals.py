@@ -17,7 +17,7 @@ from analysis.bootstrap import GRID_VALUES, Interval, StudyOutcomes, percentile_
 from analysis.replicates import MIN_REPLICATES, censored, point_values
 
 # A curve's intervals rest on (fit-table column interval_basis) ...
-BASIS_REPLICATES, BASIS_TRIALS = "replicates", "complete trials"
+BASIS_REPLICATES, BASIS_TRIALS, BASIS_SOME = "replicates", "complete trials", "replicates at some points"
 # ... and on how many: the fewest replicates at a fitted point (column interval_replicates).
 HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_trials=true, would give them"
 
@@ -25,37 +25,49 @@ HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_t
 class Basis(Enum):
     REPLICATES = BASIS_REPLICATES
     TRIALS = BASIS_TRIALS
+    # Replicates where an adaptive sweep spent them (the points that decide its answer), the other points held at
+    # their values: an interval of those points' noise alone, and said so.
+    SOME_REPLICATES = BASIS_SOME
     NONE = ""
 
 
 @dataclass(frozen=True)
 class Grounds:
-    """What a curve's intervals can rest on: the basis, and why none where there is none."""
+    """What a curve's intervals can rest on: the basis, and why none where there is none (or, with replicates at
+    some points, what the intervals leave out)."""
     basis: Basis
-    why_none: str = ""
+    note: str = ""
 
 
 def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list[StudyOutcomes | None]) -> Grounds:
     """Replicates where every fitted batch size has MIN_REPLICATES; else complete trials where every study's
-    trials were read and none was superseded (exact early stopping supersedes them); else none, and why.
+    trials were read and none was superseded (exact early stopping supersedes them); else replicates where some
+    fitted batch sizes have MIN_REPLICATES (an adaptive sweep spends them where its answer is decided); else none,
+    and why.
     ``outcomes``: each study's trials (None: not read); empty where no trials were read at all."""
     fewest = min((len(replicates[size]) for size in fitted), default=0)
     if fitted and fewest >= MIN_REPLICATES:
         return Grounds(Basis.REPLICATES)
+    missing = sum(o is None for o in outcomes)
+    superseded = sum(o is not None and o.superseded > 0 for o in outcomes)
+    if outcomes and not missing and not superseded:
+        return Grounds(Basis.TRIALS)
+    replicated = [size for size in fitted if len(replicates[size]) >= MIN_REPLICATES]
+    if replicated:
+        return Grounds(Basis.SOME_REPLICATES, f"intervals over the replicates at batch sizes "
+                                              f"{', '.join(map(str, replicated))} ({MIN_REPLICATES} or more each); the "
+                                              f"other points, with fewer, are held at their values, so their seed "
+                                              f"noise is not in the intervals")
     short = (f"the fewest replicates at a fitted point is {fewest} (intervals over replicates need "
              f"{MIN_REPLICATES} at every point)")
     if not outcomes:
         return Grounds(Basis.NONE, f"no intervals: {short} and no trials were read; {HOW_TO_GET_ONE}")
-    missing = sum(o is None for o in outcomes)
-    superseded = sum(o is not None and o.superseded > 0 for o in outcomes)
     if missing:
         return Grounds(Basis.NONE, f"no intervals: {short} and the trials of {missing} of {len(outcomes)} studies "
                                    f"are not available; {HOW_TO_GET_ONE}")
-    if superseded:
-        return Grounds(Basis.NONE, f"no intervals: {short} and {superseded} of {len(outcomes)} studies had trials "
-                                   f"superseded by exact early stopping (known only to be slower than the best, so "
-                                   f"a resample of them is no sample of the study); {HOW_TO_GET_ONE}")
-    return Grounds(Basis.TRIALS)
+    return Grounds(Basis.NONE, f"no intervals: {short} and {superseded} of {len(outcomes)} studies had trials "
+                               f"superseded by exact early stopping (known only to be slower than the best, so "
+                               f"a resample of them is no sample of the study); {HOW_TO_GET_ONE}")
 
 
 @dataclass(frozen=True)

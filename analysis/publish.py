@@ -36,7 +36,7 @@ _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_c
                 "b_crit_threshold_fit_high", "interval_replicates", "b_crit_threshold_censored_low",
                 "b_crit_threshold_censored_high", "b_crit_threshold_decided")
 # What the intervals rest on, as a metric (a metric holds numbers): 2 replicates, 1 complete trials, 0 none.
-INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0}
+INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0, "replicates at some points": 0.5}
 
 
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:

@@ -135,9 +135,11 @@ def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[
     row["interval_basis"] = found.basis.value
     row["interval_replicates"] = min(len(curve.replicates[size]) for size in fitted)
     if found.basis is Basis.NONE:
-        _add_note(row, found.why_none)
+        _add_note(row, found.note)
         return
-    if found.basis is Basis.REPLICATES:
+    if found.basis is Basis.SOME_REPLICATES:
+        _add_note(row, found.note)
+    if found.basis in (Basis.REPLICATES, Basis.SOME_REPLICATES):
         intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance).quantities
     else:
         pairs = list(zip(curve.group["batch_size"].astype(int), outcomes))
@@ -257,7 +259,7 @@ def _interval_warnings(row: dict) -> list[str]:
             # a basic interval reflects the resamples about the estimate: with nearly every resample's
             # minimum on one side of it, the interval ends on the other side, short of the estimate
             why = ("the estimate is taken at the recorded steps, the top of their censoring, which the resamples "
-                   "spread below" if row.get("interval_basis") == "replicates" else
+                   "spread below" if str(row.get("interval_basis")).startswith("replicates") else
                    "the resampled minima lie almost all on one side of it (too few reaching trials)")
             warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
                             f"{value:.3g}: {why}")

@@ -176,6 +176,10 @@ def _intervals_words(row: pd.Series) -> str:
     basis = row.get("interval_basis")
     if basis == "replicates":
         return f"intervals over replicates, {int(row['interval_replicates'])} or more at every fitted point"
+    if basis == "replicates at some points":
+        note = str(row.get("note") or "")
+        start = note.find("intervals over the replicates at")
+        return note[start:note.index("not in the intervals", start) + len("not in the intervals")]
     if basis == "complete trials":
         text = (f"intervals over the complete trials of {int(row['interval_studies'])} studies (fewer than 3 "
                 f"replicates at some point)")

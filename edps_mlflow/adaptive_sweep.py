@@ -337,7 +337,7 @@ def _replicates(state: adaptive.CurveState) -> str:
         return counts
     fewest = state.fit.get("interval_replicates")
     return counts + (f"; intervals rest on {basis} (the fewest replicates at a point: {fewest})" if basis else
-                     f"; no intervals (they need {MIN_REPLICATES} replicates at every point, or complete trials)")
+                     f"; no intervals (they need {MIN_REPLICATES} replicates at a point, or complete trials)")
 
 
 def goal_text(settings: adaptive.AdaptiveSettings) -> str:

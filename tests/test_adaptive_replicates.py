@@ -187,7 +187,7 @@ def test_the_answer_says_what_its_intervals_rest_on():
     state = assess({b: SEEDS for b in powers_of_two(16, 1024)})
     assert _replicates(state).startswith("16:3, 32:3")  # without the fit table's basis: the counts alone
     none = replace(state, fit={**state.fit, "interval_basis": "", "interval_replicates": 1})
-    assert _replicates(none).endswith("; no intervals (they need 3 replicates at every point, or complete trials)")
+    assert _replicates(none).endswith("; no intervals (they need 3 replicates at a point, or complete trials)")
     some = replace(state, fit={**state.fit, "interval_basis": "replicates", "interval_replicates": 3})
     assert _replicates(some).endswith("; intervals rest on replicates (the fewest replicates at a point: 3)")
 

@@ -84,6 +84,26 @@ def test_early_stopped_studies_give_no_interval_and_complete_trials_give_one():
     assert row["b_crit_low"] < row["b_crit_high"] and row["s_min_low"] < row["s_min_high"]
 
 
+def test_replicates_at_some_points_give_intervals_that_name_those_points_and_what_they_leave_out():
+    """An adaptive sweep's curve: 3 replicates at its deciding points, one early-stopped study elsewhere."""
+    replicated = _replicated(replicates=3)
+    studies, trials = _early_stopped(complete=False)
+    deciding = [16, 32, 1024]
+    table = pd.concat([replicated[replicated["batch_size"].isin(deciding)].assign(study_key=lambda t: [
+        f"r{b}-{s}" for b, s in zip(t["batch_size"], t["seed"])]),
+        studies[~studies["batch_size"].isin(deciding)].assign(seed=0)], ignore_index=True)
+    trials = pd.concat([trials, pd.DataFrame([{"study_key": key, "trial_index": 0, "status": "reached",
+                                               "steps_to_result": steps} for key, steps in
+                                              zip(table["study_key"], table["steps_to_result"])
+                                              if key.startswith("r")])], ignore_index=True)
+    row = fit_table(table, trials, repeats=200).iloc[0]
+    assert row["interval_basis"] == "replicates at some points" and row["interval_replicates"] == 1
+    assert row["b_crit_low"] < row["b_crit"] < row["b_crit_high"]
+    assert ("intervals over the replicates at batch sizes 16, 32, 1024 (3 or more each); the other points, with "
+            "fewer, are held at their values, so their seed noise is not in the intervals") in row["note"]
+    assert curve_metrics(fit_table(table, trials).assign(optimizer="sgd"))["fit/sgd/sp0/interval_basis"] == 0.5
+
+
 def _language_model(check: int | None = 25, replicates: tuple[float, ...] = (0.0,)) -> pd.DataFrame:
     """The documented case: checks 25 apart, batch size 32 ten steps above the tolerance line (300 steps)."""
     rows = []
