@@ -258,7 +258,7 @@ def _interval_warnings(row: dict) -> list[str]:
             # minimum on one side of it, the interval ends on the other side, short of the estimate
             why = ("the estimate is taken at the recorded steps, the top of their censoring, which the resamples "
                    "spread below" if row.get("interval_basis") == "replicates" else
-                   "the resampled minima lie almost all on one side of it (too few reaching trials)")
+                   "the resampled minima and their censoring lie almost all on one side of it")
             warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
                             f"{value:.3g}: {why}")
     basis = interval_basis_warning(row)

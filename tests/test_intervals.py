@@ -202,3 +202,25 @@ def test_the_steps_figure_draws_error_bars_where_replicates_give_them(tmp_path):
     assert figure.axes[0].containers  # the errorbar container
     figure = draw_steps(_replicated(replicates=1), "w", "sgd")
     assert not figure.axes[0].containers
+
+
+def _complete_trials_at_the_recorded_steps(check: int = 50) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One study per batch size whose 3 reaching trials all reached at its recorded steps (the other 3 ran to their
+    end without reaching): the best trial is certain, only the check interval leaves the steps open, below them."""
+    studies, trials = [], []
+    for b in BATCH_SIZES[:6]:
+        steps, key = float(check * math.ceil(S_MIN * (1 + B_CRIT / b) / check)), f"k{b}"
+        studies.append({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "study_key": key,
+                        "steps_to_result": steps, "check_interval": check})
+        trials += [{"study_key": key, "trial_index": i, "status": "reached" if i < 3 else "not_reached",
+                    "steps_to_result": steps if i < 3 else None} for i in range(6)]
+    return pd.DataFrame(studies), pd.DataFrame(trials)
+
+
+def test_the_trial_bootstrap_carries_the_censoring_below_the_recorded_steps_as_the_replicates_do():
+    # The basic interval reflects the resamples about the estimate: censoring drawn below the recorded steps in
+    # the resamples came out above the estimate (S_min 104..181 for an estimate of 100 that can only be lower).
+    row = fit_table(*_complete_trials_at_the_recorded_steps(), repeats=300).iloc[0]
+    assert row["interval_basis"] == "complete trials"
+    assert row["s_min_low"] < row["s_min"] and row["s_min_high"] <= row["s_min"] * (1 + 1e-6)
+    assert row["e_min_low"] < row["e_min"]
