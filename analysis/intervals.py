@@ -20,6 +20,9 @@ from analysis.replicates import MIN_REPLICATES, censored, point_values
 BASIS_REPLICATES, BASIS_TRIALS = "replicates", "complete trials"
 # ... and on how many: the fewest replicates at a fitted point (column interval_replicates).
 HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_trials=true, would give them"
+# Why a curve with grounds for intervals has none of its fit (percentile_interval wants a quarter of the resamples).
+NO_FIT_INTERVALS = ("no s_min, b_crit, e_min intervals: fewer than a quarter of the resamples kept enough points for "
+                    "a fit (a point is lost where more than half of its resampled studies did not reach)")
 
 
 class Basis(Enum):

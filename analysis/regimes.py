@@ -16,8 +16,8 @@ from analysis.bootstrap import (Interval, StudyOutcomes, bootstrap, interval_bas
 from analysis.censoring import CENSORED_COLUMNS, threshold_censoring
 from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
                            points, regime_boundaries, threshold_critical_batch)
-from analysis.intervals import (Basis, collapsed, drop_collapsed, grounds, point_intervals, replicate_bootstrap,
-                                resampled_points)
+from analysis.intervals import (NO_FIT_INTERVALS, Basis, collapsed, drop_collapsed, grounds, point_intervals,
+                                replicate_bootstrap, resampled_points)
 from analysis.replicates import (MIN_REPLICATES, POINT_COLUMNS, check_interval, point_steps, point_value,
                                  replicate_steps)
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
@@ -145,6 +145,8 @@ def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[
         row.update(interval_basis(pairs))
     for name, interval in intervals.items():
         row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+    if intervals["s_min"].low is None:
+        _add_note(row, NO_FIT_INTERVALS)
     if row.get("b_crit_low") is not None:  # the fitted threshold increases with B_crit at the measured B_0
         for end in ("low", "high"):
             row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(

@@ -224,3 +224,22 @@ def test_the_trial_bootstrap_carries_the_censoring_below_the_recorded_steps_as_t
     assert row["interval_basis"] == "complete trials"
     assert row["s_min_low"] < row["s_min"] and row["s_min_high"] <= row["s_min"] * (1 + 1e-6)
     assert row["e_min_low"] < row["e_min"]
+
+
+def test_a_curve_whose_resamples_rarely_fit_says_why_its_fit_has_no_interval():
+    # Two complete studies per point, each with one reaching trial of 4: a resample keeps a point only where both
+    # keep theirs (0.68^2), so about one resample in ten fits three points; s_min had no interval and no reason.
+    from analysis.report import certainty_lines
+    studies, trials = [], []
+    for b in (16, 32, 64):
+        for seed in (0, 1):
+            key = f"k{b}-{seed}"
+            studies.append({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+                            "study_key": key, "steps_to_result": 2000.0 / b + 40 * seed})
+            trials += [{"study_key": key, "trial_index": i, "status": "reached" if i == 0 else "not_reached",
+                        "steps_to_result": 2000.0 / b + 40 * seed if i == 0 else None} for i in range(4)]
+    fits = fit_table(pd.DataFrame(studies), pd.DataFrame(trials), repeats=200)
+    row = fits.iloc[0]
+    assert row["interval_basis"] == "complete trials" and pd.isna(row["s_min_low"])
+    assert "no s_min, b_crit, e_min intervals: fewer than a quarter of the resamples" in row["note"]
+    assert "no s_min, b_crit, e_min intervals" in certainty_lines(fits)[0]
