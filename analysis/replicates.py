@@ -33,6 +33,11 @@ def point_value(steps: np.ndarray) -> float:
     return float(point_values(steps[None, :])[0]) if len(steps) else float("nan")
 
 
+def spread(fewest: float, most: float) -> str:
+    """Replicates' fewest and most steps as ``fewest..most``, or ``all x`` where they are alike (never ``x..x``)."""
+    return f"all {fewest:g}" if fewest == most else f"{fewest:g}..{most:g}"
+
+
 def replicate_steps(group: pd.DataFrame) -> dict[int, np.ndarray]:
     """One curve's study rows as each batch size's replicates' steps (NaN: did not reach), by batch size: every
     study row is a replicate (the seed column says which seed; a CSV without it: each row is one)."""

@@ -243,3 +243,10 @@ def test_a_curve_whose_resamples_rarely_fit_says_why_its_fit_has_no_interval():
     assert row["interval_basis"] == "complete trials" and pd.isna(row["s_min_low"])
     assert "no s_min, b_crit, e_min intervals: fewer than a quarter of the resamples" in row["note"]
     assert "no s_min, b_crit, e_min intervals" in certainty_lines(fits)[0]
+
+
+def test_a_seed_spread_of_replicates_alike_is_never_written_x_x():
+    # Three seeds all at 310 at batch size 32: the note said "the seed spread there, 310..310 steps".
+    row = fit_table(_language_model(replicates=(0.0, 0.0, 0.0)), repeats=0).iloc[0]
+    assert not row["b_crit_threshold_decided"] and "310..310" not in row["note"]
+    assert "the seed spread there, all 310 steps, is within the check interval" in row["note"]
