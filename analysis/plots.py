@@ -158,11 +158,11 @@ def _error_bars(axis: plt.Axes, points: pd.DataFrame, colour: object) -> None:
     """Each point's 95% interval over its replicates, where it has one."""
     shown = points.dropna(subset=["steps_to_result_low", "steps_to_result_high"])
     if len(shown):
-        s = shown["steps_to_result"].to_numpy(dtype=float)
-        below = np.maximum(s - shown["steps_to_result_low"].to_numpy(dtype=float), 0.0)
-        above = np.maximum(shown["steps_to_result_high"].to_numpy(dtype=float) - s, 0.0)
-        axis.errorbar(shown["batch_size"].to_numpy(dtype=float), s, yerr=[below, above], fmt="none", ecolor=colour,
-                      elinewidth=1.0, capsize=3)
+        # about the interval's middle, not the point: an interval that carries the censoring may lie wholly below
+        # the recorded point, and a bar from the point would draw it to the point
+        low, high = (shown[f"steps_to_result_{end}"].to_numpy(dtype=float) for end in ("low", "high"))
+        axis.errorbar(shown["batch_size"].to_numpy(dtype=float), (low + high) / 2, yerr=(high - low) / 2,
+                      fmt="none", ecolor=colour, elinewidth=1.0, capsize=3)
 
 
 def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,

@@ -250,3 +250,19 @@ def test_a_seed_spread_of_replicates_alike_is_never_written_x_x():
     row = fit_table(_language_model(replicates=(0.0, 0.0, 0.0)), repeats=0).iloc[0]
     assert not row["b_crit_threshold_decided"] and "310..310" not in row["note"]
     assert "the seed spread there, all 310 steps, is within the check interval" in row["note"]
+
+
+def test_an_error_bar_spans_its_interval_where_the_interval_lies_below_the_recorded_point():
+    # Digits: three seeds all at 60 steps at batch size 64, checks 20 apart: the point's interval lies within
+    # 41..60, below the recorded 60; the bar was drawn from its low end up to 60 (the part above clipped to 0).
+    from analysis.plots import draw_steps
+
+    steps = {16: (80, 120, 120), 32: (60, 80, 80), 64: (60, 60, 60)}
+    table = pd.DataFrame([{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+                           "steps_to_result": float(s), "check_interval": 20}
+                          for b, replicates in steps.items() for seed, s in enumerate(replicates)])
+    point = point_table(table).set_index("batch_size").loc[64]
+    assert point["steps_to_result_high"] < 60.0
+    bars = draw_steps(table, "w", "sgd").axes[0].containers[0].lines[2][0].get_segments()
+    ends = {float(segment[0][0]): sorted(float(y) for y in segment[:, 1]) for segment in bars}
+    assert ends[64.0] == pytest.approx([point["steps_to_result_low"], point["steps_to_result_high"]])
