@@ -92,11 +92,11 @@ def replicate_bootstrap(replicates: dict[int, np.ndarray], check: int | None, re
 
 def point_intervals(replicates: dict[int, np.ndarray], resampled: np.ndarray, repeats: int) -> dict[int, Interval]:
     """Each point's interval from its column of ``resampled``, where it has MIN_REPLICATES replicates."""
-    return {size: _point_interval(resampled[:, i], repeats) if len(replicates[size]) >= MIN_REPLICATES
+    return {size: open_interval(resampled[:, i], repeats) if len(replicates[size]) >= MIN_REPLICATES
             else Interval(None, None) for i, size in enumerate(sorted(replicates))}
 
 
-def _point_interval(values: np.ndarray, repeats: int) -> Interval:
+def open_interval(values: np.ndarray, repeats: int) -> Interval:
     """A resample without a value is a point that did not reach (more than half its replicates drawn did not):
     infinitely many steps, not a resample to leave out, so where more than 2.5% lack one the high end is inf."""
     lost = ~np.isfinite(values)

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.bootstrap import (Interval, StudyOutcomes, bootstrap, interval_basis, interval_basis_warning,
-                                outcomes_by_study, percentile_interval)
+                                outcomes_by_study)
 from analysis.censoring import CENSORED_COLUMNS, threshold_censoring
 from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
                            points, regime_boundaries, threshold_critical_batch)
-from analysis.intervals import (NO_FIT_INTERVALS, Basis, collapsed, drop_collapsed, grounds, point_intervals,
-                                replicate_bootstrap, resampled_points)
+from analysis.intervals import (NO_FIT_INTERVALS, Basis, collapsed, drop_collapsed, grounds, open_interval,
+                                point_intervals, replicate_bootstrap, resampled_points)
 from analysis.replicates import (MIN_REPLICATES, POINT_COLUMNS, check_interval, point_steps, point_value,
                                  replicate_steps)
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
@@ -307,9 +307,9 @@ def _ratio_intervals(curve: dict[int, np.ndarray], dense: dict[int, np.ndarray],
     rng = np.random.default_rng(seed)
     ours = resampled_points({k: v[0] for k, v in shared.items()}, check, repeats, rng)
     theirs = resampled_points({k: v[1] for k, v in shared.items()}, check, repeats, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = ours / theirs
-    found = {size: percentile_interval(ratios[:, i], repeats) for i, size in enumerate(sorted(shared))}
+    with np.errstate(divide="ignore", invalid="ignore"):  # a point lost (not reached): inf steps, not left out
+        ratios = np.where(np.isnan(ours), np.inf, ours) / np.where(np.isnan(theirs), np.inf, theirs)
+    found = {size: open_interval(ratios[:, i], repeats) for i, size in enumerate(sorted(shared))}
     return {size: interval for size, interval in found.items() if not collapsed(interval.low, interval.high)}
 
 

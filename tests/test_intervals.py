@@ -282,3 +282,12 @@ def test_a_point_that_may_not_reach_has_no_high_end():
     assert points.loc[64, "steps_to_result_high"] == math.inf and math.isfinite(points.loc[32, "steps_to_result_high"])
     arrows = [text.xy for text in draw_steps(table, "w", "sgd").axes[0].texts if not text.get_text()]
     assert [x for x, _ in arrows] == [64]  # its bar an arrow upwards
+
+
+def test_a_sparse_point_that_may_not_reach_has_no_high_end_against_dense():
+    table = pd.concat([_replicated(seed=1), _replicated(seed=2, sparsity=0.5, s_min=150.0)], ignore_index=True)
+    lost = table.index[(table["sparsity"] == 0.5) & (table["batch_size"] == 64)][:2]
+    table.loc[lost, "steps_to_result"] = np.nan  # 3 of 5 reached: a resample loses the point in about a third
+    sparse = sparsity_comparison(table, repeats=400).query("sparsity == 0.5").set_index("batch_size")
+    assert sparse.loc[64, "relative_to_dense_high"] == math.inf and sparse.loc[64, "relative_to_dense_low"] > 0
+    assert math.isfinite(sparse.loc[32, "relative_to_dense_high"])
