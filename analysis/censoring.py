@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.replicates import point_value, spread
+from analysis.replicates import censoring_bottom, point_value, spread
 
 CENSORED_COLUMNS = ("b_crit_threshold_censored_low", "b_crit_threshold_censored_high", "b_crit_threshold_decided",
                     "perfect_scaling_end_censored_low", "perfect_scaling_end_censored_high")
@@ -71,7 +71,7 @@ def threshold_censoring(replicates: dict[int, np.ndarray], check: int | None,
         return None
     b = np.array(sizes, dtype=float)
     top = np.array([point_value(replicates[size]) for size in sizes])
-    bottom = np.array([point_value(replicates[size] - (check - 1)) for size in sizes])
+    bottom = np.array([point_value(censoring_bottom(replicates[size], check)) for size in sizes])
     limit = 1.0 + tolerance
     pessimistic = top * b <= limit * bottom[0] * b[0]
     optimistic = bottom * b <= limit * top[0] * b[0]

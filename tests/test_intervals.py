@@ -291,3 +291,18 @@ def test_a_sparse_point_that_may_not_reach_has_no_high_end_against_dense():
     sparse = sparsity_comparison(table, repeats=400).query("sparsity == 0.5").set_index("batch_size")
     assert sparse.loc[64, "relative_to_dense_high"] == math.inf and sparse.loc[64, "relative_to_dense_low"] > 0
     assert math.isfinite(sparse.loc[32, "relative_to_dense_high"])
+
+
+def test_steps_below_the_check_interval_are_censored_no_lower_than_step_one():
+    # Steps made elsewhere (a CSV): 10..14 steps at batch size 128 with checks 25 apart. Their censoring reached
+    # below step 1, which the point rule reads as not reached: the point lost in resamples, and the threshold's
+    # bracket (32..64) excluded its own recorded value (128).
+    rows = [{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+             "steps_to_result": float(s), "check_interval": 25}
+            for b, steps in ((8, (400, 410, 390)), (16, (210, 200, 220)), (32, (110, 100, 120)), (64, (60, 50, 70)),
+                             (128, (12, 10, 14))) for seed, s in enumerate(steps)]
+    table = pd.DataFrame(rows)
+    point = point_table(table).set_index("batch_size").loc[128]
+    assert 1 <= point["steps_to_result_low"] and math.isfinite(point["steps_to_result_high"])
+    row = fit_table(table, repeats=0).iloc[0]
+    assert row["b_crit_threshold_censored_low"] <= row["b_crit_threshold"] <= row["b_crit_threshold_censored_high"]
