@@ -61,12 +61,6 @@ def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list
     return Grounds(Basis.TRIALS)
 
 
-@dataclass(frozen=True)
-class ReplicateIntervals:
-    quantities: dict[str, Interval]  # S_min, B_crit, E_min, the boundaries, the threshold
-    points: dict[int, Interval]  # each batch size's steps-to-result
-
-
 def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repeats: int,
                      rng: np.random.Generator) -> np.ndarray:
     """``repeats`` resamples of every point (a column per batch size, in order): its replicates drawn with
@@ -80,14 +74,13 @@ def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repea
 
 
 def replicate_bootstrap(replicates: dict[int, np.ndarray], check: int | None, repeats: int = 200, seed: int = 0,
-                        tolerance: float = 0.2) -> ReplicateIntervals:
-    """95% percentile intervals over resamples of each point's replicates (each draw within its censoring)."""
+                        tolerance: float = 0.2) -> dict[str, Interval]:
+    """95% percentile intervals of S_min, B_crit, E_min, the boundaries and the threshold over resamples of each
+    point's replicates (each draw within its censoring); point_table's per point come from the same resamples."""
     sizes = np.array(sorted(replicates), dtype=float)
     resampled = resampled_points(replicates, check, repeats, np.random.default_rng(seed))
     samples = resample_statistics(sizes, resampled, tolerance)
-    return ReplicateIntervals(
-        {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()},
-        point_intervals(replicates, resampled, repeats))
+    return {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()}
 
 
 def point_intervals(replicates: dict[int, np.ndarray], resampled: np.ndarray, repeats: int) -> dict[int, Interval]:

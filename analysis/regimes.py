@@ -138,7 +138,7 @@ def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[
         _add_note(row, found.why_none)
         return
     if found.basis is Basis.REPLICATES:
-        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance).quantities
+        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance)
     else:
         pairs = list(zip(curve.group["batch_size"].astype(int), outcomes))
         intervals = bootstrap(pairs, repeats, seed, tolerance, fit, curve.check)
