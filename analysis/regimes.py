@@ -267,6 +267,11 @@ def _interval_warnings(row: dict) -> list[str]:
     return warnings + ([basis] if basis else [])
 
 
+def far_outside(b_crit: float, batch_sizes: np.ndarray) -> bool:
+    """Whether B_crit lies more than a factor 100 outside the measured batch sizes: not determined by them."""
+    return bool(len(batch_sizes)) and (b_crit < min(batch_sizes) / 100 or b_crit > max(batch_sizes) * 100)
+
+
 def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[str]:
     """Why a curve's fit may not mean what it seems: said in the fit's note, drawn grey in the figure."""
     b, s = points(batch_sizes, steps)
@@ -276,7 +281,7 @@ def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[
     if len(b) >= 2 and s[-1] > s[0]:
         warnings.append("steps rise with batch size: the hyperbola does not describe this curve")
     b_crit = row.get("b_crit")
-    if b_crit is not None and not pd.isna(b_crit) and len(b) and (b_crit < b[0] / 100 or b_crit > b[-1] * 100):
+    if b_crit is not None and not pd.isna(b_crit) and far_outside(b_crit, b):
         warnings.append(f"B_crit {b_crit:.3g} lies far outside the measured batch sizes {int(b[0])}..{int(b[-1])}: "
                         f"not determined by these points")
     warnings += _interval_warnings(row)
