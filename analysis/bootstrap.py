@@ -111,16 +111,29 @@ def bootstrap(curve_trials: CurveTrials, repeats: int = 200, seed: int = 0, tole
     resampled study's best trial drawn within its check interval (``check``), the studies of one batch size
     taken together by the point rule (analysis.replicates.point_values)."""
     rng = np.random.default_rng(seed)
-    by_size: dict[int, list[np.ndarray]] = {}
+    below: dict[int, list[np.ndarray]] = {}
+    above: dict[int, list[np.ndarray]] = {}
     for batch_size, outcomes in curve_trials:
         if outcomes.trials:
             minima = _resampled_minima(outcomes.reached_steps, outcomes.trials, repeats, rng)
-            by_size.setdefault(batch_size, []).append(censored(minima, check, rng))
-    sizes = np.array(sorted(by_size), dtype=float)
-    resampled = np.column_stack([point_values(np.column_stack(by_size[int(size)])) for size in sizes]) \
-        if len(sizes) else np.empty((repeats, 0))
-    samples = resample_statistics(sizes, resampled, tolerance)
+            drawn = censored(minima, check, rng)
+            below.setdefault(batch_size, []).append(drawn)
+            with np.errstate(invalid="ignore"):  # inf - inf: a resample without a reaching trial stays one
+                above.setdefault(batch_size, []).append(np.where(np.isfinite(minima), 2 * minima - drawn, minima))
+    sizes = np.array(sorted(below), dtype=float)
+    samples = resample_statistics(sizes, _points(below, sizes, repeats), tolerance)
+    if estimate is not None:
+        # A basic interval reflects the resamples about the estimate: the censoring (the truth lies below the
+        # recorded steps) must enter them above it to come out below, as the percentile grid values have it.
+        s_min, b_crit = fit_hyperbolas(sizes, _points(above, sizes, repeats))
+        samples.update(s_min=s_min, b_crit=b_crit, e_min=s_min * b_crit)
     return {name: _interval(name, values, repeats, estimate) for name, values in samples.items()}
+
+
+def _points(by_size: dict[int, list[np.ndarray]], sizes: np.ndarray, repeats: int) -> np.ndarray:
+    """Each resample's point per batch size: its studies' resampled steps taken together by the point rule."""
+    return np.column_stack([point_values(np.column_stack(by_size[int(size)])) for size in sizes]) \
+        if len(sizes) else np.empty((repeats, 0))
 
 
 GRID_VALUES = ("perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold")

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.fits import InsufficientData, fit_hyperbola
-from analysis.regimes import curve_columns, curves, with_curve_axes
+from analysis.regimes import curve_columns, curves, far_outside, with_curve_axes
 from edps_mlflow.errors import EdpsError
 
 # How a superseded trial (stopped by exact early stopping, known only not to have reached by steps_trained) is
@@ -113,10 +113,14 @@ def budget_points(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def _hyperbola_b_crit(points: pd.DataFrame, column: str) -> float:
+    """B_crit of the hyperbola through the median steps; NaN with fewer than three, or where it lies far outside
+    the batch sizes (not determined by them: `fit` says so in its note)."""
+    b, s = points["batch_size"].to_numpy(dtype=float), points[column].to_numpy(dtype=float)
     try:
-        return fit_hyperbola(points["batch_size"].to_numpy(), points[column].to_numpy()).b_crit
+        b_crit = fit_hyperbola(b, s).b_crit
     except InsufficientData:
         return math.nan
+    return math.nan if far_outside(b_crit, b[np.isfinite(s)]) else b_crit
 
 
 def settled_from(b_crit: np.ndarray, within: float) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.replicates import point_value
+from analysis.replicates import censoring_bottom, point_value, spread
 
 CENSORED_COLUMNS = ("b_crit_threshold_censored_low", "b_crit_threshold_censored_high", "b_crit_threshold_decided",
                     "perfect_scaling_end_censored_low", "perfect_scaling_end_censored_high")
@@ -50,7 +50,7 @@ class Censoring:
                 f"tolerance line: a check interval of {flip.deciding_check} steps or fewer would decide it")
         if flip.spread is not None:
             wider = flip.spread[1] - flip.spread[0] > self.check
-            text += (f" (the seed spread there, {flip.spread[0]:g}..{flip.spread[1]:g} steps, is "
+            text += (f" (the seed spread there, {spread(*flip.spread)} steps, is "
                      + ("wider than the check interval, so more replicates matter more than a finer check)" if wider
                         else "within the check interval, so a finer check matters more than more replicates)"))
         return text
@@ -71,7 +71,7 @@ def threshold_censoring(replicates: dict[int, np.ndarray], check: int | None,
         return None
     b = np.array(sizes, dtype=float)
     top = np.array([point_value(replicates[size]) for size in sizes])
-    bottom = np.array([point_value(replicates[size] - (check - 1)) for size in sizes])
+    bottom = np.array([point_value(censoring_bottom(replicates[size], check)) for size in sizes])
     limit = 1.0 + tolerance
     pessimistic = top * b <= limit * bottom[0] * b[0]
     optimistic = bottom * b <= limit * top[0] * b[0]

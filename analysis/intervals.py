@@ -20,6 +20,9 @@ from analysis.replicates import MIN_REPLICATES, censored, point_values
 BASIS_REPLICATES, BASIS_TRIALS, BASIS_SOME = "replicates", "complete trials", "replicates at some points"
 # ... and on how many: the fewest replicates at a fitted point (column interval_replicates).
 HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_trials=true, would give them"
+# Why a curve with grounds for intervals has none of its fit (percentile_interval wants a quarter of the resamples).
+NO_FIT_INTERVALS = ("no s_min, b_crit, e_min intervals: fewer than a quarter of the resamples kept enough points for "
+                    "a fit (a point is lost where more than half of its resampled studies did not reach)")
 
 
 class Basis(Enum):
@@ -70,12 +73,6 @@ def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list
                                f"a resample of them is no sample of the study); {HOW_TO_GET_ONE}")
 
 
-@dataclass(frozen=True)
-class ReplicateIntervals:
-    quantities: dict[str, Interval]  # S_min, B_crit, E_min, the boundaries, the threshold
-    points: dict[int, Interval]  # each batch size's steps-to-result
-
-
 def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repeats: int,
                      rng: np.random.Generator) -> np.ndarray:
     """``repeats`` resamples of every point (a column per batch size, in order): its replicates drawn with
@@ -89,20 +86,30 @@ def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repea
 
 
 def replicate_bootstrap(replicates: dict[int, np.ndarray], check: int | None, repeats: int = 200, seed: int = 0,
-                        tolerance: float = 0.2) -> ReplicateIntervals:
-    """95% percentile intervals over resamples of each point's replicates (each draw within its censoring)."""
+                        tolerance: float = 0.2) -> dict[str, Interval]:
+    """95% percentile intervals of S_min, B_crit, E_min, the boundaries and the threshold over resamples of each
+    point's replicates (each draw within its censoring); point_table's per point come from the same resamples."""
     sizes = np.array(sorted(replicates), dtype=float)
     resampled = resampled_points(replicates, check, repeats, np.random.default_rng(seed))
     samples = resample_statistics(sizes, resampled, tolerance)
-    return ReplicateIntervals(
-        {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()},
-        point_intervals(replicates, resampled, repeats))
+    return {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()}
 
 
 def point_intervals(replicates: dict[int, np.ndarray], resampled: np.ndarray, repeats: int) -> dict[int, Interval]:
     """Each point's interval from its column of ``resampled``, where it has MIN_REPLICATES replicates."""
-    return {size: percentile_interval(resampled[:, i], repeats) if len(replicates[size]) >= MIN_REPLICATES
+    return {size: open_interval(resampled[:, i], repeats) if len(replicates[size]) >= MIN_REPLICATES
             else Interval(None, None) for i, size in enumerate(sorted(replicates))}
+
+
+def open_interval(values: np.ndarray, repeats: int) -> Interval:
+    """A resample without a value is a point that did not reach (more than half its replicates drawn did not):
+    infinitely many steps, not a resample to leave out, so where more than 2.5% lack one the high end is inf."""
+    lost = ~np.isfinite(values)
+    if lost.mean() <= 0.025:
+        return percentile_interval(values, repeats)
+    if lost.mean() >= 0.975:
+        return Interval(None, None)
+    return Interval(float(np.percentile(np.where(lost, np.inf, values), 2.5, method="lower")), math.inf)
 
 
 def collapsed(low: object, high: object) -> bool:

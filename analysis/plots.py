@@ -158,11 +158,17 @@ def _error_bars(axis: plt.Axes, points: pd.DataFrame, colour: object) -> None:
     """Each point's 95% interval over its replicates, where it has one."""
     shown = points.dropna(subset=["steps_to_result_low", "steps_to_result_high"])
     if len(shown):
-        s = shown["steps_to_result"].to_numpy(dtype=float)
-        below = np.maximum(s - shown["steps_to_result_low"].to_numpy(dtype=float), 0.0)
-        above = np.maximum(shown["steps_to_result_high"].to_numpy(dtype=float) - s, 0.0)
-        axis.errorbar(shown["batch_size"].to_numpy(dtype=float), s, yerr=[below, above], fmt="none", ecolor=colour,
-                      elinewidth=1.0, capsize=3)
+        # about the interval's middle, not the point: an interval that carries the censoring may lie wholly below
+        # the recorded point, and a bar from the point would draw it to the point
+        b, s = (shown[column].to_numpy(dtype=float) for column in ("batch_size", "steps_to_result"))
+        low, high = (shown[f"steps_to_result_{end}"].to_numpy(dtype=float) for end in ("low", "high"))
+        bounded = np.isfinite(high)
+        axis.errorbar(b[bounded], ((low + high) / 2)[bounded], yerr=((high - low) / 2)[bounded], fmt="none",
+                      ecolor=colour, elinewidth=1.0, capsize=3)
+        if not bounded.all():  # no high end (the point may not reach): from the low end up past the point, open
+            for x, start, point in zip(b[~bounded], low[~bounded], s[~bounded]):
+                axis.annotate("", xy=(x, 1.2 * max(point, start)), xytext=(x, start),
+                              arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 1.0})
 
 
 def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,

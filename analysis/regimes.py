@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.bootstrap import (Interval, StudyOutcomes, bootstrap, interval_basis, interval_basis_warning,
-                                outcomes_by_study, percentile_interval)
+                                outcomes_by_study)
 from analysis.censoring import CENSORED_COLUMNS, threshold_censoring
 from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, local_slopes,
                            points, regime_boundaries, threshold_critical_batch)
-from analysis.intervals import (Basis, collapsed, drop_collapsed, grounds, point_intervals, replicate_bootstrap,
-                                resampled_points)
+from analysis.intervals import (NO_FIT_INTERVALS, Basis, collapsed, drop_collapsed, grounds, open_interval,
+                                point_intervals, replicate_bootstrap, resampled_points)
 from analysis.replicates import (MIN_REPLICATES, POINT_COLUMNS, check_interval, point_steps, point_value,
                                  replicate_steps)
 from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS
@@ -140,13 +140,15 @@ def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[
     if found.basis is Basis.SOME_REPLICATES:
         _add_note(row, found.note)
     if found.basis in (Basis.REPLICATES, Basis.SOME_REPLICATES):
-        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance).quantities
+        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance)
     else:
         pairs = list(zip(curve.group["batch_size"].astype(int), outcomes))
         intervals = bootstrap(pairs, repeats, seed, tolerance, fit, curve.check)
         row.update(interval_basis(pairs))
     for name, interval in intervals.items():
         row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+    if intervals["s_min"].low is None:
+        _add_note(row, NO_FIT_INTERVALS)
     if row.get("b_crit_low") is not None:  # the fitted threshold increases with B_crit at the measured B_0
         for end in ("low", "high"):
             row[f"b_crit_threshold_fit_{end}"] = fitted_threshold(
@@ -260,11 +262,16 @@ def _interval_warnings(row: dict) -> list[str]:
             # minimum on one side of it, the interval ends on the other side, short of the estimate
             why = ("the estimate is taken at the recorded steps, the top of their censoring, which the resamples "
                    "spread below" if str(row.get("interval_basis")).startswith("replicates") else
-                   "the resampled minima lie almost all on one side of it (too few reaching trials)")
+                   "the resampled minima and their censoring lie almost all on one side of it")
             warnings.append(f"the {name} interval ({low:.3g} .. {high:.3g}) does not contain the estimate "
                             f"{value:.3g}: {why}")
     basis = interval_basis_warning(row)
     return warnings + ([basis] if basis else [])
+
+
+def far_outside(b_crit: float, batch_sizes: np.ndarray) -> bool:
+    """Whether B_crit lies more than a factor 100 outside the measured batch sizes: not determined by them."""
+    return bool(len(batch_sizes)) and (b_crit < min(batch_sizes) / 100 or b_crit > max(batch_sizes) * 100)
 
 
 def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[str]:
@@ -276,7 +283,7 @@ def fit_warnings(row: dict, batch_sizes: np.ndarray, steps: np.ndarray) -> list[
     if len(b) >= 2 and s[-1] > s[0]:
         warnings.append("steps rise with batch size: the hyperbola does not describe this curve")
     b_crit = row.get("b_crit")
-    if b_crit is not None and not pd.isna(b_crit) and len(b) and (b_crit < b[0] / 100 or b_crit > b[-1] * 100):
+    if b_crit is not None and not pd.isna(b_crit) and far_outside(b_crit, b):
         warnings.append(f"B_crit {b_crit:.3g} lies far outside the measured batch sizes {int(b[0])}..{int(b[-1])}: "
                         f"not determined by these points")
     warnings += _interval_warnings(row)
@@ -307,9 +314,9 @@ def _ratio_intervals(curve: dict[int, np.ndarray], dense: dict[int, np.ndarray],
     rng = np.random.default_rng(seed)
     ours = resampled_points({k: v[0] for k, v in shared.items()}, check, repeats, rng)
     theirs = resampled_points({k: v[1] for k, v in shared.items()}, check, repeats, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = ours / theirs
-    found = {size: percentile_interval(ratios[:, i], repeats) for i, size in enumerate(sorted(shared))}
+    with np.errstate(divide="ignore", invalid="ignore"):  # a point lost (not reached): inf steps, not left out
+        ratios = np.where(np.isnan(ours), np.inf, ours) / np.where(np.isnan(theirs), np.inf, theirs)
+    found = {size: open_interval(ratios[:, i], repeats) for i, size in enumerate(sorted(shared))}
     return {size: interval for size, interval in found.items() if not collapsed(interval.low, interval.high)}
 
 

@@ -33,6 +33,11 @@ def point_value(steps: np.ndarray) -> float:
     return float(point_values(steps[None, :])[0]) if len(steps) else float("nan")
 
 
+def spread(fewest: float, most: float) -> str:
+    """Replicates' fewest and most steps as ``fewest..most``, or ``all x`` where they are alike (never ``x..x``)."""
+    return f"all {fewest:g}" if fewest == most else f"{fewest:g}..{most:g}"
+
+
 def replicate_steps(group: pd.DataFrame) -> dict[int, np.ndarray]:
     """One curve's study rows as each batch size's replicates' steps (NaN: did not reach), by batch size: every
     study row is a replicate (the seed column says which seed; a CSV without it: each row is one)."""
@@ -53,6 +58,11 @@ def point_steps(group: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
 
 
+def censoring_bottom(steps: np.ndarray, check: int) -> np.ndarray:
+    """The fewest steps within each step's censoring: s - c + 1, never below step 1."""
+    return np.maximum(np.asarray(steps, dtype=float) - (check - 1), 1.0)
+
+
 def check_interval(group: pd.DataFrame) -> int | None:
     """The check interval of a curve's studies (a protocol column, so one per curve; the largest where several
     are given), None where unknown: a study that reached at step s reached somewhere in s - c + 1 .. s."""
@@ -63,7 +73,8 @@ def check_interval(group: pd.DataFrame) -> int | None:
 
 
 def censored(steps: np.ndarray, check: int | None, rng: np.random.Generator) -> np.ndarray:
-    """``steps`` (integers) each drawn uniformly within its censoring s - c + 1 .. s; unchanged without one."""
+    """``steps`` (integers) each drawn uniformly within its censoring s - c + 1 .. s, never below step 1 (steps
+    made elsewhere need not be multiples of the check interval); unchanged without one."""
     if not check or check <= 1:
         return steps
-    return steps - rng.integers(0, check, size=np.shape(steps))
+    return np.maximum(steps - rng.integers(0, check, size=np.shape(steps)), 1.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.bootstrap import interval_basis_warning
-from analysis.intervals import HOW_TO_GET_ONE
+from analysis.intervals import HOW_TO_GET_ONE, NO_FIT_INTERVALS
 from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, family_columns, point_table
 from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
@@ -174,17 +174,18 @@ def _curve_name(row: pd.Series, varying: list[str], several: bool) -> str:
 
 def _intervals_words(row: pd.Series) -> str:
     basis = row.get("interval_basis")
+    lost = f"; {NO_FIT_INTERVALS}" if NO_FIT_INTERVALS in str(row.get("note") or "") else ""
     if basis == "replicates":
-        return f"intervals over replicates, {int(row['interval_replicates'])} or more at every fitted point"
+        return f"intervals over replicates, {int(row['interval_replicates'])} or more at every fitted point{lost}"
     if basis == "replicates at some points":
         note = str(row.get("note") or "")
         start = note.find("intervals over the replicates at")
-        return note[start:note.index("not in the intervals", start) + len("not in the intervals")]
+        return note[start:note.index("not in the intervals", start) + len("not in the intervals")] + lost
     if basis == "complete trials":
         text = (f"intervals over the complete trials of {int(row['interval_studies'])} studies (fewer than 3 "
                 f"replicates at some point)")
         warning = interval_basis_warning(row)
-        return text + (f"; {warning}" if warning else "")
+        return text + (f"; {warning}" if warning else "") + lost
     note = str(row.get("note") or "")
     if "no intervals: " in note:  # the reason, to the end of what would give them
         start = note.index("no intervals: ")

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
-from analysis.replicates import MIN_REPLICATES, point_value
+from analysis.replicates import MIN_REPLICATES, point_value, spread
 from edps_mlflow.config import StudySpec, replicate_seeds
 from edps_mlflow.study import ExecutionOptions, run_study
 
@@ -39,6 +39,6 @@ def replicates_line(steps: dict[int, int | None]) -> str:
         point = f"no value: {len(reached)} of {len(steps)} reached, not more than half"
     else:
         point = f"{value:.1f} (geometric mean of the {len(reached)} of {len(steps)} that reached, " \
-                f"{min(reached)}..{max(reached)})"
+                f"{spread(min(reached), max(reached))})"
     few = f"; fewer than {MIN_REPLICATES} reached: too few for an interval" if len(reached) < MIN_REPLICATES else ""
     return f"replicates: steps-to-result {each}; the point: {point}{few}"

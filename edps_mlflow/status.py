@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from analysis.replicates import point_value
+from analysis.replicates import point_value, spread
 from edps_mlflow.curves import CURVE_AXES, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
@@ -107,7 +107,7 @@ def _point_cell(group: list[StudyRow]) -> str:
         reached = [s for s in steps if s is not None]
         value = point_value(np.array([np.inf if s is None else s for s in steps], dtype=float))
         values[goal] = "-" if np.isnan(value) else (str(steps[0]) if len(steps) == 1 else f"{value:.0f}")
-        span = f", {min(reached)}..{max(reached)}" if len(reached) > 1 else ""
+        span = f", {spread(min(reached), max(reached))}" if len(reached) > 1 else ""
         spreads[goal] = f" ({len(reached)}/{len(steps)} seeds{span})" if len(seeds) > 1 else ""
     if len(values) > 1:  # a ladder: its rungs' values, hardest last
         cell = " ".join(f"{goal:g}:{values[goal]}" for goal in sorted(values, key=lambda g: -(g or 0.0)))

@@ -211,3 +211,12 @@ def test_a_curve_without_a_protocol_value_keeps_its_columns_apart():
     points = budget_points(studies, trials)
     assert set(points["trials_total"]) == {5} and points.groupby("sparsity")["goal"].first().isna().tolist() == [
         False, True]
+
+
+def test_a_b_crit_far_outside_the_batch_sizes_is_not_said_to_settle():
+    # The digits goal ladder's easy rung (goal 0.2): median steps 40, 60, 40 at batch sizes 16, 32, 64 fit
+    # B_crit 3e-21, which the budget printed at every n and said settled from n = 3; fit says "not determined".
+    studies = pd.DataFrame([_study(f"k{b}", b) for b in (16, 32, 64)])
+    trials = pd.concat([trials_table([("reached", s, s)], f"k{b}") for b, s in ((16, 40), (32, 60), (64, 40))])
+    fits = budget_fits(budget_points(studies, trials), within=0.1)
+    assert math.isnan(fits["b_crit_early"].iloc[-1]) and math.isnan(fits["settled_early"].iloc[0])

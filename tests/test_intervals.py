@@ -222,3 +222,107 @@ def test_the_steps_figure_draws_error_bars_where_replicates_give_them(tmp_path):
     assert figure.axes[0].containers  # the errorbar container
     figure = draw_steps(_replicated(replicates=1), "w", "sgd")
     assert not figure.axes[0].containers
+
+
+def _complete_trials_at_the_recorded_steps(check: int = 50) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One study per batch size whose 3 reaching trials all reached at its recorded steps (the other 3 ran to their
+    end without reaching): the best trial is certain, only the check interval leaves the steps open, below them."""
+    studies, trials = [], []
+    for b in BATCH_SIZES[:6]:
+        steps, key = float(check * math.ceil(S_MIN * (1 + B_CRIT / b) / check)), f"k{b}"
+        studies.append({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "study_key": key,
+                        "steps_to_result": steps, "check_interval": check})
+        trials += [{"study_key": key, "trial_index": i, "status": "reached" if i < 3 else "not_reached",
+                    "steps_to_result": steps if i < 3 else None} for i in range(6)]
+    return pd.DataFrame(studies), pd.DataFrame(trials)
+
+
+def test_the_trial_bootstrap_carries_the_censoring_below_the_recorded_steps_as_the_replicates_do():
+    # The basic interval reflects the resamples about the estimate: censoring drawn below the recorded steps in
+    # the resamples came out above the estimate (S_min 104..181 for an estimate of 100 that can only be lower).
+    row = fit_table(*_complete_trials_at_the_recorded_steps(), repeats=300).iloc[0]
+    assert row["interval_basis"] == "complete trials"
+    assert row["s_min_low"] < row["s_min"] and row["s_min_high"] <= row["s_min"] * (1 + 1e-6)
+    assert row["e_min_low"] < row["e_min"]
+
+
+def test_a_curve_whose_resamples_rarely_fit_says_why_its_fit_has_no_interval():
+    # Two complete studies per point, each with one reaching trial of 4: a resample keeps a point only where both
+    # keep theirs (0.68^2), so about one resample in ten fits three points; s_min had no interval and no reason.
+    from analysis.report import certainty_lines
+    studies, trials = [], []
+    for b in (16, 32, 64):
+        for seed in (0, 1):
+            key = f"k{b}-{seed}"
+            studies.append({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+                            "study_key": key, "steps_to_result": 2000.0 / b + 40 * seed})
+            trials += [{"study_key": key, "trial_index": i, "status": "reached" if i == 0 else "not_reached",
+                        "steps_to_result": 2000.0 / b + 40 * seed if i == 0 else None} for i in range(4)]
+    fits = fit_table(pd.DataFrame(studies), pd.DataFrame(trials), repeats=200)
+    row = fits.iloc[0]
+    assert row["interval_basis"] == "complete trials" and pd.isna(row["s_min_low"])
+    assert "no s_min, b_crit, e_min intervals: fewer than a quarter of the resamples" in row["note"]
+    assert "no s_min, b_crit, e_min intervals" in certainty_lines(fits)[0]
+
+
+def test_a_seed_spread_of_replicates_alike_is_never_written_x_x():
+    # Three seeds all at 310 at batch size 32: the note said "the seed spread there, 310..310 steps".
+    row = fit_table(_language_model(replicates=(0.0, 0.0, 0.0)), repeats=0).iloc[0]
+    assert not row["b_crit_threshold_decided"] and "310..310" not in row["note"]
+    assert "the seed spread there, all 310 steps, is within the check interval" in row["note"]
+
+
+def test_an_error_bar_spans_its_interval_where_the_interval_lies_below_the_recorded_point():
+    # Digits: three seeds all at 60 steps at batch size 64, checks 20 apart: the point's interval lies within
+    # 41..60, below the recorded 60; the bar was drawn from its low end up to 60 (the part above clipped to 0).
+    from analysis.plots import draw_steps
+
+    steps = {16: (80, 120, 120), 32: (60, 80, 80), 64: (60, 60, 60)}
+    table = pd.DataFrame([{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+                           "steps_to_result": float(s), "check_interval": 20}
+                          for b, replicates in steps.items() for seed, s in enumerate(replicates)])
+    point = point_table(table).set_index("batch_size").loc[64]
+    assert point["steps_to_result_high"] < 60.0
+    bars = draw_steps(table, "w", "sgd").axes[0].containers[0].lines[2][0].get_segments()
+    ends = {float(segment[0][0]): sorted(float(y) for y in segment[:, 1]) for segment in bars}
+    assert ends[64.0] == pytest.approx([point["steps_to_result_low"], point["steps_to_result_high"]])
+
+
+def test_a_point_that_may_not_reach_has_no_high_end():
+    # Two of three seeds reached at batch size 64: a resample loses the point (two draws of the third) in 7 of 27,
+    # which the interval left out, reading [126.8, 154.5] as if the point surely reached.
+    from analysis.plots import draw_steps
+
+    steps = {16: (400, 440, 380), 32: (220, 260, 240), 64: (140, 160, None), 128: (120, 100, 120)}
+    table = pd.DataFrame([{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+                           "steps_to_result": s, "check_interval": 20}
+                          for b, replicates in steps.items() for seed, s in enumerate(replicates)])
+    points = point_table(table).set_index("batch_size")
+    assert points.loc[64, "steps_to_result_low"] < points.loc[64, "steps_to_result"]
+    assert points.loc[64, "steps_to_result_high"] == math.inf and math.isfinite(points.loc[32, "steps_to_result_high"])
+    arrows = [text.xy for text in draw_steps(table, "w", "sgd").axes[0].texts if not text.get_text()]
+    assert [x for x, _ in arrows] == [64]  # its bar an arrow upwards
+
+
+def test_a_sparse_point_that_may_not_reach_has_no_high_end_against_dense():
+    table = pd.concat([_replicated(seed=1), _replicated(seed=2, sparsity=0.5, s_min=150.0)], ignore_index=True)
+    lost = table.index[(table["sparsity"] == 0.5) & (table["batch_size"] == 64)][:2]
+    table.loc[lost, "steps_to_result"] = np.nan  # 3 of 5 reached: a resample loses the point in about a third
+    sparse = sparsity_comparison(table, repeats=400).query("sparsity == 0.5").set_index("batch_size")
+    assert sparse.loc[64, "relative_to_dense_high"] == math.inf and sparse.loc[64, "relative_to_dense_low"] > 0
+    assert math.isfinite(sparse.loc[32, "relative_to_dense_high"])
+
+
+def test_steps_below_the_check_interval_are_censored_no_lower_than_step_one():
+    # Steps made elsewhere (a CSV): 10..14 steps at batch size 128 with checks 25 apart. Their censoring reached
+    # below step 1, which the point rule reads as not reached: the point lost in resamples, and the threshold's
+    # bracket (32..64) excluded its own recorded value (128).
+    rows = [{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+             "steps_to_result": float(s), "check_interval": 25}
+            for b, steps in ((8, (400, 410, 390)), (16, (210, 200, 220)), (32, (110, 100, 120)), (64, (60, 50, 70)),
+                             (128, (12, 10, 14))) for seed, s in enumerate(steps)]
+    table = pd.DataFrame(rows)
+    point = point_table(table).set_index("batch_size").loc[128]
+    assert 1 <= point["steps_to_result_low"] and math.isfinite(point["steps_to_result_high"])
+    row = fit_table(table, repeats=0).iloc[0]
+    assert row["b_crit_threshold_censored_low"] <= row["b_crit_threshold"] <= row["b_crit_threshold_censored_high"]

@@ -74,6 +74,9 @@ def test_the_summary_line_of_edps_study_replicates():
         "3 of 3 that reached, 80..120)")
     assert replicates_line({3: 80, 4: 120}).endswith("80..120); fewer than 3 reached: too few for an interval")
     assert "the point: no value: 1 of 2 reached, not more than half" in replicates_line({0: 80, 1: None})
+    # replicates alike have no range to write: never 60..60
+    assert replicates_line({0: 60, 1: 60, 2: 60}).endswith("the point: 60.0 (geometric mean of the 3 of 3 that "
+                                                           "reached, all 60)")
 
 
 def _row(batch_size, seed, steps, state=RunState.FINISHED, start=0, finished_trials=6, live=False):
@@ -93,6 +96,8 @@ def test_status_reads_a_point_over_its_replicates():
     assert grid.loc[64, "sparsity 0"] == "40 (1/1 seeds); seed 1: 2/6 trials (running)"
     assert grid.loc[128, "sparsity 0"] == "31"
     assert grid.loc[256, "sparsity 0"] == "20"
+    alike = next(iter(tables_of([_row(64, seed, 60) for seed in range(3)]).values()))
+    assert alike.loc[64, "sparsity 0"] == "60 (3/3 seeds, all 60)"  # digits: every seed at 60, never 60..60
     assert "(replicates: the geometric mean of the seeds that reached" in format_status(tables_of(rows))
     assert "replicates" not in format_status(tables_of([_row(256, 0, 20)]))
 
