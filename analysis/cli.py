@@ -25,7 +25,8 @@ from analysis.load import load_best_trial_probes, load_probe_values, load_studie
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import intervals_footnote, summary_for_people
 from analysis.regimes import fit_table, point_table, sparsity_comparison, with_curve_axes
-from analysis.report import certainty_lines, fit_summary, markdown_table, steps_grids, write_report
+from analysis.report import (certainty_lines, fit_summary, grid_note, markdown_table, steps_grids, with_interval,
+                             write_report)
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
@@ -155,7 +156,7 @@ def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
     """The steps-to-result grid (batch size x sparsity) per workload and optimizer: each point by the point rule
     over its replicates, with its 95% interval where it has 3 replicates or more (csv/json: the study table)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}"
+    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}" + (f"\n{grid_note(grid)}" if grid_note(grid) else "")
                         for (w, o), grid in steps_grids(studies, bootstrap, seed).items())
     _emit(studies, output_format, human)
 
@@ -267,12 +268,15 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
         raise EdpsError("compare-pruning needs the dense curve (sparsity 0) and at least one pruned curve; "
                         "measure both, e.g. edps sweep --sparsities 0,0.9 --pruning snip,random")
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
-    comparison, summary, paths = compared(studies, fits, tolerance, Path(out_dir))
+    _, summary, paths = compared(studies, fits, tolerance, Path(out_dir))
     footnote = intervals_footnote(summary)
     human = summary_for_people(summary).to_string(index=False) + (f"\n{footnote}" if footnote else "")
-    human += "\n\nsteps relative to dense, per batch size:\n" + comparison.pivot_table(
-        index=["optimizer", "sparsity", "batch_size"], columns="pruning", values="relative_to_dense").to_string(
-        float_format=lambda v: f"{v:.3g}")
+    ratios = sparsity_comparison(studies, bootstrap, seed)
+    ratios = ratios[ratios["sparsity"] > 0].assign(cell=lambda t: [with_interval(row, "relative_to_dense")
+                                                                   for _, row in t.iterrows()])
+    human += ("\n\nsteps relative to dense, per batch size (95% intervals where both points have 3 replicates or "
+              "more):\n" + ratios.pivot_table(index=["optimizer", "sparsity", "batch_size"], columns="pruning",
+                                             values="cell", aggfunc="first").fillna("-").to_string())
     human += "\n\nfigures:\n" + "\n".join(str(p) for p in paths if p.suffix == ".png")
     _emit(summary, output_format, human)
 

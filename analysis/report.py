@@ -42,7 +42,7 @@ def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tu
     interval where ``repeats`` > 0 and it has enough replicates), batch size down, sparsity (and method) across;
     a column per goal too, easiest first, where the studies differ in goal (a ladder is a row per rung)."""
     points = point_table(table, repeats, seed).sort_values("steps_to_result", na_position="last")
-    points["cell"] = [_with_interval(row, "steps_to_result") for _, row in points.iterrows()]
+    points["cell"] = [with_interval(row, "steps_to_result") for _, row in points.iterrows()]
     grids = {}
     for (workload, optimizer), group in points.groupby(["workload", "optimizer"], sort=True):
         goals = ["goal"] if "goal" in group.columns and group["goal"].nunique() > 1 else []
@@ -59,11 +59,22 @@ def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tu
     return grids
 
 
+# Under a grid with brackets: why a bracket may lie below its value.
+BRACKETS_NOTE = ("Brackets: 95% intervals over the point's replicates, each result placed within its check interval "
+                 "(s - c + 1 .. s); the value is the recorded step, the top of that range, so a bracket may lie below "
+                 "its value.")
+
+
+def grid_note(grid: pd.DataFrame) -> str:
+    """BRACKETS_NOTE where ``grid`` shows an interval, else nothing."""
+    return BRACKETS_NOTE if grid.astype(str).apply(lambda column: column.str.contains(r"\[")).any().any() else ""
+
+
 def _present(value: object) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
-def _with_interval(row: pd.Series, name: str) -> str:
+def with_interval(row: pd.Series, name: str) -> str:
     """``value [low, high]``; the value alone where there is no interval or its ends read alike (never
     ``[x, x]``: more digits first, then none)."""
     value = _number(row.get(name))
@@ -90,7 +101,7 @@ def threshold_words(row: pd.Series | dict) -> str:
                 f"{_number(row.get('b_crit_threshold_censored_high'))}")
     value = _number(value)
     bracket = f"{value}..{_number(failing)}" if failing is not None and pd.notna(failing) else f">{value}"
-    return _with_interval(row, "b_crit_threshold").replace(value, f"{value} ({bracket})", 1)
+    return with_interval(row, "b_crit_threshold").replace(value, f"{value} ({bracket})", 1)
 
 
 def end_words(row: pd.Series | dict) -> str:
@@ -99,7 +110,7 @@ def end_words(row: pd.Series | dict) -> str:
     low, high = row.get("perfect_scaling_end_censored_low"), row.get("perfect_scaling_end_censored_high")
     decided = row.get("b_crit_threshold_decided")
     if decided is None or pd.isna(decided) or bool(decided) or not _present(low) or low == high:
-        return _with_interval(row, "perfect_scaling_end")
+        return with_interval(row, "perfect_scaling_end")
     later = _number(high) if _present(high) else "beyond the largest batch size"
     return f"undecided at check interval {_number(row.get('check_interval'))}: {_number(low)} or {later}"
 
@@ -114,13 +125,13 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
             **({"goal": _number(row["goal"])} if goals else {}),
-            "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
-            "E_min (examples)": _with_interval(row, "e_min"),
+            "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": with_interval(row, "b_crit"),
+            "E_min (examples)": with_interval(row, "e_min"),
             "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
             "perfect_scaling_end": end_words(row),
-            "maximal_parallelism_start": _with_interval(row, "maximal_parallelism_start"),
+            "maximal_parallelism_start": with_interval(row, "maximal_parallelism_start"),
             "B_crit threshold (passes..fails)": threshold_words(row),
-            "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"),
+            "B_crit threshold, fit": with_interval(row, "b_crit_threshold_fit"),
             "note": row.get("note", "") or "",
         })
     return pd.DataFrame(rows)
@@ -135,10 +146,10 @@ def goal_summary(goals: pd.DataFrame) -> pd.DataFrame:
              **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
              **{column: _number(row[column]) for column in family},
              "goal": f"{row['goal']:g}" + (f" ({row['goal_metric']})" if pd.notna(row["goal_metric"]) else ""),
-             "points": row["points"], "S_min": _with_interval(row, "s_min"), "B_crit": _with_interval(row, "b_crit"),
-             "E_min (examples)": _with_interval(row, "e_min"),
+             "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": with_interval(row, "b_crit"),
+             "E_min (examples)": with_interval(row, "e_min"),
              "B_crit threshold (passes..fails)": threshold_words(row),
-             "B_crit threshold, fit": _with_interval(row, "b_crit_threshold_fit"), "note": row.get("note") or ""}
+             "B_crit threshold, fit": with_interval(row, "b_crit_threshold_fit"), "note": row.get("note") or ""}
             for _, row in goals.iterrows()]
     return pd.DataFrame(rows)
 
@@ -272,8 +283,10 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
             parts += ["<h2>How sure each answer is</h2><ul>",
                       *(f"<li>{html.escape(line)}</li>" for line in certainty), "</ul>"]
         for title, files, grid, fit in curves:
+            note = grid_note(grid)
             parts += [f"<h2>{html.escape(title)}</h2>", *_images(path, title, files, "100%"),
-                      "<h3>Steps to result</h3>" + grid.to_html(), "<h3>Fits</h3>" + fit.to_html(index=False)]
+                      "<h3>Steps to result</h3>" + grid.to_html() + (f"<p>{html.escape(note)}</p>" if note else ""),
+                      "<h3>Fits</h3>" + fit.to_html(index=False)]
         for title, table, files in extra:
             parts += [f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)),
                       *_images(path, title, files, "80%")]
@@ -283,7 +296,8 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
             ["## How sure each answer is", "", *(f"- {line}" for line in certainty), ""] if certainty else [])
         for title, files, grid, fit in curves:
             parts += [f"## {title}", "", *_images(path, title, files, "100%"), "", "### Steps to result", "",
-                      markdown_table(grid, index=True), "", "### Fits", "", markdown_table(fit), ""]
+                      markdown_table(grid, index=True), "", *([grid_note(grid), ""] if grid_note(grid) else []),
+                      "### Fits", "", markdown_table(fit), ""]
         for title, table, files in extra:
             parts += [f"## {title}", "", markdown_table(table.map(_number)), "", *_images(path, title, files, "80%"),
                       ""]

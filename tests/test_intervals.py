@@ -184,7 +184,8 @@ def test_no_interval_is_printed_as_x_x(tmp_path, capsys):
     # With spread, the same commands print real intervals, and the report leads with how sure they are.
     _replicated().to_csv(source, index=False)
     main(["table", "--csv", str(source)])
-    assert re.search(r"\[\d+(\.\d+)?, \d+(\.\d+)?\]", capsys.readouterr().out)
+    shown = capsys.readouterr().out
+    assert re.search(r"\[\d+(\.\d+)?, \d+(\.\d+)?\]", shown) and "the top of that range" in shown
     main(["report", "--csv", str(source), "--output", str(tmp_path / "report.md")])
     capsys.readouterr()
     text = (tmp_path / "report.md").read_text()
@@ -326,3 +327,14 @@ def test_steps_below_the_check_interval_are_censored_no_lower_than_step_one():
     assert 1 <= point["steps_to_result_low"] and math.isfinite(point["steps_to_result_high"])
     row = fit_table(table, repeats=0).iloc[0]
     assert row["b_crit_threshold_censored_low"] <= row["b_crit_threshold"] <= row["b_crit_threshold_censored_high"]
+
+
+def test_compare_pruning_prints_the_sparse_dense_ratio_with_its_interval(tmp_path, capsys):
+    table = pd.concat([_replicated(seed=1), _replicated(seed=2, sparsity=0.5, s_min=2 * S_MIN)], ignore_index=True)
+    source = tmp_path / "steps.csv"
+    table.to_csv(source, index=False)
+    main(["compare-pruning", "--csv", str(source), "--out-dir", str(tmp_path / "figures")])
+    ratios = capsys.readouterr().out.split("steps relative to dense, per batch size")[1]
+    cells = re.findall(r"(\d+\.?\d*) \[(\d+\.?\d*), (\d+\.?\d*)\]", ratios)
+    assert len(cells) == len(BATCH_SIZES)  # every batch size's ratio, about 2, with its interval
+    assert all(float(low) < float(value) * 1.05 and float(low) < 2 < float(high) * 1.5 for value, low, high in cells)
