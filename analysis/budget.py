@@ -75,6 +75,12 @@ def _point_rows(replicates: pd.DataFrame, by_key: dict[str, pd.DataFrame]) -> li
     steps = []
     for _, study in replicates.iterrows():
         trials = by_key.get(str(study.get("study_key")))
+        total = _number(study.get("trials_total"))
+        if trials is not None and total is not None and len(trials) < total:
+            # a study of N trials read as fewer would be a smaller study's budget curve
+            raise EdpsError(f"study {study.get('study_key')} (batch size {study.get('batch_size')}) has "
+                            f"{len(trials)} of its {total:.0f} trials in the trials table: a tuning budget needs "
+                            f"them all")
         if trials is not None and len(trials):
             steps.append(trial_steps(trials, _number(study.get("check_interval")), _number(study.get("max_steps"))))
     if not steps:

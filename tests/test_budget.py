@@ -173,10 +173,13 @@ def test_the_command_on_a_csv_pair(folder, capsys):
     (["--trials-csv", "{other}"], "none of its study_key values matches"),
     (["--trials-csv", "{trials}", "--within", "0"], "--within"),
     (["--trials-csv", "{trials}", "--within", "1"], "--within"),
-    (["--trials-csv", "{trials}", "--within", "nan"], "--within")])
+    (["--trials-csv", "{trials}", "--within", "nan"], "--within"),
+    (["--trials-csv", "{short}"], "has 4 of its 5 trials in the trials table: a tuning budget needs them all")])
 def test_refusals(folder, capsys, arguments, message):
     studies, trials = synthetic_curves()
+    studies["trials_total"] = 5
     paths = {"trials": write(folder, "trials.csv", trials.to_csv(index=False)),
+             "short": write(folder, "short.csv", trials.drop(index=trials.index[0]).to_csv(index=False)),
              "other": write(folder, "other.csv", trials.assign(study_key="elsewhere").to_csv(index=False))}
     steps = write(folder, "steps.csv", studies.to_csv(index=False))
     code, line = run(["budget", "--csv", steps, *[a.format(**paths) for a in arguments]], capsys)
