@@ -227,8 +227,8 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
     goal = f"goals {goals_text(p.goals)} (the table: the hardest)" if p.goals else \
         f"goal {p.goal_error:g}"
     each = "" if spec.replicates == 1 else (
-        f" A point's value is the geometric mean of its replicates that reached, where more than half reached "
-        f"(reached/replicates beside it).")
+        " A point's value is the geometric mean of its replicates that reached, where more than half reached "
+        "(reached/replicates beside it).")
     parts = [f"Sweep of {spec.workload}: {len(plan)} studies{replicates_words(spec)}, {p.trials} trials each, "
              f"{goal}, a check every {p.check_interval} steps, cap {p.max_steps}. Steps-to-result ('-': no trial "
              f"reached the goal); each study is a child run.{each}"]

@@ -8,7 +8,6 @@ import io
 import itertools
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

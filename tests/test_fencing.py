@@ -333,7 +333,7 @@ def test_a_study_marked_dead_by_its_sweep_still_marks_the_trial_runs_it_opened(s
     """An interrupted sweep marks its study run dead, maybe just after the study's process opened a trial run the
     sweep did not see: the study's own abort leaves the study run as the sweep marked it and ends that trial run
     (it once left it RUNNING, since the study run was no longer its own)."""
-    from edps_mlflow.config import StudySpec, TrialSpec
+    from edps_mlflow.config import StudySpec
     from edps_mlflow.store.client import StoreClient
     from edps_mlflow.store.experiment import resolve_experiment
     from edps_mlflow.store.ownership.claim import mark_dead
