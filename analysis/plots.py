@@ -154,21 +154,23 @@ def _draw_fit(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row:
     return list(fitted) + [y]
 
 
-def _error_bars(axis: plt.Axes, points: pd.DataFrame, colour: object) -> None:
-    """Each point's 95% interval over its replicates, where it has one."""
+def _error_bars(axis: plt.Axes, points: pd.DataFrame, colour: object) -> list[float]:
+    """Each point's 95% interval over its replicates, where it has one; the heights it reaches (for the axis)."""
     shown = points.dropna(subset=["steps_to_result_low", "steps_to_result_high"])
-    if len(shown):
-        # about the interval's middle, not the point: an interval that carries the censoring may lie wholly below
-        # the recorded point, and a bar from the point would draw it to the point
-        b, s = (shown[column].to_numpy(dtype=float) for column in ("batch_size", "steps_to_result"))
-        low, high = (shown[f"steps_to_result_{end}"].to_numpy(dtype=float) for end in ("low", "high"))
-        bounded = np.isfinite(high)
-        axis.errorbar(b[bounded], ((low + high) / 2)[bounded], yerr=((high - low) / 2)[bounded], fmt="none",
-                      ecolor=colour, elinewidth=1.0, capsize=3)
-        if not bounded.all():  # no high end (the point may not reach): from the low end up past the point, open
-            for x, start, point in zip(b[~bounded], low[~bounded], s[~bounded]):
-                axis.annotate("", xy=(x, 1.2 * max(point, start)), xytext=(x, start),
-                              arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 1.0})
+    if not len(shown):
+        return []
+    # about the interval's middle, not the point: an interval that carries the censoring may lie wholly below
+    # the recorded point, and a bar from the point would draw it to the point
+    b, s = (shown[column].to_numpy(dtype=float) for column in ("batch_size", "steps_to_result"))
+    low, high = (shown[f"steps_to_result_{end}"].to_numpy(dtype=float) for end in ("low", "high"))
+    bounded = np.isfinite(high)
+    axis.errorbar(b[bounded], ((low + high) / 2)[bounded], yerr=((high - low) / 2)[bounded], fmt="none",
+                  ecolor=colour, elinewidth=1.0, capsize=3)
+    if not bounded.all():  # no high end (the point may not reach): from the low end up past the point, open
+        for x, start, point in zip(b[~bounded], low[~bounded], s[~bounded]):
+            axis.annotate("", xy=(x, 1.2 * max(point, start)), xytext=(x, start),
+                          arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 1.0})
+    return [float(v) for v in np.concatenate([low, high[np.isfinite(high)]]) if v > 0]
 
 
 def _mark_thresholds(axis: plt.Axes, b: np.ndarray, s: np.ndarray, colour: object, row: pd.Series | None,
@@ -236,7 +238,7 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         label = " ".join([curve_words(key[2], literal(key[3]), several)]
                          + [f"{columns[i]} {literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
-        _error_bars(axis, points[valid], colour)
+        heights += _error_bars(axis, points[valid], colour)
         row = fit_of(fits, dict(zip(columns, key)))
         heights += list(s[valid]) + _draw_fit(axis, b, s, colour, row, not shaded, limits)
         _mark_thresholds(axis, b[valid], s[valid], colour, row, not shaded, limits)

@@ -221,6 +221,10 @@ def test_the_steps_figure_draws_error_bars_where_replicates_give_them(tmp_path):
 
     figure = draw_steps(_replicated(), "w", "sgd")
     assert figure.axes[0].containers  # the errorbar container
+    # a large check interval puts the lowest bar far below every point: the axis still shows it whole
+    table = _replicated(check=200)
+    lowest = point_table(table)["steps_to_result_low"].min()
+    assert draw_steps(table, "w", "sgd").axes[0].get_ylim()[0] <= lowest
     figure = draw_steps(_replicated(replicates=1), "w", "sgd")
     assert not figure.axes[0].containers
 
