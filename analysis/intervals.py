@@ -18,6 +18,8 @@ from analysis.replicates import MIN_REPLICATES, censored, point_values
 
 # A curve's intervals rest on (fit-table column interval_basis) ...
 BASIS_REPLICATES, BASIS_TRIALS, BASIS_SOME = "replicates", "complete trials", "replicates at some points"
+# The note of a `replicates at some points` curve: from its start to its end, the clause that names the points.
+SOME_POINTS_START, SOME_POINTS_END = "intervals over the replicates at batch sizes", "noise is not in the intervals"
 # ... and on how many: the fewest replicates at a fitted point (column interval_replicates).
 HOW_TO_GET_ONE = f"--replicates {MIN_REPLICATES} or more, or studies with full_trials=true, would give them"
 # Why a curve with grounds for intervals has none of its fit (percentile_interval wants a quarter of the resamples).
@@ -57,10 +59,9 @@ def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list
         return Grounds(Basis.TRIALS)
     replicated = [size for size in fitted if len(replicates[size]) >= MIN_REPLICATES]
     if replicated:
-        return Grounds(Basis.SOME_REPLICATES, f"intervals over the replicates at batch sizes "
-                                              f"{', '.join(map(str, replicated))} ({MIN_REPLICATES} or more each); the "
-                                              f"other points, with fewer, are held at their values, so their seed "
-                                              f"noise is not in the intervals")
+        return Grounds(Basis.SOME_REPLICATES, f"{SOME_POINTS_START} {', '.join(map(str, replicated))} "
+                                              f"({MIN_REPLICATES} or more each); the other points, with fewer, are "
+                                              f"held at their values, so their seed {SOME_POINTS_END}")
     short = (f"the fewest replicates at a fitted point is {fewest} (intervals over replicates need "
              f"{MIN_REPLICATES} at every point)")
     if not outcomes:
@@ -73,24 +74,35 @@ def grounds(replicates: dict[int, np.ndarray], fitted: list[int], outcomes: list
                                f"a resample of them is no sample of the study); {HOW_TO_GET_ONE}")
 
 
+def some_points_words(note: object) -> str:
+    """The clause of a fit-table note that names the replicated points of a `replicates at some points` curve and
+    says what its intervals leave out ("" where the note has none)."""
+    note = str(note or "")
+    start, end = note.find(SOME_POINTS_START), note.find(SOME_POINTS_END)
+    return note[start:end + len(SOME_POINTS_END)] if 0 <= start < end else ""
+
+
 def resampled_points(replicates: dict[int, np.ndarray], check: int | None, repeats: int,
-                     rng: np.random.Generator) -> np.ndarray:
+                     rng: np.random.Generator, held: frozenset[int] = frozenset()) -> np.ndarray:
     """``repeats`` resamples of every point (a column per batch size, in order): its replicates drawn with
-    replacement, each draw within its censoring, taken together by the point rule."""
+    replacement (those of ``held`` batch sizes kept as they are), each draw within its censoring, taken together
+    by the point rule."""
     columns = []
     for size in sorted(replicates):
         steps = replicates[size]
-        drawn = steps[rng.integers(0, len(steps), size=(repeats, len(steps)))]
+        drawn = np.tile(steps, (repeats, 1)) if size in held else \
+            steps[rng.integers(0, len(steps), size=(repeats, len(steps)))]
         columns.append(point_values(censored(drawn, check, rng)))
     return np.column_stack(columns) if columns else np.empty((repeats, 0))
 
 
 def replicate_bootstrap(replicates: dict[int, np.ndarray], check: int | None, repeats: int = 200, seed: int = 0,
-                        tolerance: float = 0.2) -> dict[str, Interval]:
+                        tolerance: float = 0.2, held: frozenset[int] = frozenset()) -> dict[str, Interval]:
     """95% percentile intervals of S_min, B_crit, E_min, the boundaries and the threshold over resamples of each
-    point's replicates (each draw within its censoring); point_table's per point come from the same resamples."""
+    point's replicates (each draw within its censoring; ``held`` points' replicates not resampled, only their
+    censoring drawn); point_table's per point come from the same resamples."""
     sizes = np.array(sorted(replicates), dtype=float)
-    resampled = resampled_points(replicates, check, repeats, np.random.default_rng(seed))
+    resampled = resampled_points(replicates, check, repeats, np.random.default_rng(seed), held)
     samples = resample_statistics(sizes, resampled, tolerance)
     return {name: percentile_interval(values, repeats, grid=name in GRID_VALUES) for name, values in samples.items()}
 

@@ -140,7 +140,10 @@ def _add_intervals(row: dict, curve: _Curve, fit: HyperbolaFit, trials_of: dict[
     if found.basis is Basis.SOME_REPLICATES:
         _add_note(row, found.note)
     if found.basis in (Basis.REPLICATES, Basis.SOME_REPLICATES):
-        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance)
+        # replicates at some points: the others (two replicates included) held at their values, as the note says
+        held = frozenset(size for size, steps in curve.replicates.items()
+                         if found.basis is Basis.SOME_REPLICATES and len(steps) < MIN_REPLICATES)
+        intervals = replicate_bootstrap(curve.replicates, curve.check, repeats, seed, tolerance, held)
     else:
         pairs = list(zip(curve.group["batch_size"].astype(int), outcomes))
         intervals = bootstrap(pairs, repeats, seed, tolerance, fit, curve.check)

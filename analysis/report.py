@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.bootstrap import interval_basis_warning
-from analysis.intervals import HOW_TO_GET_ONE, NO_FIT_INTERVALS
+from analysis.intervals import HOW_TO_GET_ONE, NO_FIT_INTERVALS, some_points_words
 from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, family_columns, point_table
 from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
@@ -189,9 +189,7 @@ def _intervals_words(row: pd.Series) -> str:
     if basis == "replicates":
         return f"intervals over replicates, {int(row['interval_replicates'])} or more at every fitted point{lost}"
     if basis == "replicates at some points":
-        note = str(row.get("note") or "")
-        start = note.find("intervals over the replicates at")
-        return note[start:note.index("not in the intervals", start) + len("not in the intervals")] + lost
+        return some_points_words(row.get("note")) + lost
     if basis == "complete trials":
         text = (f"intervals over the complete trials of {int(row['interval_studies'])} studies (fewer than 3 "
                 f"replicates at some point)")

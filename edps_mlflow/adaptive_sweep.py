@@ -17,6 +17,7 @@ from typing import Any, Callable, TextIO
 
 import pandas as pd
 
+from analysis.intervals import BASIS_SOME, some_points_words
 from analysis.replicates import MIN_REPLICATES
 from edps_mlflow import adaptive
 from edps_mlflow import names as n
@@ -336,6 +337,8 @@ def _replicates(state: adaptive.CurveState) -> str:
     if basis is None or pd.isna(basis):
         return counts
     fewest = state.fit.get("interval_replicates")
+    if basis == BASIS_SOME:  # which points, and that the others' seed noise is not in the intervals
+        return f"{counts}; intervals rest on {basis}: {some_points_words(state.fit.get('note'))}"
     return counts + (f"; intervals rest on {basis} (the fewest replicates at a point: {fewest})" if basis else
                      f"; no intervals (they need {MIN_REPLICATES} replicates at a point, or complete trials)")
 

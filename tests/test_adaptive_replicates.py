@@ -190,6 +190,14 @@ def test_the_answer_says_what_its_intervals_rest_on():
     assert _replicates(none).endswith("; no intervals (they need 3 replicates at a point, or complete trials)")
     some = replace(state, fit={**state.fit, "interval_basis": "replicates", "interval_replicates": 3})
     assert _replicates(some).endswith("; intervals rest on replicates (the fewest replicates at a point: 3)")
+    note = ("intervals over the replicates at batch sizes 16, 32 (3 or more each); the other points, with fewer, "
+            "are held at their values, so their seed noise is not in the intervals; the s_min interval ...")
+    partial = replace(state, fit={**state.fit, "interval_basis": "replicates at some points",
+                                  "interval_replicates": 1, "note": note})
+    assert _replicates(partial).endswith("; intervals rest on replicates at some points: intervals over the "
+                                         "replicates at batch sizes 16, 32 (3 or more each); the other points, with "
+                                         "fewer, are held at their values, so their seed noise is not in the "
+                                         "intervals")
 
 
 # ---- one small real replicated adaptive sweep ---------------------------------------------------------

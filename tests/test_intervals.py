@@ -104,6 +104,19 @@ def test_replicates_at_some_points_give_intervals_that_name_those_points_and_wha
     assert curve_metrics(fit_table(table, trials).assign(optimizer="sgd"))["fit/sgd/sp0/interval_basis"] == 0.5
 
 
+
+def test_replicates_at_some_points_hold_the_points_with_two_replicates_at_their_values():
+    """3 identical replicates at the deciding points, 2 far apart elsewhere: with those held at their values (no
+    check interval, so nothing is drawn) every resample is the estimate, and no interval is printed as [x, x]."""
+    rows = [{"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": b, "seed": seed,
+             "steps_to_result": S_MIN * (1 + B_CRIT / b) * (1.0 if b in (16, 32, 1024) else (0.5, 2.0)[seed])}
+            for b in BATCH_SIZES for seed in range(3 if b in (16, 32, 1024) else 2)]
+    row = fit_table(pd.DataFrame(rows), repeats=100).iloc[0]
+    assert row["interval_basis"] == "replicates at some points" and row["interval_replicates"] == 2
+    assert pd.isna(row["b_crit_low"]) and pd.isna(row["s_min_low"])
+    assert f"no b_crit interval: every resample gave {row['b_crit']:.6g}" in row["note"]
+
+
 def _language_model(check: int | None = 25, replicates: tuple[float, ...] = (0.0,)) -> pd.DataFrame:
     """The documented case: checks 25 apart, batch size 32 ten steps above the tolerance line (300 steps)."""
     rows = []
