@@ -172,10 +172,13 @@ def test_the_readme_first_hour_in_a_fresh_clone(tmp_path: Path) -> None:
             outputs["sweep"][-3000:]
     assert re.search(UI_LINK.replace(r"runs/[0-9a-f]{32}", "runs"), outputs["sweep"])  # the sweep's experiment
 
-    # The fit: S_min and B_crit with 95% intervals in brackets.
+    # The fit: S_min and B_crit, led by how sure they are; as README says, one seed with exact early stopping
+    # gets no interval and the reason.
     outputs["fit"] = run(commands[4])
     assert "S_min" in outputs["fit"] and "B_crit" in outputs["fit"]
-    assert re.search(r"\d \[[-0-9.e+]+, [-0-9.e+]+\]", outputs["fit"]), outputs["fit"]
+    assert outputs["fit"].startswith("How sure each answer is:\n- digits-simple-cnn sgd sparsity 0: no intervals: ")
+    assert "--replicates 3 or more" in outputs["fit"] and "gets no interval and the reason" in readme
+    assert not re.search(r"\d \[[-0-9.e+]+, [-0-9.e+]+\]", outputs["fit"]), outputs["fit"]
 
     # The report: its path, the file, and the analysis run's UI link.
     outputs["report"] = run(commands[5])
