@@ -249,7 +249,8 @@ def replicates_words(spec: SweepSpec) -> str:
     """`` (3 points x 2 replicates, seeds 0..1)``; nothing for one replicate."""
     if spec.replicates == 1:
         return ""
-    return (f" ({len(spec.studies()) // spec.replicates} points x {spec.replicates} replicates, seeds "
+    points = len(spec.studies()) // spec.replicates
+    return (f" ({points} point{'s' if points > 1 else ''} x {spec.replicates} replicates, seeds "
             f"{spec.seeds[0]}..{spec.seeds[-1]})")
 
 
