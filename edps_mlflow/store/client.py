@@ -344,6 +344,14 @@ def log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = 
         metric_list, param_list, tag_list = metric_list[1000:], param_list[100:], tag_list[100:]
 
 
+def log_points(client: StoreClient, run_id: str, points: list[tuple[str, float, int]]) -> None:
+    """Metric values each at its own step (name, value, step): a curve against the batch size, say."""
+    timestamp = int(time.time() * 1000)
+    metrics = [Metric(name, float(value), timestamp, int(step)) for name, value, step in points]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
 def log_text(client: StoreClient, run_id: str, name: str, text: str) -> None:
     """``text`` as the run's artifact ``name``."""
     with tempfile.TemporaryDirectory(prefix="edps-artifact-") as folder:
@@ -351,11 +359,12 @@ def log_text(client: StoreClient, run_id: str, name: str, text: str) -> None:
         client.log_artifact(run_id, str(Path(folder) / name))
 
 
-def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """Where to look in the MLflow UI, in its machine-learning view: the run, else the experiment's study runs;
-    for a local store, how to start the UI."""
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None, charts: bool = False) -> str:
+    """Where to look in the MLflow UI, in its machine-learning view: the run (``charts``: its Model metrics tab,
+    where a sweep's or an analysis' curves are drawn), else the experiment's study runs; for a local store, how
+    to start the UI."""
     # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
-    page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
+    page = (f"#/experiments/{experiment_id}/runs/{run_id}" + ("/model-metrics" if charts else "") if run_id
             else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
     if not run_id:
         # The experiment's study runs (under their sweep runs), not its newest runs: the UI loads 100 runs at a
