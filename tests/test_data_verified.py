@@ -61,3 +61,12 @@ def test_a_substitute_file_is_refused_before_any_work(command, sqlite_uri, tmp_p
     assert lines[0].startswith(f"edps: error: unverified data: {tmp_path}/data/input.txt (expected sha256 "
                                f"{PUBLISHED}, found sha256 "), lines[0]
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_sweep_passes_the_acceptance_to_the_studies_it_submits():
+    from edps_mlflow.config import StudySpec
+    from edps_mlflow.mlproject import study_parameters
+
+    spec = StudySpec.build("mnist-simple-cnn", "sgd", 0.0, 64)
+    assert study_parameters(spec, "r", "k", None, False, None, None)["accept_unverified_data"] == "false"
+    assert study_parameters(spec, "r", "k", None, False, None, None, True)["accept_unverified_data"] == "true"

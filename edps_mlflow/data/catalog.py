@@ -173,15 +173,15 @@ def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
     return source.load(directory)
 
 
-# Hashed on every study, not cached: MNIST's files take milliseconds, CIFAR-10's archive (170 MB) about 0.3 s, less
-# than loading it. Keys need no more: the data fingerprint hashes the tensors loaded, so other data never share a key.
+# Hashed on every study, not cached: MNIST's files take milliseconds, CIFAR-10's archive (170 MB) under a second,
+# beside its loading. Keys need no more: the data fingerprint hashes the tensors loaded, so other data share no key.
 def unverified_files(name: str, data_dir: str | Path | None) -> list[str]:
     """Each file the dataset loads from that is not a published one, with why; [] when every one is, when the
     files are not there (the loader says so) or when the catalog does not know the dataset (a user's own)."""
     source = SOURCES.get(name)
     if source is None:
         return []
-    directory = dataset_directory(source, data_dir)
+    directory = dataset_directory(source, data_dir).absolute()  # as the runs record it
     published = {remote.name: remote for remote in source.files}
     found = []
     for file in _present(source, directory) or ():
