@@ -48,6 +48,8 @@ TAG_END_PREFIX = "edps.end."
 # On a study run that MLflow Projects made for a sweep: the sweep run that submitted it.
 TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
+# Data files that are not the published ones, trained on with --accept-unverified-data (study and trial runs).
+TAG_UNVERIFIED_DATA = TAG_RUN_SETTING_PREFIX + "unverified_data"
 # A study's key without its probes (which never change a result): the analysis counts such studies once.
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes

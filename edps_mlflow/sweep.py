@@ -96,6 +96,10 @@ def prepare(spec: SweepSpec, options: SweepOptions) -> SweepSpec:
     its data's fingerprint, which its keys need (cached per file set: no reload next time)."""
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
+    if workload.needs_data_dir:
+        from edps_mlflow.data.catalog import require_verified
+
+        require_verified(workload.dataset, options.data_dir, options.accept_unverified_data)
     if options.device is not None:  # no device asked for: nothing to refuse, and torch stays unloaded
         cuda_devices(options.device, indexed=False)
     if spec.protocol.data_fingerprint is None:

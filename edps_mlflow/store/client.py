@@ -29,7 +29,7 @@ from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
 from edps_mlflow.store.trouble import StoreTrouble, is_disk_error, store_error_text, store_trouble, uri_error
-from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path, store_uri
 
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
 # dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
@@ -48,10 +48,11 @@ _T = TypeVar("_T")
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """The URI given, else what MLflow resolves now, made explicit for worker processes and other machines; one
-    whose user information is not validly percent-encoded is refused here, before any connection."""
+    whose user information is not validly percent-encoded, a bare path other than a ``.db`` file or a local store in
+    a missing folder is refused here, before any connection (uris.store_uri)."""
     uri = tracking_uri or get_tracking_uri()
     require_encoded_userinfo(uri)
-    return uri
+    return store_uri(uri)
 
 
 def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: str = "") -> _T:
