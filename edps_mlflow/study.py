@@ -231,7 +231,7 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
     workload = get_workload(spec.workload)
     workload.search_space(spec.optimizer)
     device = str(resources.resolve_device(options.device))
-    data = workload.load_data(options.data_dir)
+    data = workload.load_checked(options.data_dir)
     fingerprint = splits_fingerprint(data)
     if spec.data_fingerprint is None:
         spec = replace(spec, data_fingerprint=fingerprint)
