@@ -28,7 +28,7 @@ from edps_mlflow.process_settings import (configure_process, end_with, launcher_
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
 from edps_mlflow.uris import check_environment_store, userinfo_fault
-from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog
+from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog, workload_source
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
 _ROOT = Path(__file__).resolve().parents[1]  # the directory that holds this package (and the MLproject)
@@ -145,16 +145,22 @@ def doctor(experiment: str | None, repair: bool, full: bool) -> None:
 @cli.command()
 def workloads() -> None:
     """List the workloads with their goals, caps, protocol defaults and data needs: the built-in ones, then
-    those of installed packages (entry points) and of $EDPS_WORKLOAD_MODULES."""
+    those of installed packages (entry points) and of $EDPS_WORKLOAD_MODULES, under where each came from."""
     catalog = workload_catalog()
     width = max(26, *(len(name) for name, _ in catalog))  # names of one's own may be longer than the built-in ones
+    heading = None
     for name, item in catalog:
+        # Under a heading per source: built in, an installed package (its entry point) or a module reference.
+        source = "cannot be loaded" if isinstance(item, EdpsError) else workload_source(item)
+        if source != heading:
+            click.echo(f"{source}:")
+            heading = source
         if isinstance(item, EdpsError):
-            click.echo(f"{name:<{width}} cannot be loaded: {item}")
+            click.echo(f"  {name:<{width}} {item}")
             continue
-        data = "needs --data-dir" if item.needs_data_dir else "built in"
+        data = "needs --data-dir" if item.needs_data_dir else "data included"
         metric = "loss" if item.goal_metric is GoalMetric.LOSS else "error"
-        click.echo(f"{item.name:<{width}} {metric} <= {item.goal_error:<5g} cap {item.max_steps:<6} "
+        click.echo(f"  {item.name:<{width}} {metric} <= {item.goal_error:<5g} cap {item.max_steps:<6} "
                    f"trials {item.default_trials:<3} check every {item.check_interval:<4} {data:<16} "
                    f"{item.description}")
 

@@ -242,7 +242,7 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
     device = str(resources.resolve_device(options.device))
     unverified = require_verified(workload.dataset, options.data_dir, options.accept_unverified_data) \
         if workload.needs_data_dir else None
-    data = workload.load_data(options.data_dir)
+    data = workload.load_checked(options.data_dir)
     fingerprint = splits_fingerprint(data)
     if spec.data_fingerprint is None:
         spec = replace(spec, data_fingerprint=fingerprint)

@@ -140,6 +140,7 @@ def test_the_example_package_installed_runs_studies_and_sweeps_on_every_executor
     environment = {"PYTHONPATH": f"{REPO}:{site}", "MLFLOW_TRACKING_URI": sqlite_uri}
     listed = run_edps(["workloads"], tmp_path, **environment)
     assert listed.returncode == 0 and "breast-cancer-mlp" in listed.stdout, listed.stderr
+    assert "package edps-breast-cancer (edps_breast_cancer:WORKLOAD):" in listed.stdout.splitlines()
     # Short studies (2 trials, an easy goal, a low cap): the test is of the path, not of the numbers.
     protocol = ["--trials", "2", "--goal-error", "0.2", "--max-steps", "300", "--check-interval", "20"]
     study = run_edps(["study", "--workload", "breast-cancer-mlp", "--bs", "32", "--optimizer", "adam", "--workers", "2",

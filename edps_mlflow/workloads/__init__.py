@@ -1,7 +1,7 @@
 """The workload registry: the built-in workloads (one module each, one line in ``WORKLOADS``), those that installed
 packages declare in the entry-point group ``edps_mlflow.workloads``, and ``package.module:NAME`` references, which
-this process and those it starts (through ``$EDPS_WORKLOAD_MODULES``) then also find by name. The contract's names
-are importable from here."""
+this process and those it starts (through ``$EDPS_WORKLOAD_MODULES``) then also find by name. Every name a workload
+module of one's own needs is importable from here (docs/workloads.md, "The workload contract")."""
 
 from __future__ import annotations
 
@@ -10,14 +10,23 @@ import os
 from typing import Any
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.search import (ADAM_LEARNING_RATE, BETA2, DECAY_STEPS, END_LEARNING_RATE_FACTOR, LEARNING_RATE,
+                                MOMENTUM, WEIGHT_DECAY, Dimension, Scale, SearchSpace)
 from edps_mlflow.workloads.contract import (PAPER_SPARSITIES, ErrorCount, GoalMetric, Initialiser, InputLayout, Loss,
-                                            Workload, argmax_errors, cross_entropy, cross_entropy_sum)
+                                            Workload, argmax_errors, cross_entropy, cross_entropy_sum,
+                                            fan_in_truncated_normal)
 from edps_mlflow.workloads.digits import DIGITS
 from edps_mlflow.workloads.paper import CIFAR10, FASHION_MNIST, MNIST
 from edps_mlflow.workloads.shakespeare import SHAKESPEARE
 
 __all__ = ["PAPER_SPARSITIES", "ErrorCount", "GoalMetric", "Initialiser", "InputLayout", "Loss", "Workload",
-           "argmax_errors", "cross_entropy", "cross_entropy_sum", "WORKLOADS", "get_workload", "workload_catalog"]
+           "argmax_errors", "cross_entropy", "cross_entropy_sum", "fan_in_truncated_normal", "DataSplits",
+           "split_indices", "SearchSpace", "Dimension", "Scale", "DEFAULT_SPACES", "PAPER_SPACES", "ADAM_SPACES",
+           "LEARNING_RATE", "MOMENTUM", "DECAY_STEPS", "END_LEARNING_RATE_FACTOR", "ADAM_LEARNING_RATE",
+           "WEIGHT_DECAY", "BETA2", "WORKLOADS", "get_workload", "workload_catalog", "workload_source"]
+# Names imported when first asked for: data.splits loads torch (kept off `edps --help`); the spaces are built then.
+_LAZY = {**dict.fromkeys(("DataSplits", "split_indices"), "edps_mlflow.data.splits"),
+         **dict.fromkeys(("DEFAULT_SPACES", "PAPER_SPACES", "ADAM_SPACES"), "edps_mlflow.search")}
 
 WORKLOADS: dict[str, Workload] = {item.name: item for item in (DIGITS, MNIST, FASHION_MNIST, CIFAR10, SHAKESPEARE)}
 # The entry-point group through which an installed package offers workloads (docs/workloads.md).
@@ -25,9 +34,17 @@ ENTRY_POINT_GROUP = "edps_mlflow.workloads"
 # ``package.module:NAME`` references imported in this process, comma-separated, for the processes it starts.
 MODULES_ENV = "EDPS_WORKLOAD_MODULES"
 
-# Workloads of this process that are not built in (from references and entry points), by name and by reference.
+# Workloads of this process that are not built in (from references and entry points), by name and by reference,
+# and where each came from (``edps workloads`` says it).
 _LOADED: dict[str, Workload] = {}
 _BY_REFERENCE: dict[str, Workload] = {}
+_SOURCES: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_workload(name: str) -> Workload:
@@ -50,7 +67,7 @@ def get_workload(name: str) -> Workload:
         raise EdpsError(f"workload {name!r} is offered by {len(offered)} installed entry points "
                         f"({', '.join(point.value for point in offered)}); uninstall all but one")
     if offered:
-        return _register(_load_entry_point(offered[0]), f"entry point {offered[0].value}")
+        return _register(_load_entry_point(offered[0]), _entry_point_source(offered[0]))
     known = ", ".join(sorted({*WORKLOADS, *_LOADED, *(point.name for point in _entry_points())}))
     raise EdpsError(f"unknown workload {name!r}; known workloads: {known} (a workload of your own: an entry point "
                     f"in the group {ENTRY_POINT_GROUP}, or --workload package.module:NAME; docs/workloads.md)")
@@ -74,6 +91,17 @@ def workload_catalog() -> list[tuple[str, Workload | EdpsError]]:
             except EdpsError as error:
                 found[point.name] = error
     return list(found.items())
+
+
+def workload_source(item: Workload) -> str:
+    """Where ``item`` came from, in words: "built in", "package <distribution> (<module>:<NAME>)" for an
+    installed package's entry point, or "module <module>:<NAME>" for a reference."""
+    return "built in" if WORKLOADS.get(item.name) is item else _SOURCES.get(item.name, "this process")
+
+
+def _entry_point_source(point: Any) -> str:
+    distribution = getattr(getattr(point, "dist", None), "name", None)
+    return f"package {distribution} ({point.value})" if distribution else f"entry point {point.value}"
 
 
 def _entry_points() -> list[Any]:
@@ -116,7 +144,7 @@ def _import_reference(reference: str) -> Workload:
         loaded = getattr(module, attribute)
     except AttributeError:
         raise EdpsError(f"module {module_name!r} has no {attribute!r} (for the workload {reference!r})") from None
-    item = _register(_as_workload(loaded, reference), reference)
+    item = _register(_as_workload(loaded, reference), f"module {reference}")
     _BY_REFERENCE[reference] = item
     references = _environment_references()
     if reference not in references:
@@ -147,6 +175,7 @@ def _register(item: Workload, source: str) -> Workload:
         raise EdpsError(f"two workloads are named {item.name!r} (the second from {source}): names must differ, "
                         f"they are part of every key")
     _LOADED[item.name] = item
+    _SOURCES[item.name] = source
     return item
 
 

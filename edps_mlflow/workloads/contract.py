@@ -201,6 +201,15 @@ class Workload:
 
             require_present(self.dataset, data_dir)
 
+    def load_checked(self, data_dir: str | Path | None) -> "DataSplits":
+        """``load_data``'s splits, refused in one line naming the workload where they break the contract
+        (``splits_problem``): before any training, and before a sweep plans with their fingerprint."""
+        data = self.load_data(data_dir)
+        problem = splits_problem(self, data)
+        if problem:
+            raise EdpsError(f"workload {self.name!r}: {problem}")
+        return data
+
     def data_fingerprint(self, data_dir: str | Path | None) -> str:
         """The fingerprint of the data this workload loads (data/fingerprint.py), cached for files."""
         from edps_mlflow.data.fingerprint import cached_fingerprint, splits_fingerprint
@@ -210,11 +219,11 @@ class Workload:
 
             bundled = digits_file() if self.dataset == "digits" else None
             if bundled is None:
-                return splits_fingerprint(self.load_data(data_dir))
-            return cached_fingerprint([bundled], lambda: self.load_data(data_dir), self.name)
+                return splits_fingerprint(self.load_checked(data_dir))
+            return cached_fingerprint([bundled], lambda: self.load_checked(data_dir), self.name)
         from edps_mlflow.data.catalog import dataset_files
 
-        return cached_fingerprint(dataset_files(self.dataset, data_dir), lambda: self.load_data(data_dir), self.name)
+        return cached_fingerprint(dataset_files(self.dataset, data_dir), lambda: self.load_checked(data_dir), self.name)
 
     def largest_batch_size(self) -> int:
         """The largest power of two that fits the training split."""
@@ -227,3 +236,40 @@ class Workload:
     def paper_grid(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """The paper's grid on this workload: (batch sizes, sparsities)."""
         return self.batch_size_range(), PAPER_SPARSITIES
+
+
+def splits_problem(workload: Workload, data: Any) -> str | None:
+    """What is wrong with ``data`` as ``workload``'s splits (docs/workloads.md, "What is checked"), or None. Cheap:
+    types, shapes and dtypes, never values."""
+    import torch
+
+    from edps_mlflow.data.splits import DataSplits
+
+    if not isinstance(data, DataSplits):
+        return f"load_data must return a DataSplits, got a {type(data).__name__}"
+    for part in ("train", "validation"):
+        inputs, targets = getattr(data, f"{part}_images"), getattr(data, f"{part}_labels")
+        if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            return f"the {part} inputs and targets must be torch tensors"
+        rank, dtype = _LAYOUT_INPUTS[workload.input_layout]
+        if inputs.dim() != rank or inputs.dtype != getattr(torch, dtype):
+            return (f"{part} inputs are {str(inputs.dtype).removeprefix('torch.')} of shape {list(inputs.shape)}; "
+                    f"{workload.input_layout.name} inputs are {rank}-D {dtype}")
+        if targets.dim() < 1 or len(targets) != len(inputs):
+            return f"{part} has {len(inputs)} inputs but targets of shape {list(targets.shape)}"
+        if workload.loss is cross_entropy and targets.dtype != torch.int64:
+            return (f"{part} targets are {str(targets.dtype).removeprefix('torch.')}; the default loss "
+                    f"(cross_entropy) takes int64 class indices")
+    # A catalog dataset's files are the catalog's to check (edps data list); the sizes of data a workload brings
+    # itself are its own declaration, which planning trusts (batch sizes up to the split).
+    for part, word, declared, loaded in (("train", "training", workload.train_size, data.train_size),
+                                         ("validation", "validation", workload.validation_size, data.validation_size)):
+        if not workload.needs_data_dir and declared != loaded:
+            return (f"declares {part}_size={declared:,} but load_data gave {loaded:,} {word} examples: set "
+                    f"{part}_size={loaded}")
+    return None
+
+
+# Each input layout's tensors: (dimensions, dtype); the networks' parameters are float32.
+_LAYOUT_INPUTS = {InputLayout.IMAGES: (4, "float32"), InputLayout.TOKENS: (2, "int64"),
+                  InputLayout.FEATURES: (2, "float32")}

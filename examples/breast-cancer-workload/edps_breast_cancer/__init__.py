@@ -17,13 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from edps_mlflow.data.splits import DataSplits, split_indices
-from edps_mlflow.workloads import InputLayout, Workload
+from edps_mlflow.workloads import DataSplits, InputLayout, Workload, split_indices
 
 
 def load_data(data_dir: str | Path | None) -> DataSplits:
     """569 tumours, 30 features each, standardised by the training split's statistics; benign or malignant.
-    The validation 10% by the project's seeded split (data.splits.split_indices)."""
+    The validation 10% by the project's seeded split (split_indices)."""
     from sklearn.datasets import load_breast_cancer
 
     bunch = load_breast_cancer()

@@ -1,0 +1,56 @@
+"""The analysis from Python (analysis/api.py): docs/analysis.md's notebook block run as it stands on a store made by a
+short real sweep of digits (the goal-ladder store that tests/test_analysis_goals.py builds once per session), and
+its errors one EdpsError line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import api
+from analysis.load import load_studies
+from edps_mlflow.errors import EdpsError
+
+from conftest import REPO, built_once
+from test_analysis_goals import GOALS, SIZES, _build
+
+
+def notebook_block() -> str:
+    text = (REPO / "docs" / "analysis.md").read_text()
+    section = text[text.index("## From Python"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_the_documented_notebook_block_runs_on_a_real_store(tmp_path_factory, monkeypatch):
+    folder = Path(built_once(tmp_path_factory, "goal-ladder-store", _build)["folder"])
+    monkeypatch.chdir(folder)  # the block names the store as `sqlite:///mlflow.db`, the one in this folder
+    names: dict = {}
+    exec(compile(notebook_block(), "docs/analysis.md", "exec"), names)
+    table, trials, fits = names["table"], names["trials"], names["fits"]
+    assert all(isinstance(frame, pd.DataFrame) for frame in (table, trials, fits))
+    pd.testing.assert_frame_equal(table, load_studies(("edps/digits-simple-cnn",), names["store"]))
+    assert len(table) == len(GOALS) * len(SIZES) and table["steps_to_result"].notna().any()
+    assert set(trials["study_key"]) == set(table["study_key"]) and len(trials) >= len(table)
+    assert len(fits) == 1 and fits["goal"].iloc[0] == min(GOALS) and fits["s_min"].iloc[0] > 0
+
+
+def test_errors_are_one_edps_error_line(tmp_path, sqlite_store):
+    missing = f"sqlite:///{tmp_path / 'no-such-folder' / 'mlflow.db'}"
+    for call, message in [
+        (lambda: api.studies(missing, "edps/x"), "no-such-folder"),
+        (lambda: api.studies(sqlite_store, "bad\nname"), "experiment 'bad\\\\nname' must"),
+        (lambda: api.studies(sqlite_store, ["edps/x", 3]), "experiment 3 must be a string"),
+        (lambda: api.studies(sqlite_store), "holds a study run"),
+        (lambda: api.trials(sqlite_store, "edps/none"), "no experiment matches 'edps/none'"),
+        (lambda: api.fits(sqlite_store, "edps/x", bootstrap=-1), "bootstrap must be a whole number"),
+        (lambda: api.fits(sqlite_store, "edps/x", tolerance="0.2"), "tolerance must be a number in"),
+        (lambda: api.fits(study_table=pd.DataFrame(columns=["workload"])), "holds no studies"),
+    ]:
+        with pytest.raises(EdpsError, match=message) as raised:
+            call()
+        assert "\n" not in str(raised.value), str(raised.value)
+    assert not (tmp_path / "no-such-folder").exists()  # the analysis never makes a store
