@@ -114,12 +114,12 @@ def sweep(given: SimpleNamespace) -> None:
 
 @cli.command()
 @click.option("--experiment", type=ExperimentName(), default=None,
-              help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
+              help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else every one with studies).")
 def status(experiment: str | None) -> None:
-    """The grid of an experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
-    from edps_mlflow.status import default_experiment, format_status, status_tables  # MLflow, pandas: seconds
+    """The grid of each experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
+    from edps_mlflow.status import status_text  # MLflow, pandas: seconds
 
-    click.echo(format_status(status_tables(experiment or default_experiment())))
+    click.echo(status_text(experiment))
 
 
 @cli.command()

@@ -1,4 +1,4 @@
-"""``edps status``: the grid of an experiment from the tracking store alone, one table per curve but its
+"""``edps status``: the grid of an experiment (or of each) from the tracking store alone, one table per curve but its
 sparsity. A cell is the study's steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials
 (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``. A point measured at
 several seeds (replicates) shows its value over them (analysis.replicates), e.g. ``412 (3/3 seeds, 380..450)``.
@@ -23,18 +23,16 @@ from edps_mlflow.store.read.status import StudyRow, experiments_with_studies, st
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
 
 
-def default_experiment(tracking_uri: str | None = None) -> str:
-    """The experiment to show when none is named: ``MLFLOW_EXPERIMENT_NAME``, else the store's only
-    experiment with studies."""
-    if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
-        return os.environ["MLFLOW_EXPERIMENT_NAME"]
-    names = experiments_with_studies(tracking_uri)
-    if len(names) == 1:
-        return names[0]
+def status_text(experiment: str | None, tracking_uri: str | None = None) -> str:
+    """The grids of ``experiment``, else of ``MLFLOW_EXPERIMENT_NAME``, else of every experiment with studies,
+    each titled by its name where there are several (a first ``mlflow run`` lands in Default, a sweep in its own)."""
+    named = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    names = [named] if named else sorted(experiments_with_studies(tracking_uri))
     if not names:
         raise EdpsError("the tracking store holds no study runs yet")
-    raise EdpsError(f"the tracking store holds studies in {len(names)} experiments; name one with --experiment: "
-                    + ", ".join(repr(name) for name in sorted(names)[:20]))
+    if len(names) == 1:
+        return format_status(status_tables(names[0], tracking_uri))
+    return "\n\n".join(f"experiment {name!r}\n{format_status(status_tables(name, tracking_uri))}" for name in names)
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
