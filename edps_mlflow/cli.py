@@ -201,16 +201,20 @@ def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
     from edps_mlflow.data.catalog import dataset_report  # torch: kept off --help
 
+    rows = []
     for name, item in workload_catalog():
         if isinstance(item, EdpsError):
-            click.echo(f"{name:<26} cannot be loaded: {item}")
-            continue
-        if not item.needs_data_dir:
-            click.echo(f"{item.name:<26} {item.dataset:<14} present   loaded by the workload itself (no files "
-                       f"in the data directory)")
-            continue
-        report = dataset_report(item.dataset, data_dir)
-        click.echo(f"{item.name:<26} {item.dataset:<14} {report.status.value:<9} {report.directory}: {report.detail}")
+            rows.append((name, f"cannot be loaded: {item}"))
+        elif not item.needs_data_dir:
+            rows.append((item.name, item.dataset, "present",
+                         "loaded by the workload itself (no files in the data directory)"))
+        else:
+            report = dataset_report(item.dataset, data_dir)
+            rows.append((item.name, item.dataset, report.status.value, f"{report.directory}: {report.detail}"))
+    # Columns as wide as their longest entry (a workload of one's own may have a long name); the last one free.
+    widths = [max((len(row[i]) for row in rows if len(row) > i + 1), default=0) for i in range(3)]
+    for row in rows:
+        click.echo(" ".join(f"{cell:<{width}}" for cell, width in zip(row[:-1], widths)) + " " + row[-1])
 
 
 @data.command("download")
