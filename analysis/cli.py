@@ -174,8 +174,7 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     sure = "\n".join(["How sure each answer is:", *(wrapped(line, "- ", "  ") for line in certainty_lines(fits))])
-    curve = ["sparsity", "pruning", "goal"]
-    _emit(fits, output_format, f"{sure}\n\n{terminal_tables(fit_summary(fits), ['workload', 'optimizer'], curve)}")
+    _emit(fits, output_format, f"{sure}\n\n{terminal_tables(fit_summary(fits))}")
     if log_to_mlflow:
         _publish(tracking_uri, experiments, studies, {"fit": fits}, [],
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
@@ -305,7 +304,7 @@ def goals(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
     if table.empty:
         raise EdpsError("no family of curves (workload, optimizer, sparsity, pruning method, protocol) has "
                         "two or more goals")
-    _emit(table, output_format, goal_summary(table).to_string(index=False))
+    _emit(table, output_format, terminal_tables(goal_summary(table)))
     for path in paths:
         click.echo(str(path), err=True)
 

@@ -267,12 +267,14 @@ def wrapped(text: str, first: str = "", rest: str = "", width: int = TERMINAL_WI
     return textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
 
 
-def terminal_tables(summary: pd.DataFrame, by: list[str], index: list[str], width: int = TERMINAL_WIDTH) -> str:
-    """A table for people with a note column, for a terminal: a table per value of ``by`` under it, rows named by
-    ``index``, its columns wrapped to ``width`` (the names repeated), its notes numbered below it."""
-    blocks = []
+def terminal_tables(summary: pd.DataFrame, width: int = TERMINAL_WIDTH) -> str:
+    """A fit or goal table for people, for a terminal: a table per workload and optimizer under their names, rows
+    named by the curve's columns (those before points), the columns wrapped to ``width`` (the names repeated),
+    the notes numbered below it."""
+    by, blocks = ["workload", "optimizer"], []
+    curve = [c for c in summary.columns[:list(summary.columns).index("points")] if c not in by]
     for key, group in summary.groupby(by, sort=False):
-        table, notes = numbered_notes(group.drop(columns=by).set_index([c for c in index if c in group.columns]))
+        table, notes = numbered_notes(group.drop(columns=by).set_index(curve))
         text = table.drop(columns=[] if notes else ["notes"]).to_string(line_width=width)
         lines = [" / ".join(map(str, key)), *(line.rstrip() for line in text.splitlines())]
         lines += ["notes:"] * bool(notes) + [wrapped(note, f"{i:>3}. ", "     ", width)
