@@ -7,6 +7,7 @@ several seeds (replicates) shows its value over them (analysis.replicates), e.g.
 from __future__ import annotations
 
 import os
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -127,5 +128,7 @@ def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
         ladder = " (a goal ladder: goal:steps per rung)" if grid.map(lambda c: ":" in c).any(axis=None) else ""
         seeds = " (replicates: the geometric mean of the seeds that reached, where more than half reached; " \
             "reached/seeds, min..max)" if grid.map(lambda c: "seeds" in c).any(axis=None) else ""
-        parts.append(f"{title}: steps-to-result{ladder}{seeds} (or trials finished)\n{grid.to_string()}")
+        heading = textwrap.fill(f"{title}: steps-to-result{ladder}{seeds} (or trials finished)", 100,
+                                subsequent_indent="  ", break_on_hyphens=False)  # a 100-column terminal
+        parts.append(f"{heading}\n{grid.to_string(line_width=100)}")
     return "\n\n".join(parts)
