@@ -423,7 +423,7 @@ def _publish(tracking_uri, experiments, studies, tables, files, settings=None) -
         argv = (click.get_current_context().find_root().obj or {}).get("argv")  # for the run's Source
         run_id, experiment_id = log_analysis(tracking_uri, experiment, studies, tables, files, settings, argv)
     click.echo(f"analysis logged to MLflow run {run_id} in experiment {experiment!r}", err=True)
-    click.echo(ui_link(resolve_tracking_uri(tracking_uri), experiment_id, run_id), err=True)
+    click.echo(ui_link(resolve_tracking_uri(tracking_uri), experiment_id, run_id, charts=True), err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

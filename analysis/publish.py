@@ -5,7 +5,6 @@ it used as tags, the tables, figures and report as artifacts, and the context ta
 
 from __future__ import annotations
 
-import re
 import shlex
 import tempfile
 from contextlib import suppress
@@ -18,14 +17,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.csv_io import csv_text
-from analysis.regimes import PROTOCOL_KEYS
+from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table
 from analysis.report import fit_summary, markdown_table
 from edps_mlflow import names as n
+from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import provenance_tags
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.process_settings import launcher_run_id
-from edps_mlflow.store.client import log_batch, resolve_tracking_uri
+from edps_mlflow.store.client import log_batch, log_points, resolve_tracking_uri
 from edps_mlflow.store.trouble import store_error_text
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
@@ -40,18 +40,12 @@ INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0, "replicates a
 
 
 def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
-    """``fit/<optimizer>/sp<sparsity>/<quantity>`` (prefixed by the workload when several are analysed; a
-    pruning method other than SNIP's after the sparsity: ``fit/sgd/sp0.9/random/b_crit``)."""
-    several = fits["workload"].nunique() > 1 if len(fits) else False
-    # Curves that differ only in their protocol (goal, trials, ...) get it in their names too.
-    varying = [c for c in PROTOCOL_KEYS if c in fits.columns and fits[c].nunique(dropna=True) > 1]
+    """``fit/<curve>/<quantity>``, the curve as CurveId.chart_name names it: ``fit/sgd/sp0.9/b_crit``, the workload
+    first when several are analysed, a pruning method other than SNIP's after the sparsity, the protocol values
+    (goal, trials, ...) where curves differ only in them."""
+    names = _curve_names(fits)
     metrics: dict[str, float] = {}
-    for _, row in fits.iterrows():
-        method = row.get("pruning", DEFAULT_METHOD)
-        curve = (f"{row['optimizer']}/sp{row['sparsity']:g}" + (f"/{method}" if method != DEFAULT_METHOD else "")
-                 + "".join(f"/{c}{row[c]:g}" for c in varying))
-        if several:
-            curve = f"{row['workload']}/{curve}"
+    for index, row in fits.iterrows():
         values = {column: row.get(column) for column in _FIT_METRICS}
         if "interval_basis" in row.index:  # interval metrics only where the fit table has them: the basis beside
             values["interval_basis"] = INTERVAL_BASIS_CODES.get(str(row["interval_basis"]), 0.0)
@@ -59,8 +53,36 @@ def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
                 values["interval_replicates"] = None  # no interval rests on them
         for column, value in values.items():
             if value is not None and pd.notna(value):
-                metrics[re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{n.METRIC_FIT_PREFIX}{curve}/{column}")] = float(value)
+                metrics[n.curve_metric(names[index], column, n.METRIC_FIT_PREFIX)] = float(value)
     return metrics
+
+
+def _curve_names(table: pd.DataFrame) -> dict[Any, str]:
+    """Each row's curve in metric names (CurveId.chart_name), by the table's index."""
+    several = table["workload"].nunique() > 1 if len(table) else False
+    varying = [c for c in PROTOCOL_KEYS if c in table.columns and table[c].nunique(dropna=True) > 1]
+    return {index: CurveId(row["workload"], row["optimizer"], row["sparsity"], row.get("pruning", DEFAULT_METHOD))
+            .chart_name({c: row[c] for c in varying}, several) for index, row in table.iterrows()}
+
+
+def chart_metrics(studies: pd.DataFrame, fits: pd.DataFrame | None) -> list[tuple[str, float, int]]:
+    """(metric, value, batch size): each curve's measured steps-to-result (its point value) and, where its fit
+    describes it, the fitted S(B) = S_min (1 + B_crit / B) at the same batch sizes, so that the run's charts draw
+    both against the batch size. A point without a value (not reached) has none."""
+    points = point_table(studies, repeats=0)
+    names = _curve_names(points)
+    keys = [c for c in (*CURVE_KEYS, *PROTOCOL_KEYS) if fits is not None and c in fits.columns and c in points]
+    fitted = {tuple(str(row[c]) for c in keys): row for _, row in (fits if keys else pd.DataFrame()).iterrows()}
+    found = []
+    for index, point in points.iterrows():
+        size = int(point["batch_size"])
+        if pd.notna(point["steps_to_result"]):
+            found.append((n.curve_metric(names[index], n.CURVE_STEPS), float(point["steps_to_result"]), size))
+        fit = fitted.get(tuple(str(point[c]) for c in keys))
+        if fit is not None and not is_degenerate(fit) and pd.notna(fit.get("s_min")) and pd.notna(fit.get("b_crit")):
+            found.append((n.curve_metric(names[index], n.CURVE_STEPS_FIT),
+                          float(fit["s_min"] * (1 + fit["b_crit"] / size)), size))
+    return found
 
 
 def run_name(studies: pd.DataFrame) -> str:
@@ -104,6 +126,7 @@ def _log_analysis(tracking_uri: str, experiment: str, studies: pd.DataFrame, tab
     run_id = launcher_run_id() or client.create_run(experiment_id, tags=tags).info.run_id
     log_batch(client, run_id, params={k: str(v)[:500] for k, v in settings.items()}, tags=tags,
               metrics=curve_metrics(tables["fit"]) if "fit" in tables else {})
+    log_points(client, run_id, chart_metrics(studies, tables.get("fit")))
     with tempfile.TemporaryDirectory() as scratch:
         for name, table in tables.items():
             (Path(scratch) / f"{name}.csv").write_text(csv_text(table), encoding="utf-8", newline="")

@@ -439,14 +439,14 @@ class Replicator:
         params = {k: v for k, v in source.params.items() if not k.startswith(n.PARAM_SWEEP_PREFIX)}
         params.update({n.PARAM_SWEEP_PREFIX + k: _display(v) for k, v in
                        {**spec.params(), "full_trials": False}.items()})
-        metrics = {n.METRIC_PLAN_PREFIX + "studies": len(studies), n.METRIC_PLAN_PREFIX + "todo": len(studies),
-                   n.METRIC_PLAN_PREFIX + "done": 0, n.METRIC_PLAN_PREFIX + "partial": 0,
-                   n.METRIC_STUDIES_DONE: len(studies),
+        metrics = {n.METRIC_STUDIES_DONE: len(studies),
                    n.METRIC_STUDIES_WITH_RESULT: sum(1 for s in studies if s["steps"] is not None)}
         # Its owner's end, as a sweep records it under its owner token (the template's token, this copy's time).
         token = source.tags.get(n.TAG_LEASE_OWNER, "")
         self._run(source, sweep_run_id, start, f"sweep {spec.workload} {len(studies)} studies",
-                  {n.TAG_SWEEP_KEY: spec.sweep_key, n.TAG_END_PREFIX + token: f"FINISHED {self.clock}"}, params,
+                  {n.TAG_SWEEP_KEY: spec.sweep_key, n.TAG_END_PREFIX + token: f"FINISHED {self.clock}",
+                   **{n.TAG_PLAN_PREFIX + k: str(v) for k, v in
+                      {"studies": len(studies), "done": 0, "partial": 0, "todo": len(studies)}.items()}}, params,
                   metrics, end=self.clock)
         self.clock += 1000
 

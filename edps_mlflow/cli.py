@@ -27,7 +27,7 @@ from edps_mlflow.process_settings import (configure_process, end_with, launcher_
                                           store_errors_in_one_line)
 from edps_mlflow.resources import training_environment_missing
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
-from edps_mlflow.uris import require_encoded_userinfo, userinfo_fault
+from edps_mlflow.uris import check_environment_store, userinfo_fault
 from edps_mlflow.workloads import GoalMetric, get_workload, workload_catalog
 
 _REEXEC_MARK = "EDPS_TRAINING_ENVIRONMENT"
@@ -53,7 +53,7 @@ def study(given: SimpleNamespace) -> None:
                         if launcher_run_id() else "--replicates is not an option of a sweep's study")
     spec = StudySpec.build(**spec_arguments(given))
     replicate_seeds(spec.seed, given.replicates)
-    require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))  # before the data are loaded
+    check_environment_store()  # before the data are loaded
     # Only a valid study loads torch and MLflow (seconds): a bad value is refused before.
     from edps_mlflow.replicates import run_replicates
     from edps_mlflow.study import ExecutionOptions, run_study
@@ -62,7 +62,7 @@ def study(given: SimpleNamespace) -> None:
         full_trials=given.full_trials, device=given.device or None, workers=given.workers, pack_size=given.pack_size,
         early_abort_evaluation=not given.full_evaluation, experiment=given.experiment,
         data_dir=given.data_dir or None, log_interval=given.log_interval or 10.0, curve_interval=given.curve_interval,
-        system_metrics=given.system_metrics,
+        system_metrics=given.system_metrics, accept_unverified_data=given.accept_unverified_data,
         # A sweep's study waits for a live run of its key elsewhere, as it does in the other executors.
         wait=given.wait or bool(sweep_run), parent_run_id=sweep_run or None, sweep_key=sweep_key or None)
     if given.replicates == 1:
@@ -88,11 +88,11 @@ def sweep(given: SimpleNamespace) -> None:
                             "--sparsities")
         arguments["batch_sizes"], arguments["sparsities"] = get_workload(given.workload).paper_grid()
     spec = SweepSpec.build(**arguments, replicates=given.replicates)
-    require_encoded_userinfo(os.environ.get("MLFLOW_TRACKING_URI", ""))
+    check_environment_store()
     options = SweepOptions(
         experiment=given.experiment, executor=given.executor, workers=given.workers, ray_address=given.ray_address,
         device=given.device or None, data_dir=given.data_dir or None, full_trials=given.full_trials,
-        log_interval=given.log_interval or 30.0, wait=given.wait,
+        log_interval=given.log_interval or 30.0, wait=given.wait, accept_unverified_data=given.accept_unverified_data,
         project=ProjectLaunch(given.backend, given.env_manager, given.backend_config))
     # Only valid values load torch and MLflow (seconds): a bad one is refused before.
     if given.adaptive:
@@ -117,6 +117,7 @@ def sweep(given: SimpleNamespace) -> None:
               help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else every one with studies).")
 def status(experiment: str | None) -> None:
     """The grid of each experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
+    check_environment_store()
     from edps_mlflow.status import status_text  # MLflow, pandas: seconds
 
     click.echo(status_text(experiment))
@@ -131,6 +132,7 @@ def status(experiment: str | None) -> None:
                    "never writes such runs (one scan of the store's tags per search).")
 def doctor(experiment: str | None, repair: bool, full: bool) -> None:
     """Check the store's invariants (leases, kinds and keys, no duplicates); exit 1 on any problem."""
+    check_environment_store()
     from edps_mlflow.doctor import run_doctor  # MLflow: seconds, kept off --help
 
     left = run_doctor(experiment, repair, sys.stdout, full=full)

@@ -75,6 +75,15 @@ class CurveId:
                         else f"{name}={value}" for name, value in parts.items())
 
 
+    def chart_name(self, protocol: Mapping[str, float] | None = None, workload: bool = False) -> str:
+        """The curve in a metric's name (names.curve_metric), alike on sweep and analysis runs: ``sgd/sp0.5``, a
+        method other than SNIP's after the sparsity (``sgd/sp0.9/random``), then the protocol values that tell the
+        run's curves apart (``/goal0.05``); the workload first with ``workload``."""
+        name = f"{self.optimizer}/sp{self.sparsity:g}" + (f"/{self.pruning}" if self.pruning != DEFAULT_METHOD else "")
+        name += "".join(f"/{key}{value:g}" for key, value in (protocol or {}).items())
+        return f"{self.workload}/{name}" if workload else name
+
+
 CURVE_AXES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CurveId))
 _AXIS_TYPES = {f.name: f.type for f in dataclasses.fields(CurveId)}
 # The tag each axis is written under on study and trial runs (tracking writes them; names.py has the names).

@@ -130,6 +130,9 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
          "(same result).", parameter=True, sweep=True),
     _run("data_dir", "text", None, "Dataset directory (else $EDPS_DATA_DIR, else the user cache).", parameter=True,
          sweep=True),
+    _run("accept_unverified_data", "bool", "false", "true: train on data files that are not the published ones "
+         "(their checksums differ, or none is published), each run saying so (default: refused).", parameter=True,
+         sweep=True),
     _run("experiment", "experiment", None, "MLflow experiment (else $MLFLOW_EXPERIMENT_NAME, else "
          "edps/<workload>).", sweep=True),
     _run("log_interval", "seconds", None, "Seconds between progress lines when not on a terminal (default: 10 "

@@ -204,12 +204,14 @@ class ProjectLaunch:
 
 
 def study_parameters(spec: StudySpec, sweep_run_id: str, sweep_key: str, data_dir: str | None,
-                     full_trials: bool, device: str | None, workers: int | None) -> dict[str, str]:
+                     full_trials: bool, device: str | None, workers: int | None,
+                     accept_unverified_data: bool = False) -> dict[str, str]:
     """The ``main`` entry point's parameters for one study of a sweep: every field of fields.STUDY_FIELDS that
     has one, spelled as the command line reads it, so that every value of the study key reads back exactly
     (the study checks: its key must be the one the sweep submitted)."""
     values = {**{f.name: getattr(spec, f.name) for f in KEY_FIELDS}, "sweep_run": sweep_run_id,
               "sweep_key": sweep_key, "full_trials": full_trials, "device": device, "workers": workers,
+              "accept_unverified_data": accept_unverified_data,
               # The entry point runs in the project directory: a relative path of ours would point elsewhere there.
               "data_dir": str(Path(data_dir).expanduser().absolute()) if data_dir else None}
     return {f.parameter: _typed(values[f.name], f.default) for f in STUDY_FIELDS if f.parameter}

@@ -1,7 +1,9 @@
 """Every name the project writes to or reads from MLflow: tags, params, metrics, artifacts. No MLflow name is
-spelled as a string literal anywhere else. This module imports nothing, so the training side, the status
+spelled as a string literal anywhere else. This module imports nothing of the project, so the training side, the status
 command and the analysis all share it; docs/tracking.md shows where each name lands in the store.
 """
+
+import re
 
 # ---- MLflow's own tags ---------------------------------------------------------------------
 MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"
@@ -46,6 +48,8 @@ TAG_END_PREFIX = "edps.end."
 # On a study run that MLflow Projects made for a sweep: the sweep run that submitted it.
 TAG_SUBMITTED_BY = "edps.submitted_by"
 TAG_RUN_SETTING_PREFIX = "edps.run."  # + an execution setting (device, workers, ...)
+# Data files that are not the published ones, trained on with --accept-unverified-data (study and trial runs).
+TAG_UNVERIFIED_DATA = TAG_RUN_SETTING_PREFIX + "unverified_data"
 # A study's key without its probes (which never change a result): the analysis counts such studies once.
 TAG_RESULT_KEY = "edps.result_key"
 TAG_PROBED_TRIALS = "edps.probed_trials"  # all | best: which trials of the study carried its probes
@@ -148,7 +152,6 @@ METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND = "study/trial_steps_lower_bound"
 METRIC_STUDY_TRIAL_STEPS_RATIO = "study/trial_steps_ratio"
 METRIC_BEST_PREFIX = "best/"  # + a metaparameter of the best trial
 METRIC_HP_PREFIX = "hp/"  # + a metaparameter of a trial
-METRIC_PLAN_PREFIX = "plan/"  # + a plan count of a sweep
 METRIC_STUDIES_DONE = "studies/done"
 METRIC_STUDIES_WITH_RESULT = "studies/with_result"
 METRIC_SWEEP_SECONDS = "sweep/seconds"
@@ -160,6 +163,20 @@ METRIC_PROBE_NOISE_SCALE = "probe/noise_scale"
 METRIC_PROBE_GRAD_NORM_SQ = "probe/grad_norm_sq"
 METRIC_PROBE_TRACE_SIGMA = "probe/trace_sigma"
 METRIC_FIT_PREFIX = "fit/"  # + <optimizer>/sp<sparsity>/<quantity>, on an analysis run
+
+# ---- curves in MLflow's charts: a sweep run's and an analysis run's ---------------------------
+# One metric per curve, its step the batch size: a run's Model metrics tab draws steps against batch size.
+METRIC_CURVE_PREFIX = "curve/"  # + curves.CurveId.chart_name() + "/" + one of the two below
+CURVE_STEPS = "steps_to_result"  # measured: a point's value (analysis.replicates) once every replicate is in
+CURVE_STEPS_FIT = "steps_fit"  # an analysis run's fitted S(B) at the same batch sizes
+# A sweep's plan counts (studies, done, partial, todo) when it started: tags, not charts of constants.
+TAG_PLAN_PREFIX = "edps.plan."
+
+
+def curve_metric(curve: str, quantity: str, prefix: str = METRIC_CURVE_PREFIX) -> str:
+    """``curve/sgd/sp0.5/steps_to_result`` (``prefix`` fit/: the analysis' fit quantities), in MLflow's alphabet."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{prefix}{curve}/{quantity}")
+
 
 # ---- artifacts ------------------------------------------------------------------------------
 ARTIFACT_STUDY_JSON = "study.json"

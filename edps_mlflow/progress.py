@@ -148,8 +148,9 @@ class SweepProgress(_Line):
     (sqrt(2) times its furthest step once its trials passed that guess): rough, refined as studies finish."""
 
     def __init__(self, total: int, done: int, trials_to_train: int, out: TextIO, interval: float = 30.0,
-                 studies: Sequence[SweepStudy] = ()) -> None:
+                 studies: Sequence[SweepStudy] = (), on_study: Callable[[StudyReport], None] | None = None) -> None:
         super().__init__(out, 0.5, interval)
+        self.on_study = on_study  # told of every finished study (the sweep charts its curves)
         self.total, self.done, self.trials_to_train = total, done, trials_to_train
         self.running = 0
         self.failed = 0  # studies that ended without a result (the mlflow-project executor goes on after one)
@@ -189,6 +190,8 @@ class SweepProgress(_Line):
         study = self.studies.get(label)
         if study is not None and report.steps_to_result is not None:
             self.results.setdefault(study.curve, {})[study.batch_size] = report.steps_to_result
+        if self.on_study is not None:
+            self.on_study(report)
         result = report.steps_to_result if report.steps_to_result is not None else "no result"
         self.render(force=True, event=f"{label}: steps_to_result {result}"
                     + (" (already done)" if report.skipped else ""))

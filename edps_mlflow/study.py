@@ -18,6 +18,7 @@ import numpy as np
 from edps_mlflow import names as n
 from edps_mlflow import resources
 from edps_mlflow.config import Schedule, StudySpec, TrialSpec
+from edps_mlflow.data.catalog import require_verified
 from edps_mlflow.data.fingerprint import splits_fingerprint
 from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.descriptions import EXPERIMENT_DESCRIPTION, pruned_by
@@ -65,6 +66,7 @@ class ExecutionOptions:
     curve_interval: int | None = None  # steps between full validation passes (None: see curve_interval_for)
     system_metrics: bool = False  # CPU/memory/GPU of the machine on the study run (MLflow's monitor)
     schedule: Schedule = Schedule.BREADTH_FIRST
+    accept_unverified_data: bool = False  # data files not the published ones: train, and say so on every run
 
     def __post_init__(self) -> None:
         for name, value in (("workers", self.workers), ("pack size", self.pack_size), ("threads", self.threads),
@@ -145,7 +147,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
 
 
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,
-               device: str, train_size: int, curve_interval: int) -> StudyPlan:
+               device: str, train_size: int, curve_interval: int, unverified_data: str | None = None) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
     space = workload.search_space(spec.optimizer)
     # A study that probes only its best trial trains (and shares) the plain study's trials.
@@ -164,6 +166,8 @@ def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, optio
                     "early_abort_evaluation": options.early_abort_evaluation, "trial_order": trial_order,
                     "schedule": schedule.value, "held_bytes_per_trial": held, "allow_tf32": spec.allow_tf32,
                     "curve_interval": curve_interval}
+    if unverified_data:  # a tag of the study run, as each setting (names.TAG_UNVERIFIED_DATA)
+        run_settings["unverified_data"] = unverified_data
     return StudyPlan(trials, reused, to_train, layout, schedule, run_settings,
                      resources.describe_device(device, layout.threads), warning, model_size(workload))
 
@@ -195,7 +199,9 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     steps_to_result)`` hears of every trial that ends, ``on_steps(trial_steps, furthest_step)`` of the steps."""
     out = out or sys.stdout
     started = time.perf_counter()
-    spec, workload, device, data = _checked_inputs(spec, options)
+    spec, workload, device, data, unverified = _checked_inputs(spec, options)
+    if unverified:
+        print(f"warning: unverified data, recorded on every run: {unverified}", file=out, flush=True)
     # A trial that probes trains its whole run, as the original measures (docs/protocol.md).
     options = replace(options, full_trials=spec.full_trials(options.full_trials))
     settings = engine_settings(spec.training_spec, workload, data.validation_size, options)
@@ -207,7 +213,8 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
         tracker.owned.start_heartbeat()
         if options.system_metrics:
             tracker.start_system_metrics()
-        plan = plan_study(spec, workload, tracker, options, device, data.train_size, settings.curve_interval)
+        plan = plan_study(spec, workload, tracker, options, device, data.train_size, settings.curve_interval,
+                          unverified)
         tracker.adopt(plan.reused.values())
         tracker.log_study_start(spec, plan.run_settings, reused=len(plan.reused))
         tracker.log_datasets(workload.dataset, {
@@ -226,11 +233,15 @@ def run_study(spec: StudySpec, options: ExecutionOptions, out: TextIO | None = N
     return outcome
 
 
-def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySpec, Workload, str, DataSplits]:
-    """The workload, the device and the data, each refused in one line when unusable; the spec fingerprinted."""
+def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySpec, Workload, str, DataSplits,
+                                                                        str | None]:
+    """The workload, the device and the data, each refused in one line when unusable; the spec fingerprinted; the
+    data files that are not the published ones, when accepted (catalog.require_verified)."""
     workload = get_workload(spec.workload)
     workload.search_space(spec.optimizer)
     device = str(resources.resolve_device(options.device))
+    unverified = require_verified(workload.dataset, options.data_dir, options.accept_unverified_data) \
+        if workload.needs_data_dir else None
     data = workload.load_data(options.data_dir)
     fingerprint = splits_fingerprint(data)
     if spec.data_fingerprint is None:
@@ -241,7 +252,7 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
     if spec.batch_size > data.train_size:
         raise EdpsError(f"batch size {spec.batch_size} exceeds the {data.train_size} training examples of "
                         f"{workload.name}")
-    return spec, workload, device, data
+    return spec, workload, device, data, unverified
 
 
 def _claim(spec: StudySpec, options: ExecutionOptions, out: TextIO, started: float) -> StudyTracker | StudyOutcome:
@@ -285,13 +296,17 @@ class _Recorder:
     """Receives engine events in this process and forwards them to MLflow and the progress line."""
 
     def __init__(self, tracker: StudyTracker, trials: dict[int, TrialSpec], progress: StudyProgress,
-                 device: str) -> None:
+                 device: str, unverified_data: str | None = None) -> None:
         self.tracker, self.trials, self.progress, self.device = tracker, trials, progress, device
+        self.unverified_data = unverified_data
         self.records: dict[int, TrialRecord] = {}
         self.pruning: dict[int, PruningRecord] = {}  # how each trial trained here was pruned
 
     def trial_started(self, trial_index: int, mask: Mask | None, pruning: PruningRecord | None = None) -> None:
         self.tracker.start_trial(self.trials[trial_index], mask, pruning)
+        if self.unverified_data:
+            self.tracker.client.set_tag(self.tracker.trial_runs[trial_index], n.TAG_UNVERIFIED_DATA,
+                                        self.unverified_data)
         if pruning is not None:
             self.pruning[trial_index] = pruning
         self.progress.trial_started(trial_index)
@@ -325,7 +340,8 @@ def _train(spec: StudySpec, plan: StudyPlan, data: DataSplits, settings: EngineS
     trial trained here was pruned."""
     progress = StudyProgress(len(plan.to_train), stream=out, log_interval=options.log_interval, on_trial=on_trial,
                              on_steps=on_steps)
-    recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description)
+    recorder = _Recorder(tracker, {t.index: t for t in plan.trials}, progress, plan.device_description,
+                         plan.run_settings.get("unverified_data"))
     job = TrainingJob(spec=spec.training_spec, points=tuple(t.metaparameters for t in plan.trials), settings=settings,
                       data_dir=options.data_dir, device=device, threads=plan.layout.threads,
                       exact_early_stopping=not options.full_trials, schedule=plan.schedule,

@@ -30,14 +30,16 @@ from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.progress import SweepProgress, SweepStudy
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.resources import cuda_devices
-from edps_mlflow.results import RunState
+from edps_mlflow.results import RunState, StudyReport
 from edps_mlflow.store.client import open_store, ui_link
 from edps_mlflow.store.experiment import experiment_name_for, resolve_experiment
 from edps_mlflow.store.ownership.claim import ClaimRules, OnLive, claim_launched, clear_expired, launcher_run
 from edps_mlflow.store.ownership.lease import abort_guard, lease_seconds
-from edps_mlflow.store.read.runs import LeasedRun, planned_trial_counts, study_runs, study_views, sweep_runs
+from edps_mlflow.store.read.runs import (LeasedRun, latest_finished_study, planned_trial_counts, stored_studies,
+                                         study_runs, study_views, sweep_runs)
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.sweep import SweepTracker, create_sweep_run
+from edps_mlflow.sweep_charts import SweepCurves, goal_steps
 
 # The grid and the options, torch-free to import (the CLI validates with them first); re-exported here.
 from edps_mlflow.sweep_spec import SweepOptions, SweepSpec
@@ -59,6 +61,7 @@ class PlannedStudy:
     state: PlanState
     finished_trials: int
     steps_to_result: int | None
+    rungs: dict[float, int | None] | None = None  # a done goal ladder's steps-to-result per rung
 
 
 def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[StudySpec],
@@ -79,7 +82,8 @@ def plan_studies(client: Any, experiment_id: str, workload: str, studies: list[S
         # A study whose every trial probes trains whole runs whatever the sweep's mode (StudySpec.full_trials).
         done = finished.get((key, study.full_trials(full_trials)))
         if done is not None:
-            plan.append(PlannedStudy(study, PlanState.DONE, study.trials, done.steps_to_result))
+            plan.append(PlannedStudy(study, PlanState.DONE, study.trials, done.steps_to_result,
+                                     {r.goal: r.steps_to_result for r in done.rungs}))
         elif trial_counts.get(key):
             plan.append(PlannedStudy(study, PlanState.PARTIAL, trial_counts[key], None))
         else:
@@ -92,6 +96,10 @@ def prepare(spec: SweepSpec, options: SweepOptions) -> SweepSpec:
     its data's fingerprint, which its keys need (cached per file set: no reload next time)."""
     workload = get_workload(spec.workload)
     workload.require_data(options.data_dir)
+    if workload.needs_data_dir:
+        from edps_mlflow.data.catalog import require_verified
+
+        require_verified(workload.dataset, options.data_dir, options.accept_unverified_data)
     if options.device is not None:  # no device asked for: nothing to refuse, and torch stays unloaded
         cuda_devices(options.device, indexed=False)
     if spec.protocol.data_fingerprint is None:
@@ -110,11 +118,14 @@ def run_sweep(spec: SweepSpec, options: SweepOptions, out: TextIO | None = None)
         return sweep
     with abort_guard(sweep.tracker.owned):
         plan = _plan(spec, options, sweep, out)
+        curves = SweepCurves(spec.studies())
+        chart_plan(sweep, curves, plan)
         pending = [p.spec for p in plan if p.state is not PlanState.DONE]
-        progress = sweep_progress(plan, out, options.log_interval)
+        progress = sweep_progress(plan, out, options.log_interval,
+                                  lambda report: chart_study(sweep, curves, options.full_trials, report))
         if pending:
             dispatch(pending, options, sweep, progress, out)
-        return _finish(spec, options, sweep, progress, out)
+        return _finish(spec, options, sweep, progress, out, curves)
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ def _complete(spec: SweepSpec, options: SweepOptions, done: FinishedSweep,
         return None
     print(f"sweep {spec.sweep_key[:12]} ({spec.workload}) already complete: {len(plan)} studies done in sweep run "
           f"{runs[-1].run_id}; nothing to train", file=out)
-    print(ui_link(str(client.tracking_uri), done.experiment_id, runs[-1].run_id), file=out, flush=True)
+    print(ui_link(str(client.tracking_uri), done.experiment_id, runs[-1].run_id, charts=True), file=out, flush=True)
     return {p.spec.study_key: p.steps_to_result for p in plan}
 
 
@@ -263,15 +274,40 @@ def _point_cell(steps: list[int | None]) -> str | int:
     return f"{'-' if np.isnan(value) else f'{value:.0f}'} ({reached}/{len(steps)})"
 
 
-def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float) -> SweepProgress:
-    """The progress line of the plan's studies still to train, with the results of those already done."""
+def sweep_progress(plan: list[PlannedStudy], out: TextIO, interval: float,
+                   on_study: Callable[[StudyReport], None] | None = None) -> SweepProgress:
+    """The progress line of the plan's studies still to train, with the results of those already done;
+    ``on_study``: told of each study that finishes."""
     pending = [p for p in plan if p.state is not PlanState.DONE]
     studies = [SweepStudy(study_label(p.spec), f"{p.spec.workload} {CurveId.of(p.spec).label()}",
                           p.spec.batch_size, 0 if p.state is PlanState.DONE else p.spec.trials - p.finished_trials,
                           p.spec.max_steps, p.steps_to_result) for p in plan]
     # Finished trials of partly done studies are reused, not trained.
     trials = sum(max(0, p.spec.trials - p.finished_trials) for p in pending)
-    return SweepProgress(len(plan), len(plan) - len(pending), trials, out, interval, studies)
+    return SweepProgress(len(plan), len(plan) - len(pending), trials, out, interval, studies, on_study)
+
+
+def chart_plan(sweep: SweepRun, curves: SweepCurves, plan: list[PlannedStudy]) -> None:
+    """Chart on the sweep run the points that the plan's done studies complete (sweep_charts)."""
+    sweep.tracker.log_curve_points([value for p in plan if p.state is PlanState.DONE for value in curves.finished(
+        p.spec.study_key, goal_steps(p.spec, p.steps_to_result, p.rungs))])
+
+
+def chart_study(sweep: SweepRun, curves: SweepCurves, full_trials: bool, report: StudyReport) -> None:
+    """Chart the point that a study just finished completes; a ladder's rungs are read from its study run."""
+    spec = curves.specs.get(report.study_key)
+    if spec is None:
+        return
+    rungs = None
+    if spec.goals:
+        with store_errors(sweep.client):
+            done = latest_finished_study(sweep.client, sweep.experiment_id, spec.study_key,
+                                         spec.full_trials(full_trials))
+            if done is None:  # answered by another run: the final plan charts it
+                return
+            stored = stored_studies([sweep.client.get_run(done.run_id)], lease_seconds())
+        rungs = {r.goal: r.steps_to_result for study in stored for r in study.rungs}
+    sweep.tracker.log_curve_points(curves.finished(spec.study_key, goal_steps(spec, report.steps_to_result, rungs)))
 
 
 def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
@@ -289,7 +325,7 @@ def dispatch(pending: list[StudySpec], options: SweepOptions, sweep: SweepRun, p
 
 
 def _finish(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, progress: SweepProgress,
-            out: TextIO) -> dict[str, int | None]:
+            out: TextIO, curves: SweepCurves) -> dict[str, int | None]:
     """Check the grid in the store, close the sweep run and return its results."""
     progress.close()
     final = plan_studies(sweep.client, sweep.experiment_id, spec.workload, spec.studies(), options.full_trials)
@@ -297,9 +333,10 @@ def _finish(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, progress: S
     if missing:
         raise RuntimeError(f"{len(missing)} studies did not finish")
     results = {p.spec.study_key: p.steps_to_result for p in final}
+    chart_plan(sweep, curves, final)  # studies that another process finished meanwhile
     sweep.tracker.finish(len(final), sum(1 for v in results.values() if v is not None),
                          time.monotonic() - progress.started, sweep_description(spec, final))
     print(f"sweep {spec.sweep_key[:12]} complete: {len(final)} studies; `edps status --experiment "
           f"{sweep.experiment_name}` shows the grid", file=out)
-    print(ui_link(sweep.tracking_uri, sweep.experiment_id), file=out, flush=True)
+    print(ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.run_id, charts=True), file=out, flush=True)
     return results

@@ -113,6 +113,7 @@ class SweepOptions:
     full_trials: bool = False
     log_interval: float = 30.0  # seconds between progress lines in a log (a terminal updates in place)
     wait: bool = False  # a live run of this sweep elsewhere: wait for it instead of stopping
+    accept_unverified_data: bool = False  # data files that are not the published ones (catalog.require_verified)
     project: ProjectLaunch = field(default_factory=ProjectLaunch)  # where --executor mlflow-project submits
 
     def __post_init__(self) -> None:

@@ -1,6 +1,7 @@
 """URIs as the user sees them: credentials replaced by ``***``; user information that is not validly
-percent-encoded refused before any connection; local sqlite stores that do not exist. Standard library only, so
-that downloads, tracking and the analysis all print URIs through the same function.
+percent-encoded refused before any connection; local sqlite stores that do not exist; bare paths and missing folders
+(store_uri). Standard library only, so that downloads, tracking and the analysis all print URIs through the same
+function.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlparse
 
 from edps_mlflow.errors import EdpsError
 
@@ -127,3 +128,54 @@ def require_existing_store(uri: str) -> None:
     if path is not None and not path.is_file():
         raise EdpsError(f"no tracking store at {redact_uri(uri)}: {path} does not exist "
                         "(set MLFLOW_TRACKING_URI or --tracking-uri to the store the studies were written to)")
+
+
+# MLflow's tracking URIs without a scheme that are no path.
+_NO_PATH = ("databricks",)
+
+
+def store_uri(uri: str) -> str:
+    """``uri`` as the store to open: a bare path ending ``.db`` is the sqlite store at that path (made absolute, so
+    that worker processes and `mlflow run` in another directory find the same file); another bare path is refused
+    with the URI to type (MLflow would take it for its retired file store), as is a ``file:`` store unless
+    ``MLFLOW_ALLOW_FILE_STORE`` keeps it; a local store whose folder does not exist is refused
+    (:func:`require_store_folder`). Other URIs pass unchanged."""
+    if uri and not re.match(r"^[A-Za-z][A-Za-z0-9+.\-]+:", uri) and uri not in _NO_PATH:
+        path = Path(uri).expanduser().absolute()
+        if path.suffix != ".db":
+            target = path / "mlflow.db" if path.is_dir() else path if path.is_file() else f"{path}.db"
+            raise EdpsError(f"the tracking store {uri} is a path, not a URI: for a sqlite store there, type "
+                            f"sqlite:///{target}")
+        uri = f"sqlite:///{path}"
+    require_store_folder(uri)
+    if uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise EdpsError(f"the tracking store {redact_uri(uri)} is MLflow's retired file store: use a sqlite store "
+                        f"(sqlite:///{_local_path(uri).parent / 'mlflow.db'}), or set "
+                        "MLFLOW_ALLOW_FILE_STORE=true to keep this one")
+    return uri
+
+
+def require_store_folder(uri: str) -> None:
+    """Refuse a local store whose folder does not exist, naming the nearest folder that does: a typo in a folder
+    name must not make a new store that nobody will look at. A new store in an existing folder is fine."""
+    path = _local_path(uri)
+    folder = path.expanduser().absolute().parent if path is not None else None
+    if folder is None or folder.is_dir():
+        return
+    nearest = next(p for p in folder.parents if p.is_dir())
+    raise EdpsError(f"no folder {folder} for the tracking store {redact_uri(uri)}: the nearest existing folder is "
+                    f"{nearest}")
+
+
+def _local_path(uri: str) -> Path | None:
+    """The database file of a sqlite store, the folder of a file store; None for other stores."""
+    return Path(unquote(urlparse(uri).path)) if uri.startswith("file:") else sqlite_path(uri)
+
+
+def check_environment_store() -> None:
+    """``MLFLOW_TRACKING_URI`` checked before any work (the user information, :func:`store_uri`); a bare ``.db``
+    path is replaced there by the sqlite URI it means, so that MLflow and every worker process open that store."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    require_encoded_userinfo(uri)
+    if uri:
+        os.environ["MLFLOW_TRACKING_URI"] = store_uri(uri)

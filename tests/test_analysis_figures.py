@@ -201,6 +201,15 @@ def test_studies_in_the_default_experiment_are_found_and_analysis_runs_carry_con
         ("+g" + commit.strip()[:12], "+g" + commit.strip()[:12] + ".dirty"))
     assert analysis.data.params["experiments"] == "Default"
     assert "fit/sgd/sp0/perfect_scaling_end" in analysis.data.metrics
+    # Its charts: the measured curve and the fitted one against the batch size (the metric's step).
+    history = {m.step: m.value for m in client.get_metric_history(analysis.info.run_id,
+                                                                  "curve/sgd/sp0/steps_to_result")}
+    assert history == {16: 600.0, 64: 200.0, 256: 120.0, 1024: 100.0}
+    fitted = {m.step: m.value for m in client.get_metric_history(analysis.info.run_id, "curve/sgd/sp0/steps_fit")}
+    metrics = analysis.data.metrics
+    assert fitted.keys() == history.keys() and fitted[64] == pytest.approx(
+        metrics["fit/sgd/sp0/s_min"] * (1 + metrics["fit/sgd/sp0/b_crit"] / 64))
+    assert "/model-metrics?workflowType=machine_learning" in captured.err
 
 
 def test_the_trials_come_with_the_study_table_without_a_second_read_of_the_store(tmp_path):

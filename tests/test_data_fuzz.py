@@ -669,7 +669,8 @@ def test_study_on_a_corrupt_gzip_is_one_line_and_touches_no_store(tmp_path):
         gzip.decompress(bytes(compressed))
     place(data_dir, "train-labels-idx1-ubyte", idx_bytes(random_array(1, (50,), high=10)), True)
     store = tmp_path / "mlflow.db"
-    result = run_edps(["study", "--workload", "mnist-simple-cnn", "--data-dir", str(data_dir)], cwd=tmp_path,
+    result = run_edps(["study", "--workload", "mnist-simple-cnn", "--data-dir", str(data_dir),
+                       "--accept-unverified-data", "true"], cwd=tmp_path,
                       timeout=120, MLFLOW_TRACKING_URI=f"sqlite:///{store}")
     assert_one_line_exit_2(result, "train-images-idx3-ubyte.gz")
     assert result.stderr.startswith("edps: error: ")

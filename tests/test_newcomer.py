@@ -44,6 +44,7 @@ ADDED = {
     "mlflow run": ["-P", "trials=8", "-P", "workers=1", "--env-manager", "local"],
 }
 UI_LINK = r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning"
+CHARTS_LINK = UI_LINK.replace(r"\?", r"/model-metrics\?")  # a sweep's and an analysis' run: where its curves are
 
 
 def newcomer_commands(text: str) -> list[str]:
@@ -170,7 +171,7 @@ def test_the_readme_first_hour_in_a_fresh_clone(tmp_path: Path) -> None:
     for batch_size in (64, 128, 256):
         assert re.search(rf"sgd sparsity=0 bs={batch_size}: steps_to_result \d+$", outputs["sweep"], re.M), \
             outputs["sweep"][-3000:]
-    assert re.search(UI_LINK.replace(r"runs/[0-9a-f]{32}", "runs"), outputs["sweep"])  # the sweep's experiment
+    assert re.search(CHARTS_LINK, outputs["sweep"])  # the sweep run's charts: its curves
 
     # The fit: S_min and B_crit, led by how sure they are; as README says, one seed with exact early stopping
     # gets no interval and the reason.
@@ -184,8 +185,8 @@ def test_the_readme_first_hour_in_a_fresh_clone(tmp_path: Path) -> None:
     # The report: its path, the file, and the analysis run's UI link.
     outputs["report"] = run(commands[5])
     assert "report.html" in outputs["report"] and (clone / "report.html").is_file()
-    link = re.search(UI_LINK, outputs["report"]).group(0)
-    run_id = link.split("/runs/")[1].split("?")[0]
+    link = re.search(CHARTS_LINK, outputs["report"]).group(0)
+    run_id = link.split("/runs/")[1].split("/")[0]
     assert client.get_run(run_id).data.tags["edps.kind"] == "analysis"
 
     # Nothing the README's commands wrote shows up as a change to the clone (.gitignore covers it all).

@@ -128,6 +128,9 @@ def test_a_larger_sweep_trains_only_the_new_replicates_and_status_reads_them(sql
     sweep = client.search_runs([experiment_id], "tags.`edps.kind` = 'sweep'", order_by=["start_time DESC"])[0]
     assert sweep.data.params["sweep.replicates"] == "3"
     assert "(1 point x 3 replicates, seeds 0..2)" in sweep.data.tags["mlflow.note.content"]
+    # Its chart: the point once, when its third replicate was in (two were reused), at the batch size.
+    history = client.get_metric_history(sweep.info.run_id, "curve/sgd/sp0/steps_to_result")
+    assert [m.step for m in history] == [64], history
     code, printed = edps_here(["status", "--experiment", "rep"], sqlite_store)
     assert code == 0 and printed.count("(3/3 seeds") == 1, printed
 

@@ -1,5 +1,6 @@
-"""A store that did not exist is created with one line saying where (a typo in the URI would otherwise
-train into a store nobody looks at); an existing store is opened silently."""
+"""A store that did not exist is created, in an existing folder, with one line saying where (a typo in the URI would
+otherwise train into a store nobody looks at; a typo in a folder is refused: test_store_paths.py); an existing store
+is opened silently."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from edps_mlflow.store.client import open_store
 
 
 def test_a_new_store_is_announced_once(tmp_path, capsys):
-    path = tmp_path / "typo-dir" / "mlflow.db"
+    path = tmp_path / "mlflow.db"
     open_store(f"sqlite:///{path}")
     first = capsys.readouterr().out.strip().splitlines()
     assert first == [f"created a new tracking store at {path.resolve()} (none was there; if you expected one, "

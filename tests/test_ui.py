@@ -65,7 +65,11 @@ def test_printed_links_open_the_runs_and_the_report_renders_its_figures(mlflow_s
         cwd=tmp_path, env=clean_environment(PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI=mlflow_server),
         capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
-    run_link = re.search(r"MLflow UI: (\S+)", report.stderr).group(1)
+    charts_link = re.search(r"MLflow UI: (\S+)", report.stderr).group(1)
+    # The printed link opens the analysis run's charts, a section per curve (steps against batch size).
+    assert charts_link.endswith("/model-metrics?workflowType=machine_learning")
+    assert "curve/sgd/sp0" in rendered(charts_link, tmp_path / "profile-charts")
+    run_link = charts_link.replace("/model-metrics", "")
     run_id = run_link.split("?")[0].rsplit("/", 1)[-1]
     client = MlflowClient(mlflow_server)
     assert client.get_run(run_id).data.tags["edps.kind"] == "analysis"

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mlflow import MlflowClient
 
+from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec
 from edps_mlflow.data import catalog
 from edps_mlflow.data.cifar import RECORD_BYTES, load_cifar10_splits
@@ -300,8 +302,14 @@ def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sq
     spec = StudySpec(workload, optimizer, sparsity=0.5, batch_size=16, trials=2, goal_error=0.95, max_steps=20,
                      check_interval=10, seed=0)
     out = io.StringIO()
-    outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, data_dir=str(tmp_path), experiment=workload),
-                        out=out)
+    # Generated files are not the published ones: trained on only when accepted, and every run says so.
+    outcome = run_study(spec, ExecutionOptions(workers=1, threads=1, data_dir=str(tmp_path), experiment=workload,
+                                               accept_unverified_data=True), out=out)
     # Random labels: about 90% error, so a 0.95 goal is met at the first check.
     assert outcome.steps_to_result == 10, out.getvalue()
     assert len(outcome.records) == 2
+    client = MlflowClient(sqlite_store)
+    runs = [r for r in client.search_runs([outcome.experiment_id])
+            if r.data.tags.get(n.TAG_KIND) in (n.KIND_STUDY, n.KIND_TRIAL)]
+    assert len(runs) == 3 and all("expected md5" in r.data.tags[n.TAG_UNVERIFIED_DATA] for r in runs)
+    assert "warning: unverified data, recorded on every run: " in out.getvalue()

@@ -173,6 +173,38 @@ def load_dataset(name: str, data_dir: str | Path | None) -> DataSplits:
     return source.load(directory)
 
 
+# Hashed on every study, not cached: MNIST's files take milliseconds, CIFAR-10's archive (170 MB) under a second,
+# beside its loading. Keys need no more: the data fingerprint hashes the tensors loaded, so other data share no key.
+def unverified_files(name: str, data_dir: str | Path | None) -> list[str]:
+    """Each file the dataset loads from that is not a published one, with why; [] when every one is, when the
+    files are not there (the loader says so) or when the catalog does not know the dataset (a user's own)."""
+    source = SOURCES.get(name)
+    if source is None:
+        return []
+    directory = dataset_directory(source, data_dir).absolute()  # as the runs record it
+    published = {remote.name: remote for remote in source.files}
+    found = []
+    for file in _present(source, directory) or ():
+        path, remote = directory / file, published.get(file)
+        if remote is None:
+            found.append(f"{path} (extracted: no published checksum; the published files: "
+                         f"{', '.join(f'{r.name} {r.checksum}' for r in source.files)})")
+        elif not remote.matches(path):
+            found.append(f"{path} (expected {remote.checksum}, found {remote.actual(path)})")
+    return found
+
+
+def require_verified(name: str, data_dir: str | Path | None, accept: bool) -> str | None:
+    """Before any training: None when the dataset's files are the published ones; else, when ``accept``, which
+    are not (every run records it: names.TAG_UNVERIFIED_DATA); without it, one line naming the first."""
+    found = unverified_files(name, data_dir)
+    if found and not accept:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise EdpsError(f"unverified data: {found[0]}{more}; put the published files there (`edps data download "
+                        f"{name}`), or pass --accept-unverified-data true to train on these (every run records it)")
+    return "; ".join(found) or None
+
+
 def md5_of(path: Path) -> str:
     return _digest_of(path, hashlib.md5(usedforsecurity=False))
 

@@ -91,13 +91,14 @@ class StudyTask:
     full_trials: bool
     device: str | None
     threads: int
+    accept_unverified_data: bool = False
 
 
 def study_tasks(studies: list[StudySpec], sweep: SweepRun, options: "SweepOptions", threads: int) -> list[StudyTask]:
     return [StudyTask(spec=s, tracking_uri=sweep.tracking_uri, experiment_id=sweep.experiment_id,
                       experiment_name=sweep.experiment_name, sweep_run_id=sweep.run_id, sweep_key=sweep.key,
                       data_dir=options.data_dir, full_trials=options.full_trials, device=options.device,
-                      threads=threads) for s in studies]
+                      threads=threads, accept_unverified_data=options.accept_unverified_data) for s in studies]
 
 
 def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] | None = None,
@@ -117,7 +118,7 @@ def run_study_task(task: StudyTask, on_trial: Callable[[str, int | None], None] 
         full_trials=task.full_trials, device=task.device, workers=1, experiment=task.experiment_name,
         data_dir=task.data_dir, log_interval=60.0, tracking_uri=task.tracking_uri,
         parent_run_id=task.sweep_run_id, sweep_key=task.sweep_key, threads=task.threads, wait=True,
-        adopt_launcher_run=False)
+        adopt_launcher_run=False, accept_unverified_data=task.accept_unverified_data)
     try:
         outcome = run_study(task.spec, options, out=io.StringIO(), on_trial=on_trial, on_steps=on_steps)
     except LeaseLost:

@@ -152,7 +152,7 @@ class _JobQueue:
         sweep, key, label = self.sweep, spec.study_key, study_label(spec)
         log_path = self.logs / f"{key[:12]}.log"
         parameters = study_parameters(spec, sweep.run_id, sweep.key, self.options.data_dir, self.options.full_trials,
-                                      self.options.device, self.study_workers)
+                                      self.options.device, self.study_workers, self.options.accept_unverified_data)
         jobs: dict[str, Job] = {}
 
         def create(token: str | None, epoch: int) -> str:  # the job's own claim gives the run its epoch

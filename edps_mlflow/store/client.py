@@ -29,7 +29,7 @@ from edps_mlflow.store.index import Search, every_page
 from edps_mlflow.store.logs import route_library_logs
 from edps_mlflow.store.sqlite import initialise_store, require_writable
 from edps_mlflow.store.trouble import StoreTrouble, is_disk_error, store_error_text, store_trouble, uri_error
-from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path
+from edps_mlflow.uris import quiet_links_with_credentials, redact_uri, require_encoded_userinfo, sqlite_path, store_uri
 
 # Errors that pass: a busy sqlite file, a server restarting or overloaded, a dropped connection (also one
 # dropped in the middle of an answer: "Connection broken: IncompleteRead", a server killed while it replied).
@@ -48,10 +48,11 @@ _T = TypeVar("_T")
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """The URI given, else what MLflow resolves now, made explicit for worker processes and other machines; one
-    whose user information is not validly percent-encoded is refused here, before any connection."""
+    whose user information is not validly percent-encoded, a bare path other than a ``.db`` file or a local store in
+    a missing folder is refused here, before any connection (uris.store_uri)."""
     uri = tracking_uri or get_tracking_uri()
     require_encoded_userinfo(uri)
-    return uri
+    return store_uri(uri)
 
 
 def call_store(action: Callable[[], _T], attempts: int = STORE_ATTEMPTS, uri: str = "") -> _T:
@@ -344,6 +345,14 @@ def log_batch(client: StoreClient, run_id: str, params: dict[str, Any] | None = 
         metric_list, param_list, tag_list = metric_list[1000:], param_list[100:], tag_list[100:]
 
 
+def log_points(client: StoreClient, run_id: str, points: list[tuple[str, float, int]]) -> None:
+    """Metric values each at its own step (name, value, step): a curve against the batch size, say."""
+    timestamp = int(time.time() * 1000)
+    metrics = [Metric(name, float(value), timestamp, int(step)) for name, value, step in points]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
 def log_text(client: StoreClient, run_id: str, name: str, text: str) -> None:
     """``text`` as the run's artifact ``name``."""
     with tempfile.TemporaryDirectory(prefix="edps-artifact-") as folder:
@@ -351,11 +360,12 @@ def log_text(client: StoreClient, run_id: str, name: str, text: str) -> None:
         client.log_artifact(run_id, str(Path(folder) / name))
 
 
-def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """Where to look in the MLflow UI, in its machine-learning view: the run, else the experiment's study runs;
-    for a local store, how to start the UI."""
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None, charts: bool = False) -> str:
+    """Where to look in the MLflow UI, in its machine-learning view: the run (``charts``: its Model metrics tab,
+    where a sweep's or an analysis' curves are drawn), else the experiment's study runs; for a local store, how
+    to start the UI."""
     # Without the view parameter MLflow 3 opens a run under its GenAI "Evaluations" pages.
-    page = (f"#/experiments/{experiment_id}/runs/{run_id}" if run_id
+    page = (f"#/experiments/{experiment_id}/runs/{run_id}" + ("/model-metrics" if charts else "") if run_id
             else f"#/experiments/{experiment_id}/runs") + "?workflowType=machine_learning"
     if not run_id:
         # The experiment's study runs (under their sweep runs), not its newest runs: the UI loads 100 runs at a

@@ -33,7 +33,7 @@ from edps_mlflow.locks import lock_holders as file_lock_holders
 from edps_mlflow.process_settings import LEASE_VARIABLE, lease_seconds
 from edps_mlflow.store.logs import quiet_loggers
 from edps_mlflow.store.trouble import StoreTrouble, describe_store_error, lock_holders, store_trouble, trouble_line
-from edps_mlflow.uris import redact_uri, sqlite_path
+from edps_mlflow.uris import redact_uri, require_store_folder, sqlite_path
 
 LOCK_WAIT_SECONDS = 30.0  # how long a command waits at its start for a sqlite store's lock, or its creation lock
 _T = TypeVar("_T")
@@ -47,7 +47,7 @@ def initialise_store(tracking_uri: str, artifact_uri: str | None = None) -> Path
     the file's path when this call created it. ``artifact_uri``: the Default experiment's artifact root."""
     path = sqlite_path(tracking_uri).resolve()
     if not _has_content(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        require_store_folder(tracking_uri)  # never a new folder: a typo in its name is refused
         generation = 0
         while (held := _creation_lock(path, tracking_uri, generation)) is not None:
             lock, generation = held

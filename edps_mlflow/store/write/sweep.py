@@ -9,7 +9,7 @@ from typing import Any
 
 from edps_mlflow import __version__
 from edps_mlflow import names as n
-from edps_mlflow.store.client import StoreClient, log_batch, log_text
+from edps_mlflow.store.client import StoreClient, log_batch, log_points, log_text
 from edps_mlflow.store.experiment import create_run
 from edps_mlflow.store.ownership.lease import OwnedRun, heartbeat_tags
 from edps_mlflow.store.trouble import store_errors
@@ -30,18 +30,32 @@ class SweepTracker:
 
     def __init__(self, client: StoreClient, experiment_id: str, owned: OwnedRun) -> None:
         self.client, self.experiment_id, self.owned = client, experiment_id, owned
+        self.charted: set[tuple[str, int]] = set()  # (curve metric, batch size) on the run
 
     @property
     def run_id(self) -> str:
         return self.owned.run_id
 
     def log_start(self, params: dict[str, Any], plan: dict[str, int]) -> None:
-        existing = self.client.get_run(self.run_id).data.params
+        """Its params and the plan's counts (tags: a resumed sweep's plan is another)."""
+        run = self.client.get_run(self.run_id)
         # A resumed sweep keeps its params; only new ones are written (MLflow forbids changing one).
         new_params = {n.PARAM_SWEEP_PREFIX + k: str(v) for k, v in params.items()
-                      if n.PARAM_SWEEP_PREFIX + k not in existing}
+                      if n.PARAM_SWEEP_PREFIX + k not in run.data.params}
         log_batch(self.client, self.run_id, params=new_params,
-                  metrics={n.METRIC_PLAN_PREFIX + k: v for k, v in plan.items()})
+                  tags={n.TAG_PLAN_PREFIX + k: str(v) for k, v in plan.items()})
+        # What a run resumed from another process already charts (sweep_charts: each point once).
+        self.charted = {(key, m.step) for key in run.data.metrics if key.startswith(n.METRIC_CURVE_PREFIX)
+                        for m in self.client.get_metric_history(self.run_id, key)}
+
+    def log_curve_points(self, values: list[tuple[str, float, int]]) -> None:
+        """Points of the sweep's curves (metric, steps, batch size) not charted yet, if the run is still ours."""
+        values = [v for v in values if (v[0], v[2]) not in self.charted]
+        if values:
+            self.owned.require()
+            with store_errors(self.client):
+                log_points(self.client, self.run_id, values)
+            self.charted.update((v[0], v[2]) for v in values)
 
     def log_table(self, name: str, text: str, tags: dict[str, str] | None = None,
                   metrics: dict[str, float] | None = None) -> None:
