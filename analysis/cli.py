@@ -25,8 +25,8 @@ from analysis.load import load_best_trial_probes, load_probe_values, load_studie
 from analysis.probes import lipschitz_by_study, lipschitz_table, lipschitz_verdict, noise_scale_table
 from analysis.pruning_methods import intervals_footnote, summary_for_people
 from analysis.regimes import fit_table, point_table, sparsity_comparison, with_curve_axes
-from analysis.report import (certainty_lines, fit_summary, grid_note, markdown_table, steps_grids, with_interval,
-                             write_report)
+from analysis.report import (TERMINAL_WIDTH, certainty_lines, fit_summary, grid_note, markdown_table, steps_grids,
+                             terminal_tables, with_interval, wrapped, write_report)
 from analysis.timing import (DEFAULT_BANDWIDTH_GB_S, DEFAULT_DEVICES, DEFAULT_LATENCY_US, GIGABYTE, MICROSECOND,
                              CostModel, parse_devices)
 from edps_mlflow import names as n
@@ -156,7 +156,8 @@ def table(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
     """The steps-to-result grid (batch size x sparsity) per workload and optimizer: each point by the point rule
     over its replicates, with its 95% interval where it has 3 replicates or more (csv/json: the study table)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
-    human = "\n\n".join(f"{w} / {o}\n{grid.to_string()}" + (f"\n{grid_note(grid)}" if grid_note(grid) else "")
+    human = "\n\n".join(f"{w} / {o}\n{grid.to_string(line_width=TERMINAL_WIDTH)}"
+                        + (f"\n{wrapped(grid_note(grid))}" if grid_note(grid) else "")
                         for (w, o), grid in steps_grids(studies, bootstrap, seed).items())
     _emit(studies, output_format, human)
 
@@ -172,8 +173,8 @@ def fit(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, to
     fitted) per curve, with bootstrap intervals."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
-    sure = "\n".join(["How sure each answer is:", *(f"- {line}" for line in certainty_lines(fits))])
-    _emit(fits, output_format, f"{sure}\n\n{fit_summary(fits).to_string(index=False)}")
+    sure = "\n".join(["How sure each answer is:", *(wrapped(line, "- ", "  ") for line in certainty_lines(fits))])
+    _emit(fits, output_format, f"{sure}\n\n{terminal_tables(fit_summary(fits))}")
     if log_to_mlflow:
         _publish(tracking_uri, experiments, studies, {"fit": fits}, [],
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed})
@@ -303,7 +304,7 @@ def goals(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, 
     if table.empty:
         raise EdpsError("no family of curves (workload, optimizer, sparsity, pruning method, protocol) has "
                         "two or more goals")
-    _emit(table, output_format, goal_summary(table).to_string(index=False))
+    _emit(table, output_format, terminal_tables(goal_summary(table)))
     for path in paths:
         click.echo(str(path), err=True)
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from edps_mlflow.errors import EdpsError
@@ -152,8 +153,8 @@ def _checked_numbers(path: str | Path, table: pd.DataFrame, column: str) -> pd.S
         in_range &= numbers == numbers.round()
     in_range &= (numbers >= low if low_included else numbers > low) & (numbers < high if high == 1.0 else True)
     bad = text.notna() & ~in_range
-    if not bad.any():
-        return numbers
+    if not bad.any():  # steps written as 60 read as the 60.0 they were: a table reads back as it was written
+        return numbers if integer else numbers.astype(float)
     row = _line(bad)
     value = text.iloc[row - 2]
     if not _is_float(value):
@@ -193,9 +194,27 @@ def unquoted_text(value: Any) -> Any:
     return value
 
 
+# Counts and sizes: written as integers (check_interval 20, never 20.0), steps too where every one is whole.
+INTEGER_COLUMNS = (*(column for column, (*_, integer) in _RANGES.items() if integer), "steps_to_result",
+                   "steps_trained")
+
+
+def _with_integers(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each of INTEGER_COLUMNS that holds only whole numbers as integers (Int64 where some are
+    missing)."""
+    whole = {}
+    for column in (c for c in INTEGER_COLUMNS if c in table.columns):
+        values = pd.to_numeric(table[column], errors="coerce")
+        present = values.dropna()
+        if table[column].notna().sum() == len(present) and np.isfinite(present).all() and (present % 1 == 0).all():
+            whole[column] = values.astype("Int64")
+    return table.assign(**whole)
+
+
 def csv_text(table: pd.DataFrame) -> str:
-    """``table`` as every CSV is written: text cells quoted (a newline stays in its cell in every reader) and inert."""
-    return table.map(spreadsheet_text).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
+    """``table`` as every CSV is written: text cells quoted (a newline stays in its cell in every reader) and inert,
+    integer columns as integers."""
+    return _with_integers(table.map(spreadsheet_text)).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
 def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:

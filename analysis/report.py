@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -16,14 +17,21 @@ from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
 
 
-def _number(value: object, digits: int = 4) -> str:
+# The width the text tables wrap their columns to, their notes and certainty lines too.
+TERMINAL_WIDTH = 100
+
+
+def _number(value: object, digits: int = 3) -> str:
     if isinstance(value, str):
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    # Whole numbers as integers (steps, batch sizes), but not the 24 digits of a practically unbounded end.
+    # Whole numbers as integers (steps, batch sizes), and from 100 on rounded to one (1236, never 1.24e+03),
+    # but not the 24 digits of a practically unbounded end.
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and 1 <= abs(value) < 1e7):
         return str(int(value))
+    if isinstance(value, float) and 100 <= abs(value) < 1e7 and digits <= 4:
+        return str(round(value))
     return f"{value:.{digits}g}"
 
 
@@ -81,7 +89,7 @@ def with_interval(row: pd.Series, name: str) -> str:
     low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
     if not (_present(low) and _present(high)):
         return value
-    for digits in (4, 8):
+    for digits in (3, 5, 8):
         ends = _number(low, digits), _number(high, digits)
         if ends[0] != ends[1]:
             return f"{value} [{ends[0]}, {ends[1]}]"
@@ -115,8 +123,20 @@ def end_words(row: pd.Series | dict) -> str:
     return f"undecided at check interval {_number(row.get('check_interval'))}: {_number(low)} or {later}"
 
 
+def hyperbola_applies(row: pd.Series | dict) -> bool:
+    """False where the fit's note says the hyperbola does not describe the curve or leaves B_crit undetermined:
+    its B_crit (and what is computed from it) is then no answer, shown ``n/a`` with the note saying why."""
+    note = str(row.get("note", "") or "")
+    return not any(flag in note for flag in ("steps rise", "far outside"))
+
+
+def _fitted(row: pd.Series | dict, name: str) -> str:
+    return with_interval(row, name) if hyperbola_applies(row) else "n/a"
+
+
 def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
-    """The fit table for people: values with their 95% intervals in brackets."""
+    """The fit table for people: values with their 95% intervals in brackets; ``n/a`` for a B_crit the
+    hyperbola does not give (:func:`hyperbola_applies`)."""
     rows = []
     several = several_methods(fits)
     goals = "goal" in fits.columns and fits["goal"].notna().any()
@@ -125,13 +145,13 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
             **({"goal": _number(row["goal"])} if goals else {}),
-            "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": with_interval(row, "b_crit"),
-            "E_min (examples)": with_interval(row, "e_min"),
-            "R^2 (log)": f"{row['r2_log']:.4f}" if pd.notna(row.get("r2_log")) else "-",
+            "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": _fitted(row, "b_crit"),
+            "E_min (examples)": _fitted(row, "e_min"),
+            "R^2 (log)": f"{row['r2_log']:.3f}" if pd.notna(row.get("r2_log")) else "-",
             "perfect_scaling_end": end_words(row),
             "maximal_parallelism_start": with_interval(row, "maximal_parallelism_start"),
             "B_crit threshold (passes..fails)": threshold_words(row),
-            "B_crit threshold, fit": with_interval(row, "b_crit_threshold_fit"),
+            "B_crit threshold, fit": _fitted(row, "b_crit_threshold_fit"),
             "note": row.get("note", "") or "",
         })
     return pd.DataFrame(rows)
@@ -146,10 +166,10 @@ def goal_summary(goals: pd.DataFrame) -> pd.DataFrame:
              **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
              **{column: _number(row[column]) for column in family},
              "goal": f"{row['goal']:g}" + (f" ({row['goal_metric']})" if pd.notna(row["goal_metric"]) else ""),
-             "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": with_interval(row, "b_crit"),
-             "E_min (examples)": with_interval(row, "e_min"),
+             "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": _fitted(row, "b_crit"),
+             "E_min (examples)": _fitted(row, "e_min"),
              "B_crit threshold (passes..fails)": threshold_words(row),
-             "B_crit threshold, fit": with_interval(row, "b_crit_threshold_fit"), "note": row.get("note") or ""}
+             "B_crit threshold, fit": _fitted(row, "b_crit_threshold_fit"), "note": row.get("note") or ""}
             for _, row in goals.iterrows()]
     return pd.DataFrame(rows)
 
@@ -225,6 +245,44 @@ def certainty_lines(fits: pd.DataFrame) -> list[str]:
             for _, row in fits.iterrows()]
 
 
+def numbered_notes(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``frame`` with its note column as the numbers of its notes, and the notes: each part of a note (parts
+    are joined by '; ') once, numbered in order of appearance."""
+    numbers: dict[str, int] = {}
+    references = []
+    for note in frame["note"]:
+        parts: list[str] = []
+        for part in str(note or "").split("; "):
+            if parts and part == HOW_TO_GET_ONE:  # the remedy stays with the reason it answers
+                parts[-1] += "; " + part
+            elif part not in ("", "-"):
+                parts.append(part)
+        references.append(", ".join(map(str, sorted(numbers.setdefault(part, len(numbers) + 1) for part in parts)))
+                          or "-")
+    return frame.drop(columns=["note"]).assign(notes=references), list(numbers)
+
+
+def wrapped(text: str, first: str = "", rest: str = "", width: int = TERMINAL_WIDTH) -> str:
+    """``text`` wrapped to ``width`` columns after the prefix ``first`` (``rest`` on the lines after)."""
+    return textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def terminal_tables(summary: pd.DataFrame, width: int = TERMINAL_WIDTH) -> str:
+    """A fit or goal table for people, for a terminal: a table per workload and optimizer under their names, rows
+    named by the curve's columns (those before points), the columns wrapped to ``width`` (the names repeated),
+    the notes numbered below it."""
+    by, blocks = ["workload", "optimizer"], []
+    curve = [c for c in summary.columns[:list(summary.columns).index("points")] if c not in by]
+    for key, group in summary.groupby(by, sort=False):
+        table, notes = numbered_notes(group.drop(columns=by).set_index(curve))
+        text = table.drop(columns=[] if notes else ["notes"]).to_string(line_width=width)
+        lines = [" / ".join(map(str, key)), *(line.rstrip() for line in text.splitlines())]
+        lines += ["notes:"] * bool(notes) + [wrapped(note, f"{i:>3}. ", "     ", width)
+                                             for i, note in enumerate(notes, 1)]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
     frame = frame.reset_index() if index else frame
     return descriptions.markdown_table(frame.columns, frame.astype(str).itertuples(index=False))
@@ -232,8 +290,11 @@ def markdown_table(frame: pd.DataFrame, index: bool = False) -> str:
 
 def html_table(frame: pd.DataFrame) -> str:
     """``frame``'s cells, already formatted as in Markdown, as an HTML table."""
-    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
+    # A long name may break after its underscores (maximal_parallelism_start), a short one stays whole.
+    head = "".join(f"<th>{html.escape(str(column)).replace('_', '_<wbr>')}</th>" for column in frame.columns)
+    # Values with their intervals stay on one line; sentences wrap (the style sheet's class words).
+    body = "\n".join("<tr>" + "".join(f"<td{' class=words' if len(str(cell)) > 24 else ''}>"
+                                       f"{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
                      for row in frame.itertuples(index=False, name=None))
     return f"<table border='1' class='dataframe'>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>"
 
@@ -264,6 +325,20 @@ def _intro(source: str, tolerance: float) -> str:
 Section = tuple[str, pd.DataFrame, list[Path]]  # a title, a table and its figures
 
 
+def _html_with_notes(table: pd.DataFrame) -> str:
+    """``table`` in HTML, its note column (if any) as numbers with the notes in a numbered list below it."""
+    table, notes = numbered_notes(table) if "note" in table.columns else (table, [])
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    return html_table(table) + (f"<p>Notes:</p><ol>{items}</ol>" if notes else "")
+
+
+def _markdown_with_notes(table: pd.DataFrame) -> list[str]:
+    """``table`` in Markdown, its note column (if any) as numbers with the notes numbered below it."""
+    table, notes = numbered_notes(table) if "note" in table.columns else (table, [])
+    return [markdown_table(table), "", *(["Notes:", "", *(f"{i}. {note}" for i, note in enumerate(notes, 1)), ""]
+                                         if notes else [])]
+
+
 def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: pd.DataFrame, source: str,
                  tolerance: float, figures: dict[tuple[str, str], list[Path]], extra: list[Section] = ()) -> Path:
     """The one-file report (.md or .html): per (workload, optimizer) its figures, grid and fits; then ``extra``."""
@@ -275,7 +350,8 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
     if path.suffix.lower() in (".html", ".htm"):
         parts = ["<!doctype html><html><head><meta charset='utf-8'><title>edps-analyze report</title>",
                  "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse}"
-                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td{white-space:nowrap}"
+                 "td.words{white-space:normal;min-width:10em}</style></head><body>",
                  "<h1>Steps-to-result report</h1>", f"<p>{html.escape(intro)}</p>"]
         if certainty:
             parts += ["<h2>How sure each answer is</h2><ul>",
@@ -284,9 +360,9 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
             note = grid_note(grid)
             parts += [f"<h2>{html.escape(title)}</h2>", *_images(path, title, files, "100%"),
                       "<h3>Steps to result</h3>" + grid.to_html() + (f"<p>{html.escape(note)}</p>" if note else ""),
-                      "<h3>Fits</h3>" + fit.to_html(index=False)]
+                      "<h3>Fits</h3>" + _html_with_notes(fit.drop(columns=["workload", "optimizer"]))]
         for title, table, files in extra:
-            parts += [f"<h2>{html.escape(title)}</h2>" + html_table(table.map(_number)),
+            parts += [f"<h2>{html.escape(title)}</h2>" + _html_with_notes(table.map(_number)),
                       *_images(path, title, files, "80%")]
         parts.append("</body></html>")
     else:
@@ -295,9 +371,9 @@ def write_report(path: Path, grids: dict[tuple[str, str], pd.DataFrame], fits: p
         for title, files, grid, fit in curves:
             parts += [f"## {title}", "", *_images(path, title, files, "100%"), "", "### Steps to result", "",
                       markdown_table(grid, index=True), "", *([grid_note(grid), ""] if grid_note(grid) else []),
-                      "### Fits", "", markdown_table(fit), ""]
+                      "### Fits", "", *_markdown_with_notes(fit)]
         for title, table, files in extra:
-            parts += [f"## {title}", "", markdown_table(table.map(_number)), "", *_images(path, title, files, "80%"),
+            parts += [f"## {title}", "", *_markdown_with_notes(table.map(_number)), *_images(path, title, files, "80%"),
                       ""]
     path.write_text("\n".join(parts))
     return path

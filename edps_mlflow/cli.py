@@ -114,13 +114,13 @@ def sweep(given: SimpleNamespace) -> None:
 
 @cli.command()
 @click.option("--experiment", type=ExperimentName(), default=None,
-              help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else the store's only one with studies).")
+              help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME, else every one with studies).")
 def status(experiment: str | None) -> None:
-    """The grid of an experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
+    """The grid of each experiment (batch size x sparsity per optimizer and pruning method) from the tracking store."""
     check_environment_store()
-    from edps_mlflow.status import default_experiment, format_status, status_tables  # MLflow, pandas: seconds
+    from edps_mlflow.status import status_text  # MLflow, pandas: seconds
 
-    click.echo(format_status(status_tables(experiment or default_experiment())))
+    click.echo(status_text(experiment))
 
 
 @cli.command()
@@ -209,16 +209,20 @@ def data_list(data_dir: str | None) -> None:
     """Every workload with its dataset's status: present, missing or corrupt."""
     from edps_mlflow.data.catalog import dataset_report  # torch: kept off --help
 
+    rows = []
     for name, item in workload_catalog():
         if isinstance(item, EdpsError):
-            click.echo(f"{name:<26} cannot be loaded: {item}")
-            continue
-        if not item.needs_data_dir:
-            click.echo(f"{item.name:<26} {item.dataset:<14} present   loaded by the workload itself (no files "
-                       f"in the data directory)")
-            continue
-        report = dataset_report(item.dataset, data_dir)
-        click.echo(f"{item.name:<26} {item.dataset:<14} {report.status.value:<9} {report.directory}: {report.detail}")
+            rows.append((name, f"cannot be loaded: {item}"))
+        elif not item.needs_data_dir:
+            rows.append((item.name, item.dataset, "present",
+                         "loaded by the workload itself (no files in the data directory)"))
+        else:
+            report = dataset_report(item.dataset, data_dir)
+            rows.append((item.name, item.dataset, report.status.value, f"{report.directory}: {report.detail}"))
+    # Columns as wide as their longest entry (a workload of one's own may have a long name); the last one free.
+    widths = [max((len(row[i]) for row in rows if len(row) > i + 1), default=0) for i in range(3)]
+    for row in rows:
+        click.echo(" ".join(f"{cell:<{width}}" for cell, width in zip(row[:-1], widths)) + " " + row[-1])
 
 
 @data.command("download")

@@ -1,4 +1,4 @@
-"""``edps status``: the grid of an experiment from the tracking store alone, one table per curve but its
+"""``edps status``: the grid of an experiment (or of each) from the tracking store alone, one table per curve but its
 sparsity. A cell is the study's steps-to-result, ``-`` when it finished without a reaching trial, ``k/N trials
 (running)`` while a live process trains it, or ``k/N trials (stopped, rerun to resume)``. A point measured at
 several seeds (replicates) shows its value over them (analysis.replicates), e.g. ``412 (3/3 seeds, 380..450)``.
@@ -7,6 +7,7 @@ several seeds (replicates) shows its value over them (analysis.replicates), e.g.
 from __future__ import annotations
 
 import os
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -23,18 +24,16 @@ from edps_mlflow.store.read.status import StudyRow, experiments_with_studies, st
 TABLE_AXES = [axis for axis in CURVE_AXES if axis != "sparsity"]
 
 
-def default_experiment(tracking_uri: str | None = None) -> str:
-    """The experiment to show when none is named: ``MLFLOW_EXPERIMENT_NAME``, else the store's only
-    experiment with studies."""
-    if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
-        return os.environ["MLFLOW_EXPERIMENT_NAME"]
-    names = experiments_with_studies(tracking_uri)
-    if len(names) == 1:
-        return names[0]
+def status_text(experiment: str | None, tracking_uri: str | None = None) -> str:
+    """The grids of ``experiment``, else of ``MLFLOW_EXPERIMENT_NAME``, else of every experiment with studies,
+    each titled by its name where there are several (a first ``mlflow run`` lands in Default, a sweep in its own)."""
+    named = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    names = [named] if named else sorted(experiments_with_studies(tracking_uri))
     if not names:
         raise EdpsError("the tracking store holds no study runs yet")
-    raise EdpsError(f"the tracking store holds studies in {len(names)} experiments; name one with --experiment: "
-                    + ", ".join(repr(name) for name in sorted(names)[:20]))
+    if len(names) == 1:
+        return format_status(status_tables(names[0], tracking_uri))
+    return "\n\n".join(f"experiment {name!r}\n{format_status(status_tables(name, tracking_uri))}" for name in names)
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
@@ -129,5 +128,7 @@ def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
         ladder = " (a goal ladder: goal:steps per rung)" if grid.map(lambda c: ":" in c).any(axis=None) else ""
         seeds = " (replicates: the geometric mean of the seeds that reached, where more than half reached; " \
             "reached/seeds, min..max)" if grid.map(lambda c: "seeds" in c).any(axis=None) else ""
-        parts.append(f"{title}: steps-to-result{ladder}{seeds} (or trials finished)\n{grid.to_string()}")
+        heading = textwrap.fill(f"{title}: steps-to-result{ladder}{seeds} (or trials finished)", 100,
+                                subsequent_indent="  ", break_on_hyphens=False)  # a 100-column terminal
+        parts.append(f"{heading}\n{grid.to_string(line_width=100)}")
     return "\n\n".join(parts)

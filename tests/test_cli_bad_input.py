@@ -130,7 +130,7 @@ def test_help_and_workloads(capsys):
     assert "digits-simple-cnn" in out and "mnist-simple-cnn" in out
 
 
-def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_several(sqlite_store, capsys):
+def test_status_shows_the_only_experiment_with_studies_or_each_of_several_under_its_name(sqlite_store, capsys):
     client = MlflowClient(sqlite_store)
     tags = {"edps.kind": "study", "edps.workload": "digits-simple-cnn", "edps.optimizer": "sgd",
             "edps.sparsity": "0.0", "edps.batch_size": "64", "edps.study_key": "k"}
@@ -138,14 +138,20 @@ def test_status_finds_the_only_experiment_with_studies_and_asks_when_there_are_s
     client.create_experiment("no-studies")
     client.set_terminated(client.create_run(first, tags=tags).info.run_id)
     main(["status"])
-    assert "digits-simple-cnn / sgd" in capsys.readouterr().out
-    client.create_run(client.create_experiment("second"), tags=tags)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["status"])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["edps: error: the tracking store holds studies in 2 experiments; name one with --experiment: "
-                     "'first', 'second'"]
+    alone = capsys.readouterr().out
+    assert alone.startswith("digits-simple-cnn / sgd: steps-to-result")  # one experiment: no title above it
+    # README's steps: the first `mlflow run` study lands in Default, the sweep in its own experiment
+    second = client.create_run(client.create_experiment("second"), tags={**tags, "edps.batch_size": "128"})
+    client.set_terminated(second.info.run_id)
+    main(["status"])
+    out = capsys.readouterr().out
+    assert "no-studies" not in out
+    first_part, second_part = out.split("\n\nexperiment 'second'\n")
+    assert first_part == "experiment 'first'\n" + alone.rstrip("\n")
+    assert second_part.startswith("digits-simple-cnn / sgd: steps-to-result")
+    assert "\n128 " in second_part and "\n64 " not in second_part and "\n64 " in first_part
+    main(["status", "--experiment", "second"])  # --experiment still narrows to one
+    assert capsys.readouterr().out == second_part
 
 
 def test_status_tells_a_running_study_from_an_abandoned_one(sqlite_store, capsys, monkeypatch):

@@ -98,7 +98,9 @@ def test_status_reads_a_point_over_its_replicates():
     assert grid.loc[256, "sparsity 0"] == "20"
     alike = next(iter(tables_of([_row(64, seed, 60) for seed in range(3)]).values()))
     assert alike.loc[64, "sparsity 0"] == "60 (3/3 seeds, all 60)"  # digits: every seed at 60, never 60..60
-    assert "(replicates: the geometric mean of the seeds that reached" in format_status(tables_of(rows))
+    shown = format_status(tables_of(rows))  # its heading wrapped to 100 columns
+    assert max(map(len, shown.splitlines())) <= 100
+    assert "(replicates: the geometric mean of the seeds that reached" in " ".join(shown.split())
     assert "replicates" not in format_status(tables_of([_row(256, 0, 20)]))
 
 

@@ -92,7 +92,7 @@ def test_the_checked_in_fixture_through_the_table_the_report_and_the_metrics():
     words = summary.loc[summary["sparsity"] == "0", "B_crit threshold (passes..fails)"].iloc[0]
     assert words.startswith(f"{int(dense['b_crit_threshold'])} ({int(dense['b_crit_threshold'])}.."
                             f"{int(dense['perfect_scaling_end'])}) [")
-    assert summary.loc[0, "B_crit threshold, fit"].startswith(f"{dense['b_crit_threshold_fit']:.4g} [")
+    assert summary.loc[0, "B_crit threshold, fit"].startswith(f"{dense['b_crit_threshold_fit']:.3g} [")  # 3 digits
     metrics = curve_metrics(fits)
     assert metrics["fit/momentum/sp0/b_crit_threshold"] == dense["b_crit_threshold"]
     assert metrics["fit/momentum/sp0/b_crit_threshold_fit_high"] == dense["b_crit_threshold_fit_high"]
