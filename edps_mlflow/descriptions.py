@@ -25,9 +25,14 @@ def pruning_words(spec: StudySpec) -> str:
     return f"sp={spec.sparsity:g}" + (f" {spec.pruning}" if spec.sparsity > 0 else "")
 
 
-def study_run_name(spec: StudySpec) -> str:
-    """``bs=16 sp=0.9 snip sgd digits-simple-cnn``."""
-    return f"bs={spec.batch_size} {pruning_words(spec)} {spec.optimizer} {spec.workload}"
+def study_run_name(spec: StudySpec, outcome: StudyOutcome | None = None) -> str:
+    """``bs=16 sp=0.9 snip sgd digits-simple-cnn``; once it has an ``outcome``, its result and the trial that
+    reached it (``: 400 steps by t003``, ``: no result``): the title of its run page, the first thing it shows."""
+    name = f"bs={spec.batch_size} {pruning_words(spec)} {spec.optimizer} {spec.workload}"
+    if outcome is None:
+        return name
+    best = outcome.best_record()
+    return name + (": no result" if best is None else f": {outcome.steps_to_result} steps by t{best.trial.index:03d}")
 
 
 def trial_run_name(trial: TrialSpec, outcome: str | None = None) -> str:
@@ -46,18 +51,22 @@ def trial_outcome(result: TrialResult) -> str:
 
 
 def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTrials | None = None) -> str:
-    """The study run's description (Markdown, shown on its page)."""
+    """The study run's description (Markdown, shown on its page): its result and the run of the trial that reached
+    it first (the run page lists only its 10 newest trials), then what was studied and how."""
     best = outcome.best_record()
-    ladder = goals_sentence(spec, goal_results(spec, outcome.records), get_workload(spec.workload).goal_words)
-    result = (f"**steps-to-result {outcome.steps_to_result}** (trial {best.trial.index}: "
-              + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items()) + ")"
-              if best else "**no trial reached the goal**")
+    words = get_workload(spec.workload).goal_words
+    ladder = goals_sentence(spec, goal_results(spec, outcome.records), words)
+    goal = f"{words} <= {spec.goal_error:g}"
+    result = (f"**steps-to-result {outcome.steps_to_result}** ({goal}), reached by [trial {best.trial.index}]"
+              f"(#/experiments/{outcome.experiment_id}/runs/{best.run_id}?workflowType=machine_learning): "
+              + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items())
+              if best else f"**no trial reached the goal** ({goal} within {spec.max_steps} steps)")
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
-    return (f"{spec.workload}, {spec.optimizer}, batch size {spec.batch_size}, sparsity {spec.sparsity:g}"
-            f"{pruned_by(spec)}: {result}.\n\n{len(outcome.records)} trials ({counts}; {outcome.reused} reused from "
-            f"earlier runs). Goal: {get_workload(spec.workload).goal_words} <= {spec.goal_error:g}, checked every "
-            f"{spec.check_interval} steps; cap {spec.max_steps} steps. Each trial is a nested run; `trials.csv` "
-            f"lists them all." + (f"\n\n{probed.sentence()}" if probed else "") + (f"\n\n{ladder}" if ladder else ""))
+    return (f"{result}.\n\n{spec.workload}, {spec.optimizer}, batch size {spec.batch_size}, sparsity "
+            f"{spec.sparsity:g}{pruned_by(spec)}. {len(outcome.records)} trials ({counts}; {outcome.reused} reused "
+            f"from earlier runs). Goal: {goal}, checked every {spec.check_interval} steps; cap {spec.max_steps} "
+            f"steps. Each trial is a nested run; `trials.csv` lists them all."
+            + (f"\n\n{probed.sentence()}" if probed else "") + (f"\n\n{ladder}" if ladder else ""))
 
 
 EXPERIMENT_DESCRIPTION = (

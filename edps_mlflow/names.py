@@ -105,6 +105,7 @@ PARAM_BATCH_SIZE = "batch_size"
 PARAM_SPARSITY = "sparsity"
 PARAM_OPTIMIZER = "optimizer"
 PARAM_WORKLOAD = "workload"
+PARAM_GOAL = "goal"  # a trial run's goal: the validation error (or loss) to reach; a ladder's hardest
 # Not "pruning": under `mlflow run` that is the MLproject's parameter, which MLflow logs on the study run as typed.
 PARAM_PRUNING = "pruning.method"
 PARAM_PRUNING_PRUNES = "pruning.prunes"
@@ -118,6 +119,10 @@ METRIC_STEPS_TO_RESULT = "steps_to_result"
 METRIC_STEPS_TRAINED = "steps_trained"
 METRIC_BEST_VALIDATION_ERROR = "best_validation_error"
 METRIC_VALIDATION_ERROR = "validation/error"
+# validation/error less the goal (a ladder's hardest), at each check of a trial: at or below 0, the goal is met.
+METRIC_ERROR_MINUS_GOAL = "validation/error_minus_goal"
+# A trial run's one-value numbers (checks_cut_short, trial/seconds, probe/seconds, pruning/seconds*,
+# train/seconds_per_step, train/pack_size) are params under these names; older trial runs have them as metrics.
 METRIC_CHECKS_CUT_SHORT = "validation/checks_cut_short"
 METRIC_TRAIN_LOSS = "train/loss"
 METRIC_LEARNING_RATE = "learning_rate"
@@ -151,7 +156,7 @@ METRIC_STUDY_TRIAL_STEPS = "study/trial_steps"
 METRIC_STUDY_TRIAL_STEPS_LOWER_BOUND = "study/trial_steps_lower_bound"
 METRIC_STUDY_TRIAL_STEPS_RATIO = "study/trial_steps_ratio"
 METRIC_BEST_PREFIX = "best/"  # + a metaparameter of the best trial
-METRIC_HP_PREFIX = "hp/"  # + a metaparameter of a trial
+METRIC_HP_PREFIX = "hp/"  # + a metaparameter, on trial runs made before they were params only
 METRIC_STUDIES_DONE = "studies/done"
 METRIC_STUDIES_WITH_RESULT = "studies/with_result"
 METRIC_SWEEP_SECONDS = "sweep/seconds"

@@ -30,10 +30,19 @@ def test_a_study_run_says_who_ran_what_on_which_data(sqlite_store, tmp_path):
     if (Path(__file__).resolve().parents[1] / ".git").exists():
         assert len(tags["mlflow.source.git.commit"]) == 40
         assert tags["edps.code_version"].split("+g")[1][:12] == tags["mlflow.source.git.commit"][:12]
-    assert tags["mlflow.runName"] == "bs=256 sp=0 sgd digits-simple-cnn"
+    # The page's title and its description lead with the result and the trial that reached it, linked: the page
+    # lists only the 10 newest child runs, above the description.
+    best = outcome.best_record()
+    result = "no result" if best is None else f"{outcome.steps_to_result} steps by t{best.trial.index:03d}"
+    assert tags["mlflow.runName"] == f"bs=256 sp=0 sgd digits-simple-cnn: {result}"
     note = tags["mlflow.note.content"]
-    assert "batch size 256" in note and ("steps-to-result" in note or "no trial reached" in note)
-    assert f"{len(outcome.records)} trials" in note
+    first, rest = note.split("\n\n", 1)
+    if best is None:
+        assert first.startswith("**no trial reached the goal** (validation error <= ")
+    else:
+        assert first.startswith(f"**steps-to-result {outcome.steps_to_result}** (validation error <= ")
+        assert f"[trial {best.trial.index}](#/experiments/{experiment.experiment_id}/runs/{best.run_id}?" in first
+    assert "batch size 256" in rest and f"{len(outcome.records)} trials" in rest
     # The data, as MLflow datasets with a digest, one per split.
     inputs = {d.tags[0].value: d.dataset for d in study.inputs.dataset_inputs}
     assert set(inputs) == {"training", "validation"}
@@ -41,7 +50,8 @@ def test_a_study_run_says_who_ran_what_on_which_data(sqlite_store, tmp_path):
     assert f"/#/experiments/{experiment.experiment_id}/runs/{outcome.study_run_id}" in out.getvalue()
 
     # Trial runs: the index and the outcome first (what the UI's narrow name column shows), then the
-    # metaparameters, then the study; the exact value stays a metric.
+    # metaparameters, then the study. Their metrics are what has a history (validation/error and its distance to
+    # the goal beside it, at every check) and the summary numbers the runs table sorts; one-value facts are params.
     for record in outcome.records.values():
         trial = client.get_run(record.run_id)
         name = trial.data.tags["mlflow.runName"]
@@ -49,3 +59,13 @@ def test_a_study_run_says_who_ran_what_on_which_data(sqlite_store, tmp_path):
             else record.status.value.replace("_", " ")
         assert name.startswith(f"t{record.trial.index:03d} {expected} lr=") and name.endswith("bs=256 sp=0")
         assert trial.data.tags["mlflow.source.name"] == tags["mlflow.source.name"]
+        metrics, params = trial.data.metrics, trial.data.params
+        assert set(metrics) - {"validation/error", "validation/error_minus_goal", "train/loss", "learning_rate"} <= {
+            "batch_size", "sparsity", "steps_trained", "steps_to_result", "best_validation_error"}, metrics
+        assert {"trial/seconds", "validation/checks_cut_short", "learning_rate"} <= set(params)
+        assert float(params["goal"]) == spec.goal_error
+        if record.steps_trained:
+            errors = client.get_metric_history(record.run_id, "validation/error")
+            margins = client.get_metric_history(record.run_id, "validation/error_minus_goal")
+            assert [(m.step, m.value) for m in margins] == [(m.step, m.value - spec.goal_error) for m in errors]
+            assert float(params["train/seconds_per_step"]) == record.seconds_per_step

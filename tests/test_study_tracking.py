@@ -47,8 +47,8 @@ def test_study_logs_study_and_nested_trials_to_a_server_and_reuses_them(mlflow_s
     history = client.get_metric_history(trained.info.run_id, "train/loss")
     assert [m.step for m in history] == list(range(100, int(trained.data.metrics["steps_trained"]) + 1, 100))
     assert {"learning_rate", "seed", "trial_index"} <= set(trained.data.params)
-    # Params show 12 significant digits (no binary noise); the metric keeps the exact value.
-    assert trained.data.metrics["hp/learning_rate"] == pytest.approx(float(trained.data.params["learning_rate"]), rel=1e-11)
+    # Metaparameters are params only (12 significant digits; trials.csv keeps the exact values), not charts.
+    assert not any(key.startswith("hp/") for key in trained.data.metrics)
 
     # Artifacts: the mask loads without pickle, the summary counts the kept parameters.
     mask_path = client.download_artifacts(trained.info.run_id, "mask/mask.npz", str(tmp_path))

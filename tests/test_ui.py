@@ -49,8 +49,14 @@ def test_printed_links_open_the_runs_and_the_report_renders_its_figures(mlflow_s
     assert "Model training" in page and "Evaluations" not in page
     # Its metrics table leads with the result (the table keeps the order metrics were first logged).
     assert page.index(">steps_to_result<") < page.index(">trials/reached<")
-    # Summary values sit at step 0, which the UI charts as bars, not as lone dots on a line chart.
+    # Its title and description lead with the result; the description links the trial that reached it (the page
+    # lists only the 10 newest trial runs).
     client = MlflowClient(mlflow_server)
+    study_run = client.get_run(link.split("/runs/")[1].split("?")[0])
+    if "steps_to_result" in study_run.data.metrics:
+        assert re.search(r'href="#/experiments/\d+/runs/\w+\?workflowType=machine_learning">trial \d+</a>', page)
+        assert f": {study_run.data.metrics['steps_to_result']:.0f} steps by t0" in study_run.data.tags["mlflow.runName"]
+    # Summary values sit at step 0, which the UI charts as bars, not as lone dots on a line chart.
     trial = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
                                "tags.`edps.kind` = 'trial'", max_results=1)[0]
     assert [point.step for point in client.get_metric_history(trial.info.run_id, "steps_trained")] == [0]

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
 from edps_mlflow import names as n
@@ -61,10 +62,19 @@ def finished_trials(client: StoreClient, experiment_id: str, spec: StudySpec) ->
             steps_to_result=steps, goal_steps=stored_goal_steps(spec, metrics, steps),
             steps_trained=int(metrics.get(n.METRIC_STEPS_TRAINED, 0)),
             best_validation_error=metrics.get(n.METRIC_BEST_VALIDATION_ERROR),
-            seconds_per_step=metrics.get(n.METRIC_SECONDS_PER_STEP), pack_size=metrics.get(n.METRIC_PACK_SIZE),
+            seconds_per_step=trial_number(run, n.METRIC_SECONDS_PER_STEP),
+            pack_size=trial_number(run, n.METRIC_PACK_SIZE),
             device=run.data.params.get(n.PARAM_DEVICE), epochs=tuple(trial_epochs(tags)),
         )
     return found
+
+
+def trial_number(run: Run, name: str) -> float | None:
+    """A trial run's one-value number: a param (a metric on trial runs written before they were params)."""
+    if name in run.data.metrics:
+        return run.data.metrics[name]
+    text = run.data.params.get(name)
+    return None if text is None else float(text)
 
 
 def neighbour_best_point(client: StoreClient, experiment_id: str,

@@ -258,7 +258,8 @@ class StudyTracker:
         if pruning:
             metrics.update({n.METRIC_PRUNING_SECONDS: pruning["seconds"],
                             n.METRIC_PRUNING_SECONDS_SAVED: pruning["seconds_saved"]})
-        tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed)}
+        tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed),
+                n.MLFLOW_RUN_NAME: study_run_name(spec, outcome)}
         rungs = goal_results(spec, outcome.records)
         metrics.update(study_goal_metrics(spec, rungs))
         tags.update(study_goal_tags(spec, outcome, rungs, MAX_TAG_VALUE))
@@ -325,15 +326,17 @@ class StudyTracker:
         self.trial_specs[trial.index] = trial
         params = {**trial.metaparameters, n.PARAM_SEED: trial.init_seed, n.PARAM_TRIAL_INDEX: trial.index,
                   n.PARAM_BATCH_SIZE: spec.batch_size, n.PARAM_SPARSITY: spec.sparsity,
-                  n.PARAM_OPTIMIZER: spec.optimizer, n.PARAM_WORKLOAD: spec.workload, **pruning_params(spec)}
-        metrics = {n.METRIC_HP_PREFIX + k: v for k, v in trial.metaparameters.items()}
-        metrics.update({n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity})
+                  n.PARAM_OPTIMIZER: spec.optimizer, n.PARAM_WORKLOAD: spec.workload, n.PARAM_GOAL: spec.goal_error,
+                  **pruning_params(spec)}
+        # One-value facts of a trial are params (its metaparameters are already): the chart view draws a metric
+        # as a chart, sections in alphabetical order, and constants would lead it (read/trials.py reads both).
+        metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity}
         if pruning is not None:
             params[n.PARAM_PRUNING_SCORES] = pruning.source.value
             if pruning.source is not ScoreSource.NONE:
-                metrics[n.METRIC_PRUNING_SECONDS] = pruning.seconds
+                params[n.METRIC_PRUNING_SECONDS] = pruning.seconds
             if pruning.source is ScoreSource.CACHED:
-                metrics[n.METRIC_PRUNING_SECONDS_SAVED] = pruning.seconds_saved
+                params[n.METRIC_PRUNING_SECONDS_SAVED] = pruning.seconds_saved
         log_batch(self.client, run_id, params=params, metrics=metrics)
         if mask is None:
             return
@@ -345,7 +348,11 @@ class StudyTracker:
     def log_check(self, trial_index: int, check: Check) -> None:
         metrics = {n.METRIC_TRAIN_LOSS: check.train_loss, n.METRIC_LEARNING_RATE: check.learning_rate}
         if check.validation_error is not None:
-            metrics[n.METRIC_VALIDATION_ERROR] = check.validation_error
+            # Its distance to the goal beside it (the chart view sorts a section's charts by name): a flat line of
+            # the goal itself would be drawn on an axis of its own, and read only by hovering.
+            goal = self.trial_specs[trial_index].study.goal_error
+            metrics.update({n.METRIC_VALIDATION_ERROR: check.validation_error,
+                            n.METRIC_ERROR_MINUS_GOAL: check.validation_error - goal})
         log_batch(self.client, self.trial_runs[trial_index], metrics=metrics, step=check.step)
 
     def log_probe(self, trial_index: int, step: int, values: dict[str, float]) -> None:
@@ -358,16 +365,17 @@ class StudyTracker:
         ours: a process stalled past its lease must not finish a trial that another process trains again."""
         self.owned.require()
         run_id = self.trial_runs.pop(result.index)
-        metrics: dict[str, float] = {n.METRIC_STEPS_TRAINED: result.steps_trained,
-                                     n.METRIC_CHECKS_CUT_SHORT: result.checks_cut_short,
-                                     n.METRIC_TRIAL_SECONDS: result.seconds}
-        params: dict[str, Any] = {}
+        metrics: dict[str, float] = {n.METRIC_STEPS_TRAINED: result.steps_trained}
+        params: dict[str, Any] = {n.METRIC_CHECKS_CUT_SHORT: result.checks_cut_short,
+                                  n.METRIC_TRIAL_SECONDS: result.seconds}
         if result.seconds_per_step is not None:
-            metrics.update({n.METRIC_SECONDS_PER_STEP: result.seconds_per_step, n.METRIC_PACK_SIZE: result.pack_size})
+            # repr, not the params' 12 digits: a study that reuses this trial reads them back exactly.
+            params.update({n.METRIC_SECONDS_PER_STEP: repr(float(result.seconds_per_step)),
+                           n.METRIC_PACK_SIZE: repr(float(result.pack_size))})
             if device is not None:
                 params[n.PARAM_DEVICE] = device
         if result.probe_seconds:
-            metrics[n.METRIC_PROBE_SECONDS] = result.probe_seconds
+            params[n.METRIC_PROBE_SECONDS] = result.probe_seconds
         if result.steps_to_result is not None:
             metrics[n.METRIC_STEPS_TO_RESULT] = result.steps_to_result
         if result.best_validation_error is not None:
