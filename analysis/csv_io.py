@@ -16,13 +16,14 @@ import numpy as np
 import pandas as pd
 
 from edps_mlflow.errors import EdpsError
+from edps_mlflow.parameterization import parse_parameterization
 from edps_mlflow.pruning import parse_method
 from edps_mlflow.results import TrialStatus
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
 # goal: what the study reached for (an error rate, a loss, or in a CSV any positive label of a target);
 # goal_metric: "error" or "loss" where the workload is known; goal_error: the goal, as older tables have it.
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "goal", "goal_metric", "goal_error",
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "parameterization", "goal", "goal_metric", "goal_error",
                  "check_interval", "max_steps", "seed", "steps_to_result", "trials_total", "trials_reached",
                  "trials_not_reached",
                  "trials_diverged", "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step",
@@ -82,6 +83,8 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
                             f"row {_line(bad)} has {table['status'].iloc[_line(bad) - 2]!r}")
     if "pruning" in table.columns:
         table["pruning"] = _checked_methods(path, table["pruning"])
+    if "parameterization" in table.columns:  # an empty cell: a study before the choice, "sp" (regimes.with_curve_axes)
+        table["parameterization"] = _checked_parameterizations(path, table["parameterization"])
     if "batch_size" in table.columns:
         table["batch_size"] = table["batch_size"].astype(int)
         for column in STUDY_COLUMNS:
@@ -121,6 +124,16 @@ def _checked_methods(path: str | Path, column: pd.Series) -> pd.Series:
         except EdpsError as error:
             raise EdpsError(f"{path}: column pruning, row {row}: {error}") from None
     return pd.Series(names, index=column.index, dtype=object)
+
+
+def _checked_parameterizations(path: str | Path, column: pd.Series) -> pd.Series:
+    values = []
+    for row, value in enumerate(column, 2):
+        try:
+            values.append(parse_parameterization(str(value)).value if pd.notna(value) and str(value).strip() else None)
+        except EdpsError as error:
+            raise EdpsError(f"{path}: column parameterization, row {row}: {error}") from None
+    return pd.Series(values, index=column.index, dtype=object)
 
 
 def _read_text(path: Path) -> str:

@@ -358,6 +358,7 @@ def load_probe_values(experiments: tuple[str, ...], metric: str, tracking_uri: s
         base = {"workload": tags.get(n.TAG_WORKLOAD), "optimizer": tags.get(n.TAG_OPTIMIZER),
                 "sparsity": float(tags.get(n.TAG_SPARSITY, "nan")),
                 "pruning": tags.get(n.TAG_PRUNING, TAG_DEFAULTS["pruning"]),
+                "parameterization": tags.get(n.TAG_PARAMETERIZATION, TAG_DEFAULTS["parameterization"]),
                 "batch_size": int(tags.get(n.TAG_BATCH_SIZE, 0)),
                 "trial_run_id": run.info.run_id, "study_key": tags.get(n.TAG_STUDY_KEY)}
         rows.append({**base, "value": run.data.metrics[metric]})

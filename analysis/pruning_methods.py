@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.bootstrap import BASIS_COLUMNS, interval_basis_warning
-from analysis.regimes import curve_columns, fit_of, matching, with_curve_axes
+from analysis.regimes import curve_columns, dense_in_every_parameterization, fit_of, matching, with_curve_axes
 from analysis.replicates import point_steps
+from edps_mlflow.curves import TAG_DEFAULTS
 from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
 
 SUMMARY_COLUMNS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high")
@@ -33,7 +34,7 @@ def _steps(curve: pd.DataFrame) -> pd.Series:
 
 def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
     """Per pruned curve and batch size: its steps, the dense steps, their ratio, both normalised curves."""
-    table = with_curve_axes(table)
+    table = dense_in_every_parameterization(with_curve_axes(table))
     family = _family(table)
     rows = []
     for key, group in table.groupby(family, sort=True, dropna=False):
@@ -56,7 +57,8 @@ def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fit_of(fits: pd.DataFrame | None, head: dict, sparsity: float, pruning: str) -> dict:
-    row = fit_of(fits, {**head, "sparsity": sparsity, "pruning": pruning})
+    dense = {"parameterization": TAG_DEFAULTS["parameterization"]} if sparsity == 0.0 else {}  # StudySpec's "sp"
+    row = fit_of(fits, {**head, "sparsity": sparsity, "pruning": pruning, **dense})
     return {} if row is None else {c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in row.index}
 
 

@@ -17,13 +17,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.csv_io import csv_text
-from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table
+from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table, with_curve_axes
 from analysis.report import fit_summary, markdown_table
 from edps_mlflow import names as n
 from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import provenance_tags
 from edps_mlflow.errors import EdpsError
-from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.store.client import log_batch, log_points, resolve_tracking_uri
 from edps_mlflow.store.trouble import store_error_text
@@ -61,8 +60,8 @@ def _curve_names(table: pd.DataFrame) -> dict[Any, str]:
     """Each row's curve in metric names (CurveId.chart_name), by the table's index."""
     several = table["workload"].nunique() > 1 if len(table) else False
     varying = [c for c in PROTOCOL_KEYS if c in table.columns and table[c].nunique(dropna=True) > 1]
-    return {index: CurveId(row["workload"], row["optimizer"], row["sparsity"], row.get("pruning", DEFAULT_METHOD))
-            .chart_name({c: row[c] for c in varying}, several) for index, row in table.iterrows()}
+    return {index: CurveId.from_values(row).chart_name({c: row[c] for c in varying}, several)
+            for index, row in with_curve_axes(table).iterrows()}
 
 
 def chart_metrics(studies: pd.DataFrame, fits: pd.DataFrame | None) -> list[tuple[str, float, int]]:

@@ -45,6 +45,15 @@ def with_curve_axes(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(**filled) if filled else table
 
 
+def dense_in_every_parameterization(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (with its curve axes) with its dense studies once more under each other parameterisation it
+    holds: StudySpec spells the dense study "sp", which SμPar's sparse curves are compared with too."""
+    dense = table[table["sparsity"] == 0.0]
+    others = [p for p in table["parameterization"].unique() if p != TAG_DEFAULTS["parameterization"]]
+    return pd.concat([table, *(dense.assign(parameterization=p) for p in others)], ignore_index=True) \
+        if len(dense) and others else table
+
+
 def curve_columns(table: pd.DataFrame) -> list[str]:
     """The columns that identify a curve in ``table``: CURVE_KEYS, then the protocol columns it holds."""
     return list(CURVE_KEYS) + [k for k in PROTOCOL_KEYS if k in table.columns and table[k].notna().any()]
@@ -327,7 +336,7 @@ def sparsity_comparison(table: pd.DataFrame, repeats: int = 200, seed: int = 0) 
     """Per curve and batch size (its point, by the point rule): steps relative to the dense curve of its family
     (every curve axis but the sparsity and the method, and the protocol), with a 95% interval where both points
     have MIN_REPLICATES replicates, and each curve normalised by its first point."""
-    table = with_curve_axes(table)
+    table = dense_in_every_parameterization(with_curve_axes(table))
     rows = []
     protocol = curve_columns(table)[len(CURVE_KEYS):]
     family = [axis for axis in CURVE_KEYS if axis not in ("sparsity", "pruning")]

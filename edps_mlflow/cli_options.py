@@ -20,6 +20,7 @@ from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, STUDY_FIELDS, Option
 from edps_mlflow.mlproject import Backend, EnvManager
 from edps_mlflow.optimizers import optimizer_names
+from edps_mlflow.parameterization import PARAMETERIZATIONS, parse_parameterizations
 from edps_mlflow.pruning import METHODS, parse_methods
 from edps_mlflow.workloads import WORKLOADS
 
@@ -135,7 +136,8 @@ class ExperimentName(click.ParamType):
 REGISTRIES: dict[str, tuple[str, ...]] = {
     "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
     "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": tuple(EXECUTORS),
-    "backends": tuple(b.value for b in Backend), "env_managers": tuple(e.value for e in EnvManager),
+    "parameterization": PARAMETERIZATIONS, "backends": tuple(b.value for b in Backend),
+    "env_managers": tuple(e.value for e in EnvManager),
 }
 LISTS = {name: ", ".join(names) for name, names in REGISTRIES.items()}
 OPTIONAL_INT = _Read("integer|default", _number(integer=True))
@@ -157,8 +159,9 @@ KINDS: dict[str, dict[str, Any]] = {
     "names": {"type": _Read("text", lambda text: tuple(part.strip() for part in text.split(",")), absent=())},
     "methods": {"type": _Read("text", parse_methods, absent=())},
     "probes": {"type": _Read("text", parse_probes, absent=())},
+    "parameterizations": {"type": _Read("text", parse_parameterizations, absent=())},
     **{name: {"type": click.Choice(REGISTRIES[name])}
-       for name in ("probe_trials", "grids", "executors", "backends", "env_managers")},
+       for name in ("parameterization", "probe_trials", "grids", "executors", "backends", "env_managers")},
 }
 
 

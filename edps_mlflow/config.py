@@ -17,6 +17,7 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.names import goals_text
 from edps_mlflow.fields import key_fields
 from edps_mlflow.optimizers import get_optimizer, parse_optimizer
+from edps_mlflow.parameterization import Parameterization, parse_parameterization
 from edps_mlflow.pruning import DEFAULT_METHOD, method_info, parse_method
 from edps_mlflow.workloads import InputLayout, Workload, get_workload
 
@@ -143,6 +144,9 @@ class StudySpec:
     # A goal ladder (easiest first, ending at ``goal_error``): every rung is measured from the same trials. Empty
     # for a one-goal study, the only spelling of it, so that its key is the key it always had.
     goals: tuple[float, ...] = ()
+    # SP (the paper's) or SμPar (supar.py). At sparsity 0 every density is 1 and SμPar is SP to the bit: spelled
+    # "sp" there, so that one dense study serves both.
+    parameterization: Parameterization = Parameterization.SP
 
     def __post_init__(self) -> None:
         """Raise EdpsError with one clear sentence for the first bad value; normalise the rest."""
@@ -180,6 +184,8 @@ class StudySpec:
         object.__setattr__(self, "allow_tf32", bool(self.allow_tf32))
         pruning = parse_method(self.pruning)
         object.__setattr__(self, "pruning", DEFAULT_METHOD if self.sparsity == 0.0 else pruning)
+        parameterization = parse_parameterization(self.parameterization)
+        object.__setattr__(self, "parameterization", Parameterization.SP if self.sparsity == 0.0 else parameterization)
         if method_info(pruning).needs_continuous_inputs and workload.input_layout is InputLayout.TOKENS:
             raise EdpsError(f"{pruning} feeds the network an all-ones input; workload {workload.name} takes token "
                             f"ids: choose another pruning method")

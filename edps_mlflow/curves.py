@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from edps_mlflow.names import TAG_OPTIMIZER, TAG_PRUNING, TAG_SPARSITY, TAG_WORKLOAD
+from edps_mlflow.names import TAG_OPTIMIZER, TAG_PARAMETERIZATION, TAG_PRUNING, TAG_SPARSITY, TAG_WORKLOAD
+from edps_mlflow.parameterization import Parameterization
 from edps_mlflow.pruning import DEFAULT_METHOD
 
 
@@ -26,9 +27,12 @@ class CurveId:
     # Last, so that the axes before it keep their positions. At sparsity 0 it is "snip" (StudySpec): the one
     # dense curve that every method's curves are compared with.
     pruning: str = DEFAULT_METHOD
+    # After pruning, for the same reason; at sparsity 0 it is "sp" (StudySpec).
+    parameterization: str = Parameterization.SP.value
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sparsity", float(self.sparsity) + 0.0)  # -0.0 is 0.0, as in StudySpec
+        object.__setattr__(self, "parameterization", Parameterization(self.parameterization).value)
 
     @classmethod
     def of(cls, spec: Any) -> "CurveId":
@@ -71,6 +75,8 @@ class CurveId:
         parts = self.within_workload()
         if self.sparsity == 0.0:
             parts.pop("pruning")
+        if self.parameterization == Parameterization.SP.value:
+            parts.pop("parameterization")
         return " ".join(str(value) if name == "optimizer" else f"{name}={value:g}" if isinstance(value, float)
                         else f"{name}={value}" for name, value in parts.items())
 
@@ -78,8 +84,11 @@ class CurveId:
     def chart_name(self, protocol: Mapping[str, float] | None = None, workload: bool = False) -> str:
         """The curve in a metric's name (names.curve_metric), alike on sweep and analysis runs: ``sgd/sp0.5``, a
         method other than SNIP's after the sparsity (``sgd/sp0.9/random``), then the protocol values that tell the
-        run's curves apart (``/goal0.05``); the workload first with ``workload``."""
+        run's curves apart (``/goal0.05``); the workload first with ``workload``. SμPar's curves end their axes in
+        ``/supar`` (``sgd/sp0.5/supar``)."""
         name = f"{self.optimizer}/sp{self.sparsity:g}" + (f"/{self.pruning}" if self.pruning != DEFAULT_METHOD else "")
+        if self.parameterization != Parameterization.SP.value:
+            name += f"/{self.parameterization}"
         name += "".join(f"/{key}{value:g}" for key, value in (protocol or {}).items())
         return f"{self.workload}/{name}" if workload else name
 
@@ -88,9 +97,10 @@ CURVE_AXES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CurveId))
 _AXIS_TYPES = {f.name: f.type for f in dataclasses.fields(CurveId)}
 # The tag each axis is written under on study and trial runs (tracking writes them; names.py has the names).
 CURVE_TAGS: dict[str, str] = {"workload": TAG_WORKLOAD, "optimizer": TAG_OPTIMIZER, "sparsity": TAG_SPARSITY,
-                              "pruning": TAG_PRUNING}
-# The value a run without an axis' tag was measured at: runs made before pruning methods existed were SNIP's.
-TAG_DEFAULTS: dict[str, Any] = {"pruning": DEFAULT_METHOD}
+                              "pruning": TAG_PRUNING, "parameterization": TAG_PARAMETERIZATION}
+# The value a run without an axis' tag was measured at: runs made before pruning methods existed were SNIP's,
+# before parameterisations SP's.
+TAG_DEFAULTS: dict[str, Any] = {"pruning": DEFAULT_METHOD, "parameterization": Parameterization.SP.value}
 
 
 def _read_tag(name: str, tags: Mapping[str, str]) -> Any:

@@ -20,6 +20,7 @@ from edps_mlflow.data.splits import DataSplits
 from edps_mlflow.optimizers.base import PackedState
 from edps_mlflow.probes import ProbeHook, ProbeView
 from edps_mlflow.results import Check, TrialResult, TrialStatus, training_limit
+from edps_mlflow.supar import PackedGroup, parameter_groups
 from edps_mlflow.trials import TrialSetup
 from edps_mlflow.workloads import GoalMetric, InputLayout, Workload
 
@@ -124,11 +125,14 @@ class SingleTrainer:
         self.parameters = list(self.model.parameters())
         self.names = [name for name, _ in self.model.named_parameters()]
         self.masks = None if setup.mask.is_dense else [setup.mask.tensors[n].to(device) for n in self.names]
-        self.optimizer = setup.optimizer.kind.torch_optimizer(self.parameters, setup.optimizer)
+        scales = setup.learning_rate_scales  # SμPar's per-weight multipliers (supar.py); none under SP
+        groups = parameter_groups(self.names, self.parameters, scales, setup.optimizer.schedule.learning_rate)
+        self.optimizer = setup.optimizer.kind.torch_optimizer(groups if scales else self.parameters, setup.optimizer)
 
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         if learning_rates is not None:
-            self.optimizer.param_groups[0]["lr"] = learning_rates[0]
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rates[0] * group.get("lr_scale", 1.0)
         loss = self.loss(self.model(images.contiguous(memory_format=self.memory_format)), labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -178,7 +182,17 @@ class PackedTrainer:
         if len(kinds) != 1:
             raise ValueError("packed trials must share one optimizer")
         self.kind = kinds.pop()
-        self.state = PackedState([s.optimizer for s in setups], self.params)
+        # The names that share SμPar's learning-rate multipliers (one per trial) train as one group with its own
+        # rates; under SP one group of every name at multiplier 1.
+        shared: dict[tuple[float, ...], list[str]] = {}
+        for name in self.names:
+            shared.setdefault(tuple(s.learning_rate_scales.get(name, 1.0) for s in setups), []).append(name)
+        optimizers = [s.optimizer for s in setups]
+        self.groups = [PackedGroup(names, list(scales), PackedState(optimizers, {n: self.params[n] for n in names}))
+                       for scales, names in shared.items()]
+        if len(self.groups) > 1:
+            for group in self.groups:
+                group.set_rates([o.schedule.learning_rate for o in optimizers])
         self.device = device
         self.exact_count = workload.goal_metric is GoalMetric.ERROR_RATE
 
@@ -197,10 +211,13 @@ class PackedTrainer:
     def step(self, images: Tensor, labels: Tensor, learning_rates: Sequence[float] | None) -> Tensor:
         gradients, losses = self._gradients(self.params, images, labels)
         if learning_rates is not None:
-            self.state.set_rates(learning_rates)
+            for group in self.groups:
+                group.set_rates(learning_rates)
         if self.masks is not None:
             gradients = {name: gradient * self.masks[name] for name, gradient in gradients.items()}
-        self.kind.packed_step(self.state, self.params, gradients)
+        for group in self.groups:
+            part = gradients if len(self.groups) == 1 else {name: gradients[name] for name in group.names}
+            self.kind.packed_step(group.state, self.params, part)
         return losses
 
     @torch.no_grad()
@@ -222,7 +239,9 @@ class PackedTrainer:
         self.params = {n: p.index_select(0, index) for n, p in self.params.items()}
         if self.masks is not None:
             self.masks = {n: m.index_select(0, index) for n, m in self.masks.items()}
-        self.state.keep(positions)
+        for group in self.groups:
+            group.state.keep(positions)
+            group.scales = [group.scales[k] for k in positions]
 
     def probe_view(self) -> ProbeView:
         return self.template, lambda: self.params, self.masks

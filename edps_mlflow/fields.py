@@ -124,6 +124,12 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
     _key("goals", "goals", "none", "Comma-separated goals, easiest first (e.g. 0.10,0.05,0.03, or losses in nats on a "
          "loss-goal workload): each gets its own best trial and steps-to-result from one set of trials, at the cost "
          "of the hardest alone (instead of --goal-error).", key_default=()),
+    # Studies made before the choice were SP's. At sparsity 0 SμPar is SP to the bit: one dense study, spelled "sp".
+    _key("parameterization", "parameterization", "sp", "sp (the paper's standard parameterisation) or supar "
+         "(SμPar: each masked layer's initial variance and learning rate divided by its density; "
+         "docs/parameterization.md).", key_default="sp",
+         axis=_option("parameterizations", "parameterizations", "sp", "Comma-separated, an axis beside the "
+                      "sparsities: sp, supar. Sparsity 0 is one dense study for both.", parameter=True)),
     # A study's option only: the MLproject's main entry point runs one study (a sweep's option has a parameter).
     _run("replicates", "count", "1", _REPLICATES_HELP),
     _run("full_trials", "bool", "false", "true: run every trial to its own end instead of exact early stopping "

@@ -28,6 +28,8 @@ TAG_SPARSITY = "edps.sparsity"
 TAG_BATCH_SIZE = "edps.batch_size"
 # The pruning method ("snip", "shuffle(snip)", ...); runs made before methods existed lack it (curves.TAG_DEFAULTS).
 TAG_PRUNING = "edps.pruning"
+# "sp" or "supar" (parameterization.py); runs made before the choice lack it and were "sp" (curves.TAG_DEFAULTS).
+TAG_PARAMETERIZATION = "edps.parameterization"
 TAG_VERSION = "edps.version"
 TAG_CODE_VERSION = "edps.code_version"  # the version with the git commit, and .dirty for uncommitted changes
 TAG_GIT_DIRTY = "edps.git_dirty"

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.replicates import point_value, spread
-from edps_mlflow.curves import CURVE_AXES, CurveId
+from edps_mlflow.curves import CURVE_AXES, TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.results import RunState
@@ -53,18 +53,19 @@ def tables_of(rows: list[StudyRow]) -> dict[tuple, pd.DataFrame]:
         by_study.setdefault((row.curve, row.batch_size), []).append(row)
     for (curve, batch_size), group in by_study.items():
         cells.append({**curve.as_dict(), "batch_size": batch_size, "cell": _point_cell(group)})
-    # The dense study is every method's sparsity 0 (StudySpec names its method snip): its column goes into the
-    # table of each method measured beside it.
-    siblings = [axis for axis in TABLE_AXES if axis != "pruning"]
-    methods: dict[tuple, set[str]] = {}
+    # The dense study is every method's and parameterisation's sparsity 0 (StudySpec names it snip and sp): its
+    # column goes into the table of each measured beside it.
+    shared = ("pruning", "parameterization")
+    siblings = [axis for axis in TABLE_AXES if axis not in shared]
+    methods: dict[tuple, set[tuple]] = {}
     for cell in cells:
         if cell["sparsity"] != 0.0:
-            methods.setdefault(tuple(cell[axis] for axis in siblings), set()).add(cell["pruning"])
+            methods.setdefault(tuple(cell[axis] for axis in siblings), set()).add(tuple(cell[a] for a in shared))
     shown = []
     for cell in cells:
         if cell["sparsity"] == 0.0:
-            beside = methods.get(tuple(cell[axis] for axis in siblings), {cell["pruning"]})
-            shown += [{**cell, "pruning": method} for method in sorted(beside)]
+            beside = methods.get(tuple(cell[axis] for axis in siblings), {tuple(cell[a] for a in shared)})
+            shown += [{**cell, **dict(zip(shared, values))} for values in sorted(beside)]
         else:
             shown.append(cell)
     table = pd.DataFrame(shown)
@@ -124,7 +125,8 @@ def format_status(tables: dict[tuple, pd.DataFrame]) -> str:
     named = {family[TABLE_AXES.index("pruning")] for family in tables} != {DEFAULT_METHOD}
     for family, grid in sorted(tables.items()):
         title = " / ".join(f"pruned by {value}" if axis == "pruning" else str(value)
-                           for axis, value in zip(TABLE_AXES, family) if axis != "pruning" or named)
+                           for axis, value in zip(TABLE_AXES, family) if (axis != "pruning" or named)
+                           and (axis != "parameterization" or value != TAG_DEFAULTS["parameterization"]))
         ladder = " (a goal ladder: goal:steps per rung)" if grid.map(lambda c: ":" in c).any(axis=None) else ""
         seeds = " (replicates: the geometric mean of the seeds that reached, where more than half reached; " \
             "reached/seeds, min..max)" if grid.map(lambda c: "seeds" in c).any(axis=None) else ""

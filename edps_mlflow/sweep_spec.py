@@ -14,6 +14,7 @@ from edps_mlflow.fields import GRID_AXES
 from edps_mlflow.mlproject import ProjectLaunch
 from edps_mlflow.names import goals_text
 from edps_mlflow.optimizers import parse_optimizer
+from edps_mlflow.parameterization import Parameterization, parse_parameterization
 from edps_mlflow.pruning import DEFAULT_METHOD, parse_method
 from edps_mlflow.resources import check_device_name
 from edps_mlflow.workloads import get_workload
@@ -31,12 +32,15 @@ class SweepSpec:
     prunings: tuple[str, ...] = (DEFAULT_METHOD,)
     # Independent studies per grid point: seeds protocol.seed, protocol.seed + 1, ... (the same search points).
     replicates: int = 1
+    parameterizations: tuple[Parameterization, ...] = (Parameterization.SP,)
 
     def __post_init__(self) -> None:
         replicate_seeds(self.protocol.seed, self.replicates)  # refused in one line past the largest seed
         object.__setattr__(self, "prunings", tuple(parse_method(m) for m in self.prunings))
+        object.__setattr__(self, "parameterizations", tuple(parse_parameterization(p) for p in self.parameterizations))
         for name, values in (("optimizers", self.optimizers), ("batch sizes", self.batch_sizes),
-                             ("sparsities", self.sparsities), ("pruning methods", self.prunings)):
+                             ("sparsities", self.sparsities), ("pruning methods", self.prunings),
+                             ("parameterizations", self.parameterizations)):
             if not values:
                 raise EdpsError(f"a sweep needs at least one value of {name}")
             if len(set(values)) != len(values):
@@ -48,7 +52,8 @@ class SweepSpec:
     @classmethod
     def build(cls, workload: str, optimizers: tuple[str, ...], batch_sizes: tuple[int, ...] | None = None,
               sparsities: tuple[float, ...] | None = (0.0,), *protocol: Any,
-              prunings: tuple[str, ...] = (DEFAULT_METHOD,), replicates: int = 1, **named: Any) -> "SweepSpec":
+              prunings: tuple[str, ...] = (DEFAULT_METHOD,), replicates: int = 1,
+              parameterizations: tuple[str, ...] = (Parameterization.SP,), **named: Any) -> "SweepSpec":
         """A sweep of one study protocol: ``protocol`` and ``named`` are StudySpec.build's arguments after the
         batch size (the workload's value wherever one is None). Batch sizes default to the powers of two from 2
         to the largest that fits the training split, sparsities to 0."""
@@ -57,7 +62,7 @@ class SweepSpec:
         first = optimizers[0] if optimizers else "sgd"
         study = StudySpec.build(workload, first, 0.0, batch_sizes[0] if batch_sizes else 1, *protocol, **named)
         return cls(study, tuple(parse_optimizer(o) for o in optimizers), batch_sizes,
-                   (0.0,) if sparsities is None else sparsities, prunings, replicates)
+                   (0.0,) if sparsities is None else sparsities, prunings, replicates, tuple(parameterizations))
 
     @property
     def workload(self) -> str:
@@ -68,9 +73,10 @@ class SweepSpec:
         that the first replicate of every point comes first."""
         return list(dict.fromkeys(
             replace(self.protocol, optimizer=optimizer, sparsity=sparsity, pruning=pruning, batch_size=batch_size,
-                    seed=seed)
+                    seed=seed, parameterization=parameterization)
             for seed in self.seeds for optimizer in self.optimizers for sparsity in self.sparsities
-            for pruning in self.prunings for batch_size in self.batch_sizes))
+            for pruning in self.prunings for parameterization in self.parameterizations
+            for batch_size in self.batch_sizes))
 
     @property
     def seeds(self) -> range:
@@ -84,9 +90,11 @@ class SweepSpec:
         # SNIP alone is every sweep's grid before methods existed: those sweeps keep their keys.
         methods = {} if self.prunings == (DEFAULT_METHOD,) else {"prunings": list(self.prunings)}
         replicates = {} if self.replicates == 1 else {"replicates": self.replicates}  # one: every older sweep
+        parameterizations = {} if self.parameterizations == (Parameterization.SP,) else {
+            "parameterizations": [p.value for p in self.parameterizations]}
         return content_key({
             "kind": "sweep", "optimizers": list(self.optimizers), "batch_sizes": list(self.batch_sizes),
-            "sparsities": list(self.sparsities), **methods, **replicates, **protocol})
+            "sparsities": list(self.sparsities), **methods, **replicates, **parameterizations, **protocol})
 
     def params(self) -> dict[str, Any]:
         """The sweep run's params."""
@@ -99,6 +107,8 @@ class SweepSpec:
                 "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"goals": goals_text(p.goals)} if p.goals else {}),
                 **({"replicates": self.replicates} if self.replicates > 1 else {}),
+                **({"parameterization": ",".join(p.value for p in self.parameterizations)}
+                   if self.parameterizations != (Parameterization.SP,) else {}),
                 **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 
 

@@ -60,9 +60,9 @@ def _row(optimizer: str, sparsity: float, batch_size: int, steps: int | None, pr
 
 def test_status_never_shares_a_cell_between_curves():
     tables = status.tables_of([_row("sgd", 0.0, 64, 100), _row("sgd", 0.9, 64, 300), _row("momentum", 0.0, 64, 50)])
-    assert set(tables) == {(DIGITS, "sgd", "snip"), (DIGITS, "momentum", "snip")}
-    assert tables[(DIGITS, "sgd", "snip")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "300"}
-    assert tables[(DIGITS, "momentum", "snip")].loc[64].to_dict() == {"sparsity 0": "50"}
+    assert set(tables) == {(DIGITS, "sgd", "snip", "sp"), (DIGITS, "momentum", "snip", "sp")}
+    assert tables[(DIGITS, "sgd", "snip", "sp")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "300"}
+    assert tables[(DIGITS, "momentum", "snip", "sp")].loc[64].to_dict() == {"sparsity 0": "50"}
     # SNIP alone (every store made before methods existed): titled as it always was.
     assert "digits-simple-cnn / sgd: steps-to-result" in status.format_status(tables)
 
@@ -70,9 +70,9 @@ def test_status_never_shares_a_cell_between_curves():
 def test_status_shows_a_grid_per_method_each_with_the_dense_column():
     tables = status.tables_of([_row("sgd", 0.0, 64, 100), _row("sgd", 0.9, 64, 300),
                                _row("sgd", 0.9, 64, 250, "random"), _row("sgd", 0.9, 64, 280, "shuffle(snip)")])
-    assert set(tables) == {(DIGITS, "sgd", m) for m in ("snip", "random", "shuffle(snip)")}
-    assert tables[(DIGITS, "sgd", "random")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "250"}
-    assert tables[(DIGITS, "sgd", "shuffle(snip)")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "280"}
+    assert set(tables) == {(DIGITS, "sgd", m, "sp") for m in ("snip", "random", "shuffle(snip)")}
+    assert tables[(DIGITS, "sgd", "random", "sp")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "250"}
+    assert tables[(DIGITS, "sgd", "shuffle(snip)", "sp")].loc[64].to_dict() == {"sparsity 0": "100", "sparsity 0.9": "280"}
     assert "digits-simple-cnn / sgd / pruned by random:" in status.format_status(tables)
 
 

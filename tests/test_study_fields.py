@@ -13,6 +13,7 @@ import click
 import pytest
 import yaml
 
+from edps_mlflow.parameterization import PARAMETERIZATIONS
 from edps_mlflow.adaptive import Goal
 from edps_mlflow.cli import cli
 from edps_mlflow.config import PROBE_NAMES, ProbeTrials, StudySpec, content_key
@@ -145,7 +146,8 @@ def test_every_choice_is_its_registrys():
     assert choices == {
         ("study", "probe_trials"): probe_trials, ("sweep", "probe_trials"): probe_trials,
         ("sweep", "grid"): ["none", "paper"], ("sweep", "executor"): REGISTRIES["executors"],
-        ("sweep", "backend"): REGISTRIES["backends"], ("sweep", "env_manager"): REGISTRIES["environment managers"]}
+        ("sweep", "backend"): REGISTRIES["backends"], ("sweep", "env_manager"): REGISTRIES["environment managers"],
+        ("study", "parameterization"): list(PARAMETERIZATIONS)}
 
 
 def test_the_batch_size_is_validated_by_the_study_before_any_data_load():

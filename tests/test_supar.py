@@ -1,0 +1,130 @@
+"""SμPar (--parameterization supar, supar.py): each masked convolution's and linear layer's initial variance and
+learning rate divided by its density, checked against a hand computation on the digits network; sp's keys
+unchanged and the dense supar study sp's own; a bad value refused; a real tiny study under supar."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from analysis.load import load_studies
+from edps_mlflow.curves import CurveId
+from edps_mlflow.engine import PackedTrainer, SingleTrainer
+from edps_mlflow.parameterization import Parameterization
+from edps_mlflow.sweep_spec import SweepSpec
+
+from conftest import edps_here
+from helpers import DIGITS, digits_data, setups_for, study_spec
+
+SCALED = ("conv1.weight", "conv2.weight", "fc.weight")  # the digits network's convolutions and linear layer
+
+
+def _setups(optimizer: str, sparsity: float, parameterization: str, point: dict[str, float], count: int = 1,
+            pruning: str = "random"):
+    spec = replace(study_spec(optimizer=optimizer, sparsity=sparsity), pruning=pruning,
+                   parameterization=parameterization)
+    return setups_for(spec, [dict(point) for _ in range(count)])
+
+
+def test_initial_variance_of_each_masked_layer_is_the_dense_networks():
+    """The same draw as SP's, times density^-1/2 on the kept weights: each layer's mean square over all its
+    entries (pruned ones zero) is the dense network's, 1 / fan-in (TF's fan-in variance scaling), within sampling
+    error; biases and the learning rate of nothing else change."""
+    point = {"learning_rate": 0.1}
+    (dense,), (sp,), (supar,) = (_setups("sgd", s, p, point) for s, p in ((0.0, "sp"), (0.7, "sp"), (0.7, "supar")))
+    assert set(supar.learning_rate_scales) == set(SCALED) and not sp.learning_rate_scales
+    for name in SCALED:
+        mask = supar.mask.tensors[name]
+        density = float(mask.sum()) / mask.numel()
+        assert supar.learning_rate_scales[name] == pytest.approx(1 / density)
+        assert torch.allclose(supar.initial_parameters[name], sp.initial_parameters[name] / math.sqrt(density))
+        fan_in = mask[0].numel()
+        tolerance = 4 * math.sqrt(2 / mask.sum().item())  # the relative error of a mean of squares of kept draws
+        for setup in (dense, supar):
+            assert setup.initial_parameters[name].pow(2).mean().item() == pytest.approx(1 / fan_in, rel=tolerance)
+        assert sp.initial_parameters[name].pow(2).mean().item() == pytest.approx(density / fan_in, rel=tolerance)
+    assert torch.equal(supar.initial_parameters["fc.bias"], sp.initial_parameters["fc.bias"])
+
+
+def _first_updates(setups, images, labels, rate):
+    """Each trial's first update per parameter, on the lone path and on the packed path."""
+    lone = []
+    for setup in setups:
+        trainer = SingleTrainer(DIGITS, setup, torch.device("cpu"), channels_last=False)
+        trainer.step(images, labels, [rate])
+        lone.append({n: p.detach() - setup.initial_parameters[n] for n, p in trainer.model.named_parameters()})
+    packed = PackedTrainer(DIGITS, setups, torch.device("cpu"))
+    packed.step(images, labels, [rate] * len(setups))
+    return lone, [{n: packed.params[n][k] - s.initial_parameters[n] for n in packed.names}
+                  for k, s in enumerate(setups)]
+
+
+def _gradients(setup, images, labels):
+    model = DIGITS.build_model()
+    model.load_state_dict(setup.initial_parameters)
+    DIGITS.loss(model(images), labels).backward()
+    return {n: p.grad * setup.mask.tensors[n] for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_first_update_of_each_layer_is_the_learning_rate_over_its_density(optimizer):
+    """By hand: SGD's first update is -(lr / density) g on a masked weight (g its masked gradient), -lr g on a bias;
+    Adam's is -(lr / density) g / (|g| + eps), about lr / density in size where g is not tiny, the dense network's
+    lr. Two packed trials (SNIP's masks: their densities differ) against each alone: the same numbers."""
+    rate = 0.05 if optimizer == "sgd" else 1e-3
+    setups = _setups(optimizer, 0.8, "supar", {"learning_rate": rate}, count=2, pruning="snip")
+    data = digits_data()
+    images, labels = data.train_images[:32], data.train_labels[:32]
+    lone, packed = _first_updates(setups, images, labels, rate)
+    for setup, alone, together in zip(setups, lone, packed):
+        gradients = _gradients(setup, images, labels)
+        for name, gradient in gradients.items():
+            scale = setup.learning_rate_scales.get(name, 1.0)
+            assert (scale > 1.0) == (name in SCALED), name
+            expected = -rate * scale * (gradient if optimizer == "sgd" else gradient / (gradient.abs() + 1e-8))
+            assert torch.allclose(alone[name], expected, rtol=1e-3, atol=1e-7 * scale), (optimizer, name)
+            assert torch.allclose(together[name], alone[name], rtol=1e-4, atol=1e-7 * scale), (optimizer, name)
+        if optimizer == "adam":
+            kept = gradients["fc.weight"].abs() > 1e-4
+            size = alone["fc.weight"][kept].abs()
+            assert size.max().item() == pytest.approx(rate * setup.learning_rate_scales["fc.weight"], rel=0.01)
+    assert setups[0].learning_rate_scales != setups[1].learning_rate_scales  # each trial its own densities
+
+
+def test_keys_curves_and_the_dense_supar_study():
+    """sp keeps every key (the field at its default is left out); supar at sparsity 0 is the sp study; a sweep over
+    both parameterisations has one dense curve and a supar curve per sparsity, charted as .../supar."""
+    sp = study_spec(sparsity=0.5)
+    assert replace(sp, parameterization="sp").study_key == sp.study_key
+    assert replace(sp, parameterization="supar").study_key != sp.study_key
+    dense = study_spec()
+    assert replace(dense, parameterization="supar").parameterization is Parameterization.SP
+    sweep = SweepSpec.build("digits-simple-cnn", ("sgd",), (64, 128), (0.0, 0.5), parameterizations=("sp", "supar"))
+    assert sorted({CurveId.of(s).chart_name() for s in sweep.studies()}) == ["sgd/sp0", "sgd/sp0.5", "sgd/sp0.5/supar"]
+    assert CurveId.from_tags({"edps.workload": "w", "edps.optimizer": "sgd", "edps.sparsity": "0.5"}) \
+        .parameterization == "sp"  # a run from before the field
+    assert SweepSpec.build("digits-simple-cnn", ("sgd",), (64,), (0.5,)).sweep_key == \
+        SweepSpec.build("digits-simple-cnn", ("sgd",), (64,), (0.5,), parameterizations=("sp",)).sweep_key
+
+
+@pytest.mark.parametrize("args", [["study", "--parameterization", "mup"],
+                                  ["sweep", "--parameterizations", "sp,mup"],
+                                  ["sweep", "--parameterizations", "supar,supar"]])
+def test_a_bad_parameterization_is_refused_in_one_line(args, sqlite_uri):
+    code, printed = edps_here(args, sqlite_uri)
+    assert code == 2 and len(printed.strip().splitlines()) == 1, printed
+    assert "parameterization" in printed
+
+
+def test_a_tiny_supar_study_on_digits(sqlite_uri):
+    """A real study under supar: its run carries the curve's tag, and the analysis' study table its column."""
+    code, printed = edps_here(["study", "--bs", "64", "--sparsity", "0.5", "--pruning", "random", "--parameterization",
+                               "supar", "--trials", "2", "--max-steps", "40", "--check-interval", "20",
+                               "--workers", "1"], sqlite_uri)
+    assert code == 0, printed
+    table = load_studies((), sqlite_uri)
+    assert list(table["parameterization"]) == ["supar"]
+    assert CurveId.from_values(table.iloc[0]).chart_name() == "sgd/sp0.5/random/supar"
