@@ -235,7 +235,7 @@ def draw_steps(table: pd.DataFrame, workload: str, optimizer: str, tolerance: fl
         b = points["batch_size"].to_numpy(dtype=float)
         s = points["steps_to_result"].to_numpy(dtype=float)
         valid = np.isfinite(s) & (s > 0)
-        label = " ".join([curve_words(key[2], literal(key[3]), several)]
+        label = " ".join([curve_words(key[2], literal(key[3]), several, key[4])]
                          + [f"{columns[i]} {literal(key[i])}" for i in varying])
         axis.plot(b[valid], s[valid], "o-", color=colour, label=label, linewidth=1.6)
         heights += _error_bars(axis, points[valid], colour)
@@ -261,14 +261,14 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
     group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.2), layout="tight")
     # a line per sparsity, pruning method and protocol (the protocol columns that sparsity_comparison kept)
-    keys = ["sparsity", "pruning"] + [c for c in curve_columns(group)[len(CURVE_KEYS):]
-                                      if group[c].nunique(dropna=False) > 1]
+    keys = ["sparsity", "pruning", "parameterization"] + [c for c in curve_columns(group)[len(CURVE_KEYS):]
+                                                          if group[c].nunique(dropna=False) > 1]
     lines = list(group.groupby(keys, sort=True, dropna=False))
     colours = plt.cm.viridis(np.linspace(0.0, 0.85, max(1, len(lines))))
     several = several_methods(group)
     for colour, (key, curve) in zip(colours, lines):
-        label = " ".join([curve_words(key[0], literal(key[1]), several)]
-                         + [f"{c} {literal(v)}" for c, v in zip(keys[2:], key[2:])])
+        label = " ".join([curve_words(key[0], literal(key[1]), several, key[2])]
+                         + [f"{c} {literal(v)}" for c, v in zip(keys[3:], key[3:])])
         curve = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         left.plot(curve["batch_size"], curve["normalised_by_first"], "o-", color=colour, label=label)
         right.plot(curve["batch_size"], curve["relative_to_dense"], "o-", color=colour, label=label)
@@ -463,7 +463,7 @@ def goals_figure(goals: pd.DataFrame, workload: str, optimizer: str, directory: 
     figure, axes = plt.subplots(1, len(_GOAL_PANELS), figsize=(15.0, 3.8), layout="tight")
     for axis, (title, ylabel, drawn) in zip(axes, _GOAL_PANELS):
         for colour, (key, curve) in zip(colours, lines):
-            label = " ".join([curve_words(key[2], literal(key[3]), several)]
+            label = " ".join([curve_words(key[2], literal(key[3]), several, key[4])]
                              + [f"{c} {literal(curve[c].iloc[0])}" for c in varying])
             for column, marker, style in drawn:
                 _draw_against_goal(axis, curve.sort_values("goal"), column, marker, style, colour,

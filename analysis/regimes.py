@@ -346,6 +346,8 @@ def sparsity_comparison(table: pd.DataFrame, repeats: int = 200, seed: int = 0) 
         dense_replicates = replicate_steps(group[group["sparsity"] == 0.0])
         dense = pd.Series({size: point_value(steps) for size, steps in dense_replicates.items()}, dtype=float)
         for (sparsity, pruning), curve in group.groupby(["sparsity", "pruning"], sort=True):
+            if sparsity == 0.0 and head["parameterization"] != TAG_DEFAULTS["parameterization"]:
+                continue  # sp's dense curve, the reference of this family, is shown once: under sp
             replicates = replicate_steps(curve)
             sizes = np.array(sorted(replicates))
             steps = np.array([point_value(replicates[size]) for size in sizes])

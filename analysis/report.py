@@ -35,14 +35,21 @@ def _number(value: object, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def curve_words(sparsity: float, pruning: str, several_methods: bool) -> str:
-    """``sparsity 0.9``, or ``sparsity 0.9 random`` beside other methods (the dense curve names none)."""
-    return f"sparsity {sparsity:g}" + (f" {pruning}" if several_methods and sparsity > 0 else "")
+def curve_words(sparsity: float, pruning: str, several_methods: bool, parameterization: str = "sp") -> str:
+    """``sparsity 0.9``, or ``sparsity 0.9 random`` beside other methods (the dense curve names none), then
+    ``supar`` for a curve under SμPar (sp's, the paper's, names none)."""
+    return f"sparsity {sparsity:g}" + (f" {pruning}" if several_methods and sparsity > 0 else "") + \
+        (f" {parameterization}" if parameterization not in ("sp", None) and pd.notna(parameterization) else "")
 
 
 def several_methods(table: pd.DataFrame) -> bool:
     """Whether ``table``'s pruned curves come from more than one pruning method."""
     return "pruning" in table.columns and table.loc[table["sparsity"] > 0, "pruning"].nunique() > 1
+
+
+def any_supar(table: pd.DataFrame) -> bool:
+    """Whether ``table`` holds a curve under SμPar (its tables then name each curve's parameterisation)."""
+    return "parameterization" in table.columns and bool((table["parameterization"].fillna("sp") != "sp").any())
 
 
 def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tuple[str, str], pd.DataFrame]:
@@ -55,13 +62,13 @@ def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tu
     for (workload, optimizer), group in points.groupby(["workload", "optimizer"], sort=True):
         goals = ["goal"] if "goal" in group.columns and group["goal"].nunique() > 1 else []
         # the fewest steps of the curves (protocols) that share a cell, as the sort put them first
-        grid = group.pivot_table(index="batch_size", columns=goals + ["sparsity", "pruning"], values="cell",
-                                 aggfunc="first", dropna=False)
+        grid = group.pivot_table(index="batch_size", columns=goals + ["sparsity", "pruning", "parameterization"],
+                                 values="cell", aggfunc="first", dropna=False).dropna(axis=1, how="all")
         grid = grid.reindex(sorted(group["batch_size"].unique()))
         if goals:  # easiest first: the largest goal, for an error as for a loss
             grid = grid[sorted(grid.columns, key=lambda c: (-c[0], *c[1:]))]
         several = several_methods(group)
-        grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-2:], several) for c in grid.columns]
+        grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-3:-1], several, c[-1]) for c in grid.columns]
         grid.index.name = "batch size"
         grids[(workload, optimizer)] = grid.fillna("-")
     return grids
@@ -138,12 +145,13 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
     """The fit table for people: values with their 95% intervals in brackets; ``n/a`` for a B_crit the
     hyperbola does not give (:func:`hyperbola_applies`)."""
     rows = []
-    several = several_methods(fits)
+    several, supar = several_methods(fits), any_supar(fits)
     goals = "goal" in fits.columns and fits["goal"].notna().any()
     for _, row in fits.iterrows():
         rows.append({
             "workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
             **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
+            **({"parameterization": row["parameterization"]} if supar else {}),
             **({"goal": _number(row["goal"])} if goals else {}),
             "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": _fitted(row, "b_crit"),
             "E_min (examples)": _fitted(row, "e_min"),
@@ -160,10 +168,11 @@ def fit_summary(fits: pd.DataFrame) -> pd.DataFrame:
 def goal_summary(goals: pd.DataFrame) -> pd.DataFrame:
     """The goal table for people: values with their 95% intervals in brackets (E_min's from the same resamples
     as S_min's and B_crit's: each resample's own S_min B_crit)."""
-    several = several_methods(goals)
+    several, supar = several_methods(goals), any_supar(goals)
     family = [c for c in family_columns(goals)[len(CURVE_KEYS):] if goals[c].nunique(dropna=False) > 1]
     rows = [{"workload": row["workload"], "optimizer": row["optimizer"], "sparsity": f"{row['sparsity']:g}",
              **({"pruning": row["pruning"] if row["sparsity"] > 0 else "-"} if several else {}),
+             **({"parameterization": row["parameterization"]} if supar else {}),
              **{column: _number(row[column]) for column in family},
              "goal": f"{row['goal']:g}" + (f" ({row['goal_metric']})" if pd.notna(row["goal_metric"]) else ""),
              "points": row["points"], "S_min": with_interval(row, "s_min"), "B_crit": _fitted(row, "b_crit"),
@@ -198,8 +207,8 @@ def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFra
 
 
 def _curve_name(row: pd.Series, varying: list[str], several: bool) -> str:
-    return " ".join([str(row["workload"]), str(row["optimizer"]), curve_words(row["sparsity"], row.get("pruning", ""),
-                                                                              several)]
+    return " ".join([str(row["workload"]), str(row["optimizer"]),
+                     curve_words(row["sparsity"], row.get("pruning", ""), several, row.get("parameterization", "sp"))]
                     + [f"{column} {_number(row[column])}" for column in varying])
 
 

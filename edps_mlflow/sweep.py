@@ -28,6 +28,7 @@ from edps_mlflow.executors.base import Executor, SweepRun, study_label
 from edps_mlflow.names import KIND_SWEEP, goals_text
 from edps_mlflow.process_settings import launcher_run_id
 from edps_mlflow.progress import SweepProgress, SweepStudy
+from edps_mlflow.parameterization import Parameterization
 from edps_mlflow.pruning import DEFAULT_METHOD
 from edps_mlflow.resources import cuda_devices
 from edps_mlflow.results import RunState, StudyReport
@@ -233,7 +234,8 @@ def _plan(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, out: TextIO) 
 
 
 def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
-    """The sweep run's description: its steps-to-result, a Markdown table per optimizer and pruning method."""
+    """The sweep run's description: its steps-to-result, a Markdown table per optimizer, pruning method and
+    parameterisation."""
     p = spec.protocol
     goal = f"goals {goals_text(p.goals)} (the table: the hardest)" if p.goals else \
         f"goal {p.goal_error:g}"
@@ -245,13 +247,17 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
              f"reached the goal); each study is a child run.{each}"]
     steps: dict[tuple, list[int | None]] = {}
     for s in plan:
-        steps.setdefault((s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.batch_size), []).append(
-            s.steps_to_result)
+        steps.setdefault((s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.parameterization,
+                          s.spec.batch_size), []).append(s.steps_to_result)
     header = ["batch size", *(f"sparsity {s:g}" for s in spec.sparsities)]
-    for optimizer, pruning in ((o, m) for o in spec.optimizers for m in spec.prunings):
-        rows = [[b, *(_point_cell(steps.get((optimizer, s, pruning if s > 0 else DEFAULT_METHOD, b), []))
+    for optimizer, pruning, form in ((o, m, f) for o in spec.optimizers for m in spec.prunings
+                                     for f in spec.parameterizations):
+        # The dense study is spelled snip and sp (StudySpec): every table's sparsity 0.
+        dense = (DEFAULT_METHOD, Parameterization.SP)
+        rows = [[b, *(_point_cell(steps.get((optimizer, s, *((pruning, form) if s > 0 else dense), b), []))
                       for s in spec.sparsities)] for b in spec.batch_sizes]
-        title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "")
+        title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "") + \
+            (f", {form.value}" if spec.parameterizations != (Parameterization.SP,) else "")
         parts.append(f"**{title}**\n\n{markdown_table(header, rows)}")
     return "\n\n".join(parts)
 

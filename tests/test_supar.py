@@ -12,12 +12,14 @@ import torch
 
 from analysis.load import load_studies
 from edps_mlflow.curves import CurveId
-from edps_mlflow.engine import PackedTrainer, SingleTrainer
+from edps_mlflow.engine import BatchStream, PackedTrainer, SingleTrainer
+from edps_mlflow.optimizers import get_optimizer, optimizer_names
 from edps_mlflow.parameterization import Parameterization
+from edps_mlflow.supar import parameter_groups
 from edps_mlflow.sweep_spec import SweepSpec
 
 from conftest import edps_here
-from helpers import DIGITS, digits_data, setups_for, study_spec
+from helpers import DIGITS, SMOOTH, digits_data, noise_data, setups_for, study_spec
 
 SCALED = ("conv1.weight", "conv2.weight", "fc.weight")  # the digits network's convolutions and linear layer
 
@@ -128,3 +130,39 @@ def test_a_tiny_supar_study_on_digits(sqlite_uri):
     table = load_studies((), sqlite_uri)
     assert list(table["parameterization"]) == ["supar"]
     assert CurveId.from_values(table.iloc[0]).chart_name() == "sgd/sp0.5/random/supar"
+
+
+@pytest.mark.parametrize("name", optimizer_names())
+def test_a_packed_supar_trial_equals_its_lone_torch_trial_to_the_bit(name):
+    """test_optimizers' proof under supar: two SNIP trials (their own densities, so their own multipliers) packed
+    and each alone with its torch optimizer over SμPar's parameter groups, fed the same gradients, the first
+    stopping after 3 steps, the other warmed up: its weights after 6 steps are the same to the bit."""
+    data = noise_data()
+    points = get_optimizer(name).space.points(2)
+    points[1].update(warmup_steps=3.0)
+    spec = replace(study_spec(optimizer=name, sparsity=0.5, batch_size=16), parameterization="supar")
+    setups = setups_for(spec, points, workload=SMOOTH, data=data)
+    packed = PackedTrainer(SMOOTH, setups, torch.device("cpu"))
+    lone = [{n: p.clone() for n, p in setup.initial_parameters.items()} for setup in setups]
+    optimizers = [s.optimizer.kind.torch_optimizer(parameter_groups(list(p), list(p.values()), s.learning_rate_scales,
+                                                                    s.optimizer.schedule.learning_rate), s.optimizer)
+                  for s, p in zip(setups, lone)]
+    stream = BatchStream(data.train_size, 16, 0, torch.device("cpu"))
+    for step in range(6):
+        if step == 3:
+            packed.keep([1])
+            setups, lone, optimizers = setups[1:], lone[1:], optimizers[1:]
+        batch = stream.next()
+        images, labels = data.train_images[batch], data.train_labels[batch]
+        gradients, _ = packed._gradients(packed.params, images, labels)
+        rates = [setup.optimizer.schedule.learning_rate_at(step) for setup in setups]
+        for k, (setup, parameters, optimizer) in enumerate(zip(setups, lone, optimizers)):
+            for group in optimizer.param_groups:
+                group["lr"] = rates[k] * group.get("lr_scale", 1.0)  # as SingleTrainer.step
+            for n, parameter in parameters.items():
+                parameter.grad = gradients[n][k] * setup.mask.tensors[n]
+            optimizer.step()
+        packed.step(images, labels, rates)
+    assert setups[0].learning_rate_scales
+    for n, parameter in lone[0].items():
+        assert torch.equal(packed.params[n][0], parameter), (name, n)
