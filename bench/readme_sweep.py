@@ -3,7 +3,7 @@
     python bench/readme_sweep.py [--readme README.md]          (nice -n 10 on a shared machine)
 
 Reads README itself: the `edps sweep` command of its marked newcomer blocks, the grid it names ("7 batch sizes x
-2 sparsities") and the cost it states ("about 29,000 trial-steps, 2.3 CPU-minutes"), so that a README edit is what
+2 sparsities") and the cost it states ("about 29,000 trial-steps, 2.5 CPU-minutes"), so that a README edit is what
 is measured. Runs that command as a user does, from an empty temporary folder (a fresh store, MLFLOW_TRACKING_URI
 and MLFLOW_EXPERIMENT_NAME unset), and prints its studies, trial-steps (the study runs' own counts), wall and
 CPU seconds (user + system of the command and its worker processes) and the load average around it. DRIFT
