@@ -352,7 +352,8 @@ def tuning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     studies = tuning_input(studies)
     points = tuning_points(studies)
-    slopes, ratios = slope_table(studies, points, tolerance, bootstrap, seed), sparsity_ratios(points)
+    slopes = slope_table(studies, points, tolerance, bootstrap, seed)
+    ratios = sparsity_ratios(studies, points, bootstrap, seed)
     table = points.merge(slopes.drop(columns=["points"]), how="left").merge(
         ratios.drop(columns=["best_learning_rate"]), how="left")
     _emit(table, output_format, tuning_text(source, points, slopes, ratios))

@@ -120,7 +120,7 @@ def tuning_sections(studies: pd.DataFrame, tolerance: float, repeats: int, seed:
     except EdpsError:
         return [], {}
     points = tuning_points(table)
-    slopes, ratios = slope_table(table, points, tolerance, repeats, seed), sparsity_ratios(points)
+    slopes, ratios = slope_table(table, points, tolerance, repeats, seed), sparsity_ratios(table, points, repeats, seed)
     title = ("What the tuning found: the log-log slope of the best learning rate against batch size in perfect "
              "scaling (about 1 expected for SGD, 0.5 for Adam; 95% bootstrap intervals over replicates)")
     sections: list[Section] = [(title, slope_summary(slopes), tuning_figure(points, slopes, directory, formats))]

@@ -6,11 +6,12 @@ learning rate relative to the dense curve's, under each parameterization (``sp``
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 
-from analysis.bootstrap import percentile_interval
+from analysis.bootstrap import Interval, percentile_interval
 from analysis.intervals import Basis, grounds, resampled_points
 from analysis.regimes import CURVE_KEYS, curve_columns, fit_of, fit_table, fit_value, matching, with_curve_axes
 from analysis.replicates import MIN_REPLICATES, point_steps, replicate_steps, spread
@@ -150,48 +151,78 @@ def slope_table(table: pd.DataFrame, points: pd.DataFrame, tolerance: float = 0.
     return pd.DataFrame(rows)
 
 
-def sparsity_ratios(points: pd.DataFrame) -> pd.DataFrame:
+def _mean_ratio_interval(sparse: pd.DataFrame, dense: pd.DataFrame, repeats: int, seed: int) -> Interval:
+    """The 95% percentile interval of the geometric mean ratio over the batch sizes both curves measured, over
+    resamples of both curves' replicates; none unless every shared point has MIN_REPLICATES in both."""
+    ours, theirs = (replicate_steps(_reached_values(rows, LEARNING_RATE)) for rows in (sparse, dense))
+    shared = sorted(set(ours) & set(theirs))
+    if repeats <= 0 or not shared or min(min(len(ours[b]), len(theirs[b])) for b in shared) < MIN_REPLICATES:
+        return Interval(None, None)
+    rng = np.random.default_rng(seed)
+    ratios = resampled_points({b: ours[b] for b in shared}, None, repeats, rng) / resampled_points(
+        {b: theirs[b] for b in shared}, None, repeats, rng)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample that lost every point: no mean
+        return percentile_interval(np.exp(np.nanmean(np.log(ratios), axis=1)), repeats)
+
+
+def sparsity_ratios(table: pd.DataFrame, points: pd.DataFrame, repeats: int = 200,
+                    seed: int = 0) -> pd.DataFrame:
     """Per sparse curve and batch size: its best learning rate over the dense curve's of the same family (every
     curve column but the sparsity, the method and the parameterization) and parameterization; where a
     parameterization has no dense curve, the ``sp`` one's (SμPar changes nothing at density 1), said in
-    ``reference``."""
-    keys = [c for c in points.columns[:list(points.columns).index("batch_size")]]
+    ``reference``. Per curve too: the geometric mean ratio over batch sizes, with its 95% interval over
+    replicates where both curves have MIN_REPLICATES at every shared point."""
+    keys = tuning_keys(table)
     family = [c for c in keys if c not in ("sparsity", "pruning", PARAMETERIZATION)]
     frames = []
-    for _, group in points.groupby(family, sort=True, dropna=False):
+    for head, group in points.groupby(family, sort=True, dropna=False):
+        dense_rows = table[matching(table, dict(zip(family, head))) & (table["sparsity"] == 0.0)]
         dense_of = {name: part.groupby("batch_size")[LEARNING_RATE].first()
                     for name, part in group[group["sparsity"] == 0.0].groupby(PARAMETERIZATION)}
-        for name, sparse in group[group["sparsity"] > 0].groupby(PARAMETERIZATION, sort=True):
+        for (name, _, _), sparse in group[group["sparsity"] > 0].groupby([PARAMETERIZATION, "sparsity", "pruning"]):
             reference = name if name in dense_of else DEFAULT_PARAMETERIZATION
             if reference not in dense_of:
                 continue  # no dense curve at all: nothing to compare with
             dense = dense_of[reference].reindex(sparse["batch_size"]).to_numpy(float)
+            ratio = sparse[LEARNING_RATE].to_numpy(float) / dense
+            interval = _mean_ratio_interval(table[matching(table, sparse.iloc[0][keys].to_dict())],
+                                            dense_rows[dense_rows[PARAMETERIZATION] == reference], repeats, seed)
             frames.append(sparse[[*keys, "batch_size", LEARNING_RATE]].assign(
-                dense_learning_rate=dense, relative_to_dense=sparse[LEARNING_RATE].to_numpy(float) / dense,
-                reference=f"dense {reference}"))
-    columns = [*keys, "batch_size", LEARNING_RATE, "dense_learning_rate", "relative_to_dense", "reference"]
+                dense_learning_rate=dense, relative_to_dense=ratio, reference=f"dense {reference}",
+                mean_ratio=float(np.exp(np.nanmean(np.log(ratio)))) if np.isfinite(ratio).any() else math.nan,
+                mean_ratio_low=interval.low, mean_ratio_high=interval.high))
+    columns = [*keys, "batch_size", LEARNING_RATE, "dense_learning_rate", "relative_to_dense", "reference",
+               "mean_ratio", "mean_ratio_low", "mean_ratio_high"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def ratio_lines(ratios: pd.DataFrame) -> list[str]:
     """Per parameterization: how far the sparse curves' best learning rate moves from the dense one's: the
-    geometric mean ratio per sparsity, the range over batch sizes, and the factor between sparsities."""
+    geometric mean ratio per sparse curve with its interval, the range over batch sizes, and the factor the
+    means span across the sparsities."""
     lines = []
     for name, part in ratios.dropna(subset=["relative_to_dense"]).groupby(PARAMETERIZATION, sort=True):
         logs = np.log(part["relative_to_dense"].to_numpy(float))
-        by_curve = part.groupby(["sparsity", "pruning"])["relative_to_dense"].apply(
-            lambda r: float(np.exp(np.log(r).mean())))
-        means = [1.0, *by_curve]  # the dense curve's own ratio is 1
+        by_curve = part.groupby(["sparsity", "pruning"], sort=True).first()
+        means = [1.0, *by_curve["mean_ratio"]]  # the dense curve's own ratio is 1
         borrowed = (part["reference"] != f"dense {name}").any()
+        bare = by_curve["mean_ratio_low"].isna().any()
         lines.append(
             f"{name}: sparse / dense best learning rate, geometric mean over batch sizes per sparse curve: "
-            + ", ".join(f"{curve_words(s, m, several_methods(part)).removeprefix('sparsity ')}: {r:.3g}x"
-                        for (s, m), r in by_curve.items())
-            + f" (each point: {math.exp(logs.min()):.3g}x..{math.exp(logs.max()):.3g}x); across the sparsities, dense "
-            f"included, it spans a factor {max(means) / min(means):.3g}"
-            + (" (the dense reference is the sp curve: none was measured under this parameterization)"
+            + ", ".join(f"{curve_words(s, m, several_methods(part)).removeprefix('sparsity ')}: "
+                        f"{_times(with_interval(row, 'mean_ratio'))}" for (s, m), row in by_curve.iterrows())
+            + f" (each point: {math.exp(logs.min()):.3g}x..{math.exp(logs.max()):.3g}x); across the sparsities, "
+            f"dense included, the means span a factor {max(means) / min(means):.3g}"
+            + (f"; no interval where a point has fewer than {MIN_REPLICATES} replicates" if bare else "")
+            + ("; the dense reference is the sp curve: none was measured under this parameterization"
                if borrowed else ""))
     return lines
+
+
+def _times(value: str) -> str:
+    """``2.02x`` of ``2.02``; ``2.02x [1.97, 2.06]`` of ``2.02 [1.97, 2.06]``."""
+    return value.replace(" [", "x [", 1) if " [" in value else f"{value}x"
 
 
 def curve_label(row: pd.Series, varying: list[str], several: bool) -> str:

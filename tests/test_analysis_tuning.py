@@ -5,6 +5,7 @@ one's under each parameterization; on synthetic study tables of known answers, a
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -35,7 +36,7 @@ def _curve(sparsity: float = 0.0, lr_factor: float = 1.0, seeds: int = 1, jitter
 def _analysed(rows: list[dict], repeats: int = 100) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     table = tuning_input(pd.DataFrame(rows))
     points = tuning_points(table)
-    return points, slope_table(table, points, repeats=repeats), sparsity_ratios(points)
+    return points, slope_table(table, points, repeats=repeats), sparsity_ratios(table, points, repeats)
 
 
 def test_slope_one_is_recovered_in_perfect_scaling_and_ratio_one_where_sparse_equals_dense():
@@ -45,7 +46,8 @@ def test_slope_one_is_recovered_in_perfect_scaling_and_ratio_one_where_sparse_eq
     assert np.allclose(slopes["slope"], 1.0) and (slopes["slope_all"] < 0.9).all()  # the flat end pulls it down
     assert "no slope interval: the fewest replicates at a point is 1" in slopes["note"].iloc[0]
     assert np.allclose(ratios["relative_to_dense"], 1.0) and set(ratios["reference"]) == {"dense sp"}
-    assert "spans a factor 1" in ratio_lines(ratios)[0]
+    line = ratio_lines(ratios)[0]
+    assert "span a factor 1" in line and "no interval where a point has fewer" in line
 
 
 def test_replicates_give_a_slope_interval_and_a_point_is_their_geometric_mean():
@@ -78,7 +80,7 @@ def test_parameterizations_are_curves_of_their_own_and_borrow_the_dense_sp_refer
     by = ratios.groupby("parameterization")["relative_to_dense"]
     assert np.allclose(by.get_group("sp"), 0.5) and np.allclose(by.get_group("supar"), 1.0)
     lines = ratio_lines(ratios)
-    assert lines[0].startswith("sp: ") and "spans a factor 2" in lines[0]
+    assert lines[0].startswith("sp: ") and "span a factor 2" in lines[0]
     assert lines[1].startswith("supar: ") and "the dense reference is the sp curve" in lines[1]
     text = tuning_text("test", points, slopes, ratios)
     assert "sparsity 0.5 supar" in text and max(map(len, text.splitlines())) <= 100
@@ -100,7 +102,8 @@ def test_the_command_prints_writes_csv_and_json_and_draws_the_figure(tmp_path, m
                                                                        "best_learning_rate.svg"]
     main(["tuning", "--csv", path, "--bootstrap", "50"])
     text = capsys.readouterr().out
-    assert "w / sgd: learning rate" in text and "2x" in text and max(map(len, text.splitlines())) <= 100
+    assert "w / sgd: learning rate" in text and max(map(len, text.splitlines())) <= 100
+    assert re.search(r"0\.5: 2\.\d+x \[1\.\d+, 2\.\d+\]", " ".join(text.split())), text  # mean ratio, interval
     main(["tuning", "--csv", path, "--format", "json", "--bootstrap", "0"])
     records = json.loads(capsys.readouterr().out)
     assert len(records) == 2 * len(SIZES) and {"slope", "relative_to_dense", "parameterization"} <= set(records[0])
@@ -137,4 +140,4 @@ def test_each_pruning_method_is_its_own_sparse_curve_against_one_dense_curve():
     rows = _curve(0.0) + _curve(0.5, 0.5) + [{**row, "pruning": "random"} for row in _curve(0.5, 2.0)]
     _, _, ratios = _analysed(rows, repeats=0)
     line = ratio_lines(ratios)[0]
-    assert "0.5 random: 2x" in line and "0.5 snip: 0.5x" in line and "spans a factor 4" in line
+    assert "0.5 random: 2x" in line and "0.5 snip: 0.5x" in line and "span a factor 4" in line
