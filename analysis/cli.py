@@ -221,7 +221,7 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
 def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
            trials_csv, device_counts, bandwidth, latency, output, svg, log_to_mlflow) -> None:
     """One report file with the grids, the fits, time to result and the figures (PNG; --svg: SVG too)."""
-    from analysis.sections import goal_sections, probe_sections, pruning_sections, time_sections
+    from analysis.sections import goal_sections, probe_sections, pruning_sections, time_sections, tuning_sections
 
     path = Path(output)
     if path.suffix.lower() not in (".md", ".html", ".htm"):
@@ -236,17 +236,19 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     against, goal_tables = goal_sections(studies, fits, directory, formats)
     pruning, pruning_tables = pruning_sections(studies, fits, tolerance, directory, formats)
     times, time_tables = time_sections(studies, model, directory, formats)
+    tuned, tuning_tables = tuning_sections(studies, tolerance, bootstrap, seed, directory, formats)
     probes, probe_tables = probe_sections(experiments, tracking_uri, fits, directory, formats) \
         if not csv_path else ([], {})
-    write_report(path, steps_grids(studies, bootstrap, seed), fits, source, tolerance, figures, against + pruning + times + probes)
+    write_report(path, steps_grids(studies, bootstrap, seed), fits, source, tolerance, figures,
+                 against + pruning + tuned + times + probes)
     click.echo(f"report written to {path}")
     if log_to_mlflow:
         files = [path] + [p for paths in figures.values() for p in paths] + [
-            p for _, _, paths in against + pruning + times + probes for p in paths]
+            p for _, _, paths in against + pruning + tuned + times + probes for p in paths]
         _publish(tracking_uri, experiments, studies,
                  {"fit": fits, "studies": studies, "points": point_table(studies, bootstrap, seed),
                   "sparsity_comparison": sparsity_comparison(studies, bootstrap, seed),
-                  **goal_tables, **pruning_tables, **time_tables, **probe_tables}, files,
+                  **goal_tables, **pruning_tables, **tuning_tables, **time_tables, **probe_tables}, files,
                  {"tolerance": tolerance, "bootstrap": bootstrap, "seed": seed,
                   "devices": ",".join(map(str, device_counts)), "bandwidth_gb_s": bandwidth, "latency_us": latency})
 
@@ -330,6 +332,36 @@ def time_to_result(tracking_uri, experiments, csv_path, workload, optimizer, spa
           f"\n\nFastest batch size per number of devices:\n{render(summary)}\n\nEvery batch size:\n{render(rows)}")
     for path in paths:
         click.echo(str(path), err=True)
+
+
+@cli.command()
+@_SOURCE
+@_TOLERANCE
+@_RESAMPLES
+@_format("table", "csv", "json")
+@click.option("--output-dir", default=None, type=click.Path(), help="Also draw the best learning rate against "
+                                                                     "batch size here (PNG and SVG).")
+def tuning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
+           output_format, output_dir) -> None:
+    """What the tuning found: per curve the best learning rate (and each other tuned metaparameter) against batch
+    size, its log-log slope in perfect scaling with a 95% interval over replicates, and per batch size each sparse
+    curve's best learning rate relative to the dense one's under each parameterization (csv/json: a row per
+    point, its curve's slopes and its ratio to dense)."""
+    from analysis.tuning import sparsity_ratios, slope_table, tuning_input, tuning_points, tuning_text
+
+    studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
+    studies = tuning_input(studies)
+    points = tuning_points(studies)
+    slopes = slope_table(studies, points, tolerance, bootstrap, seed)
+    ratios = sparsity_ratios(studies, points, bootstrap, seed)
+    table = points.merge(slopes.drop(columns=["points"]), how="left").merge(
+        ratios.drop(columns=["best_learning_rate"]), how="left")
+    _emit(table, output_format, tuning_text(source, points, slopes, ratios))
+    if output_dir:
+        from analysis.tuning_plot import tuning_figure
+
+        for path in tuning_figure(points, slopes, Path(output_dir)):
+            click.echo(str(path), err=True)
 
 
 @cli.command()

@@ -21,12 +21,15 @@ from edps_mlflow.pruning import parse_method
 from edps_mlflow.results import TrialStatus
 
 REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to_result")
+# The metaparameters of a study's best trial that the study table holds, as best_<name> (its params best.<name>).
+BEST_METAPARAMETERS = ("learning_rate", "momentum", "beta2", "beta2_half_life", "weight_decay", "tau")
 # goal: what the study reached for (an error rate, a loss, or in a CSV any positive label of a target);
 # goal_metric: "error" or "loss" where the workload is known; goal_error: the goal, as older tables have it.
 STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "parameterization", "goal", "goal_metric", "goal_error",
                  "check_interval", "max_steps", "seed", "steps_to_result", "trials_total", "trials_reached",
                  "trials_not_reached",
-                 "trials_diverged", "trials_superseded", "best_learning_rate", "best_momentum", "seconds_per_step",
+                 "trials_diverged", "trials_superseded", *(f"best_{name}" for name in BEST_METAPARAMETERS),
+                 "seconds_per_step",
                  "pack_size", "device", "model_parameters", "model_parameter_bytes", "experiment", "study_run_id",
                  "study_key", "sweep_run_id")
 TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps_trained")
@@ -35,15 +38,18 @@ TRIAL_COLUMNS = ("study_key", "trial_index", "status", "steps_to_result", "steps
 # is a missing value, except in the columns of _REQUIRED_VALUES.
 _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     # goal_error holds a loss-goal workload's loss too (its metric goal_error): positive, as goal.
-    **dict.fromkeys(("sparsity", "best_momentum"), (0.0, 1.0, True, False)), "goal_error": (0.0, math.inf, False, False),
+    **dict.fromkeys(("sparsity", "best_momentum", "best_beta2"), (0.0, 1.0, True, False)),
+    "goal_error": (0.0, math.inf, False, False),
     **dict.fromkeys(("batch_size", "check_interval", "max_steps", "trials_total", "model_parameters",
                      "model_parameter_bytes"), (1, math.inf, True, True)),
     **dict.fromkeys(("seed", "trial_index", "trials_reached", "trials_not_reached", "trials_diverged",
                      "trials_superseded"),
                     (0, math.inf, True, True)),
-    **dict.fromkeys(("steps_to_result", "best_learning_rate", "seconds_per_step", "goal"),
+    **dict.fromkeys(("steps_to_result", "best_learning_rate", "best_beta2_half_life", "best_tau", "seconds_per_step",
+                     "goal"),
                     (0.0, math.inf, False, False)),
-    "steps_trained": (0, math.inf, True, False), "pack_size": (1.0, math.inf, True, False)}
+    "steps_trained": (0, math.inf, True, False), "best_weight_decay": (0.0, math.inf, True, False),
+    "pack_size": (1.0, math.inf, True, False)}
 _REQUIRED_VALUES = ("workload", "optimizer", "sparsity", "batch_size", "study_key", "trial_index", "status")
 MAX_CSV_BYTES = 256 * 2**20  # a sweep of 10,000 studies is about 2 MB
 # What a spreadsheet runs as a formula when a cell starts with it (OWASP, CSV injection); a number such as -0.5

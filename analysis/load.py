@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.csv_io import STUDY_COLUMNS, TRIAL_COLUMNS, read_csv
+from analysis.csv_io import BEST_METAPARAMETERS, STUDY_COLUMNS, TRIAL_COLUMNS, read_csv
 from edps_mlflow import names as n
 from edps_mlflow.curves import TAG_DEFAULTS, CurveId
 from edps_mlflow.errors import EdpsError
@@ -164,12 +164,12 @@ def _study_row(run: Any, experiment: str) -> dict[str, Any] | None:
         curve, batch_size = CurveId.from_tags(tags), int(tags[n.TAG_BATCH_SIZE])
     except (KeyError, ValueError):
         return None
-    statuses, best = ("reached", "not_reached", "diverged", "superseded"), ("learning_rate", "momentum")
+    statuses = ("reached", "not_reached", "diverged", "superseded")
     return {**curve.as_dict(), "batch_size": batch_size, "experiment": experiment, "study_run_id": run.info.run_id,
             "study_key": tags.get(n.TAG_STUDY_KEY), "sweep_run_id": tags.get(n.MLFLOW_PARENT_RUN_ID),
             **{name: _number(params.get(n.PARAM_SPEC_PREFIX + name))
                for name in ("check_interval", "max_steps", "seed")},
-            **{f"best_{name}": _number(params.get(n.PARAM_BEST_PREFIX + name)) for name in best},
+            **{f"best_{name}": _number(params.get(n.PARAM_BEST_PREFIX + name)) for name in BEST_METAPARAMETERS},
             **{f"trials_{status}": metrics.get(n.trials_metric(status)) for status in statuses},
             "steps_to_result": metrics.get(n.METRIC_STEPS_TO_RESULT), "goal_error": metrics.get(n.METRIC_GOAL_ERROR),
             "trials_total": metrics.get(n.METRIC_TRIALS_TOTAL), "pack_size": metrics.get(n.METRIC_PACK_SIZE),
@@ -228,7 +228,7 @@ def _study_rows(run: Any, experiment: str, goal_metrics: dict[str, str | None]) 
                 "steps_to_result": metrics.get(n.goal_steps_metric(goal), np.nan),
                 **_status_counts(tags.get(_outcomes_tag(tags, goal)))}
         if tags.get(n.goal_best_trial_tag(goal)) != hardest_best:  # the run has the hardest rung's best only
-            rung.update(best_learning_rate=None, best_momentum=None)
+            rung.update({f"best_{name}": None for name in BEST_METAPARAMETERS})
         rows.append((key, rung))
     return rows
 

@@ -106,3 +106,25 @@ def probe_sections(experiments: tuple[str, ...], tracking_uri: str | None, fits:
         sections.append(("Gradient noise scale B_simple beside the fitted B_crit", tables["noise_scale"],
                          noise_scale_figure(tables["noise_scale"], directory, formats)))
     return sections, tables
+
+
+def tuning_sections(studies: pd.DataFrame, tolerance: float, repeats: int, seed: int, directory: Path,
+                    formats: tuple[str, ...]) -> tuple[list[Section], Tables]:
+    """The best learning rate against batch size: its slope in perfect scaling and the figure, and how it moves
+    with sparsity; none where the studies have no best learning rates or no curve of two batch sizes."""
+    from analysis.tuning import ratio_lines, slope_summary, slope_table, sparsity_ratios, tuning_input, tuning_points
+    from analysis.tuning_plot import tuning_figure
+
+    try:
+        table = tuning_input(studies)
+    except EdpsError:
+        return [], {}
+    points = tuning_points(table)
+    slopes, ratios = slope_table(table, points, tolerance, repeats, seed), sparsity_ratios(table, points, repeats, seed)
+    title = ("What the tuning found: the log-log slope of the best learning rate against batch size in perfect "
+             "scaling (about 1 expected for SGD, 0.5 for Adam; 95% bootstrap intervals over replicates)")
+    sections: list[Section] = [(title, slope_summary(slopes), tuning_figure(points, slopes, directory, formats))]
+    if len(ratios):
+        sections.append(("The best learning rate of the sparse curves relative to the dense one's",
+                         pd.DataFrame({"finding": ratio_lines(ratios)}), []))
+    return sections, {"tuning_points": points, "tuning_slopes": slopes, "tuning_ratios": ratios}

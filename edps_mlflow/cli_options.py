@@ -15,6 +15,7 @@ from typing import Any, Callable
 import click
 
 from edps_mlflow.config import PROBE_NAMES, ProbeTrials, parse_probes
+from edps_mlflow.coordinates import Coordinates
 from edps_mlflow.executors import EXECUTORS
 from edps_mlflow.experiment_names import experiment_name_problem
 from edps_mlflow.fields import COMMAND_OPTIONS, SPEC_ARGUMENTS, STUDY_FIELDS, Option
@@ -136,7 +137,8 @@ class ExperimentName(click.ParamType):
 REGISTRIES: dict[str, tuple[str, ...]] = {
     "workloads": tuple(WORKLOADS), "optimizers": optimizer_names(), "methods": tuple(METHODS), "probes": PROBE_NAMES,
     "probe_trials": tuple(k.value for k in ProbeTrials), "grids": ("none", "paper"), "executors": tuple(EXECUTORS),
-    "parameterization": PARAMETERIZATIONS, "backends": tuple(b.value for b in Backend),
+    "parameterization": PARAMETERIZATIONS, "coordinates": tuple(c.value for c in Coordinates),
+    "backends": tuple(b.value for b in Backend),
     "env_managers": tuple(e.value for e in EnvManager),
 }
 LISTS = {name: ", ".join(names) for name, names in REGISTRIES.items()}
@@ -161,7 +163,8 @@ KINDS: dict[str, dict[str, Any]] = {
     "probes": {"type": _Read("text", parse_probes, absent=())},
     "parameterizations": {"type": _Read("text", parse_parameterizations, absent=())},
     **{name: {"type": click.Choice(REGISTRIES[name])}
-       for name in ("parameterization", "probe_trials", "grids", "executors", "backends", "env_managers")},
+       for name in ("parameterization", "probe_trials", "coordinates", "grids", "executors", "backends",
+                    "env_managers")},
 }
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edps_mlflow.coordinates import Coordinates, parse_coordinates
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.names import goals_text
 from edps_mlflow.fields import key_fields
@@ -23,6 +24,7 @@ from edps_mlflow.workloads import InputLayout, Workload, get_workload
 
 if TYPE_CHECKING:
     from edps_mlflow.optimizers.base import TrialOptimizer
+    from edps_mlflow.search import SearchSpace
 
 
 class Schedule(str, Enum):
@@ -144,6 +146,9 @@ class StudySpec:
     # A goal ladder (easiest first, ending at ``goal_error``): every rung is measured from the same trials. Empty
     # for a one-goal study, the only spelling of it, so that its key is the key it always had.
     goals: tuple[float, ...] = ()
+    # What the search tunes: the optimizer's own metaparameters, or beta2 and a decoupled weight decay in
+    # batch-invariant units (coordinates.py); keyed when invariant.
+    search_coordinates: Coordinates = Coordinates.RAW
     # SP (the paper's) or SμPar (supar.py). At sparsity 0 every density is 1 and SμPar is SP to the bit: spelled
     # "sp" there, so that one dense study serves both.
     parameterization: Parameterization = Parameterization.SP
@@ -189,6 +194,8 @@ class StudySpec:
         if method_info(pruning).needs_continuous_inputs and workload.input_layout is InputLayout.TOKENS:
             raise EdpsError(f"{pruning} feeds the network an all-ones input; workload {workload.name} takes token "
                             f"ids: choose another pruning method")
+        object.__setattr__(self, "search_coordinates", parse_coordinates(self.search_coordinates))
+        self.search_space(workload)  # refused in one line: invariant coordinates where the optimizer has none
         if self.data_fingerprint is not None and not (
                 isinstance(self.data_fingerprint, str) and len(self.data_fingerprint) == 64
                 and all(c in "0123456789abcdef" for c in self.data_fingerprint)):
@@ -227,6 +234,10 @@ class StudySpec:
                    check_interval if check_interval is not None else item.check_interval, seed, probes,
                    probe_interval if probe_interval is not None else item.probe_interval,
                    allow_tf32=allow_tf32, probe_trials=probe_trials, pruning=pruning, **fields)
+
+    def search_space(self, workload: Workload) -> SearchSpace:
+        """What the study tunes, in its search coordinates."""
+        return workload.search_space(self.optimizer, self.search_coordinates, self.batch_size)
 
     def key_fields(self) -> dict[str, Any]:
         """The fields hashed into the keys (fields.STUDY_FIELDS; those at their key default are left out)."""

@@ -124,6 +124,10 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
     _key("goals", "goals", "none", "Comma-separated goals, easiest first (e.g. 0.10,0.05,0.03, or losses in nats on a "
          "loss-goal workload): each gets its own best trial and steps-to-result from one set of trials, at the cost "
          "of the hardest alone (instead of --goal-error).", key_default=()),
+    # Studies searched the optimizer's own metaparameters before the choice existed: "raw" is the value keys lack.
+    _key("search_coordinates", "coordinates", "raw", "What the search tunes: raw (the optimizer's own "
+         "metaparameters) or invariant (Adam's and Lion's beta2 as a half-life in examples, a decoupled weight decay "
+         "as its timescale tau in epochs; docs/studies.md).", key_default="raw"),
     # Studies made before the choice were SP's. At sparsity 0 SμPar is SP to the bit: one dense study, spelled "sp".
     _key("parameterization", "parameterization", "sp", "sp (the paper's standard parameterisation) or supar "
          "(SμPar: each masked layer's initial variance and learning rate divided by its density; "

@@ -99,8 +99,8 @@ def order_trials(trials: list[TrialSpec], workload: Workload, neighbour: dict[st
     """Promising metaparameters first: nearest (in unit-cube coordinates) to a neighbour's best."""
     if neighbour is None or not trials:
         return trials
-    space = workload.search_space(trials[0].study.optimizer)
-    if set(neighbour) != set(space.names):
+    space = trials[0].study.search_space(workload)
+    if not set(space.names) <= set(neighbour):
         return trials
     target = space.units(neighbour)
     return sorted(trials, key=lambda t: (float(np.linalg.norm(space.units(t.metaparameters) - target)), t.index))
@@ -149,7 +149,7 @@ def engine_settings(spec: StudySpec, workload: Workload, validation_size: int,
 def plan_study(spec: StudySpec, workload: Workload, tracker: StudyTracker, options: ExecutionOptions,
                device: str, train_size: int, curve_interval: int, unverified_data: str | None = None) -> StudyPlan:
     """Look the trials up in the store, order what is left, and lay it out over processes."""
-    space = workload.search_space(spec.optimizer)
+    space = spec.search_space(workload)
     # A study that probes only its best trial trains (and shares) the plain study's trials.
     trained = spec.training_spec
     trials = [TrialSpec(trained, index, point) for index, point in enumerate(space.points(spec.trials))]
@@ -238,7 +238,7 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
     """The workload, the device and the data, each refused in one line when unusable; the spec fingerprinted; the
     data files that are not the published ones, when accepted (catalog.require_verified)."""
     workload = get_workload(spec.workload)
-    workload.search_space(spec.optimizer)
+    spec.search_space(workload)
     device = str(resources.resolve_device(options.device))
     unverified = require_verified(workload.dataset, options.data_dir, options.accept_unverified_data) \
         if workload.needs_data_dir else None
@@ -378,7 +378,7 @@ def probed_trials(spec: StudySpec, outcome: StudyOutcome, workload: Workload, da
         print("probes: no trial reached the goal, so there is no best trial to probe", file=out, flush=True)
         return ProbedTrials("best", None, None)
     probe_spec = spec.probe_spec
-    points = workload.search_space(spec.optimizer).points(spec.trials)
+    points = spec.search_space(workload).points(spec.trials)
     trials = [TrialSpec(probe_spec, index, point) for index, point in enumerate(points)]
     trial = trials[best.trial.index]
     stored = finished_trials(tracker.client, tracker.experiment_id, probe_spec).get(trial.trial_key)

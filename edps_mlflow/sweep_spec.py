@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edps_mlflow.config import StudySpec, content_key, replicate_seeds
+from edps_mlflow.coordinates import Coordinates
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.executors import check_executor_name
 from edps_mlflow.fields import GRID_AXES
@@ -107,7 +108,9 @@ class SweepSpec:
                 "probe_interval": p.probe_interval, "probe_trials": p.probe_trials.value if p.probes else "",
                 "allow_tf32": p.allow_tf32, **({"goals": goals_text(p.goals)} if p.goals else {}),
                 **({"replicates": self.replicates} if self.replicates > 1 else {}),
-                **({"parameterization": ",".join(p.value for p in self.parameterizations)}
+                **({"search_coordinates": p.search_coordinates.value}
+                   if p.search_coordinates is not Coordinates.RAW else {}),
+                **({"parameterization": ",".join(form.value for form in self.parameterizations)}
                    if self.parameterizations != (Parameterization.SP,) else {}),
                 **({"data_fingerprint": p.data_fingerprint} if p.data_fingerprint else {})}
 

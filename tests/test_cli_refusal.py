@@ -27,6 +27,9 @@ REFUSED = [
     (["sweep", "--batch-sizes", "16,16"], "batch sizes repeat a value"),
     (["sweep", "--device", "gpu"], "unknown device 'gpu'; use cpu or cuda"),
     (["sweep", "--executor", "local", "--env-manager", "uv"], "are options of --executor mlflow-project"),
+    (["study", "--optimizer", "sgd", "--search-coordinates", "invariant"], "optimizer sgd has no batch-invariant"),
+    (["sweep", "--optimizers", "adam,momentum", "--search-coordinates", "invariant"],
+     "optimizer momentum has no batch-invariant coordinates"),
 ]
 
 # Runs each command in one fresh interpreter, as the re-executed launcher does (no second re-exec), and

@@ -145,6 +145,7 @@ def test_every_choice_is_its_registrys():
     probe_trials = [t.value for t in ProbeTrials]
     assert choices == {
         ("study", "probe_trials"): probe_trials, ("sweep", "probe_trials"): probe_trials,
+        ("study", "search_coordinates"): ["raw", "invariant"], ("sweep", "search_coordinates"): ["raw", "invariant"],
         ("sweep", "grid"): ["none", "paper"], ("sweep", "executor"): REGISTRIES["executors"],
         ("sweep", "backend"): REGISTRIES["backends"], ("sweep", "env_manager"): REGISTRIES["environment managers"],
         ("study", "parameterization"): list(PARAMETERIZATIONS)}

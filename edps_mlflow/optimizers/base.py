@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
+from edps_mlflow.coordinates import RAW_OF
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.search import SearchSpace
 
@@ -73,7 +74,9 @@ class Optimizer:
     def trial(self, point: dict[str, float]) -> TrialOptimizer:
         """A trial's optimizer from its metaparameters: the schedule's and its own (any other is an error)."""
         own = [f.name for f in fields(self.settings_type)]
-        unknown = sorted(set(point) - set(own) - set(SCHEDULE_METAPARAMETERS))
+        # A batch-invariant coordinate is recorded beside the raw value it gave (coordinates.py), which is read.
+        recorded = {name for name, raw in RAW_OF.items() if raw in point}
+        unknown = sorted(set(point) - set(own) - set(SCHEDULE_METAPARAMETERS) - recorded)
         if unknown:
             raise EdpsError(f"{self.name} has no metaparameter {unknown[0]!r}; it takes "
                             f"{', '.join(SCHEDULE_METAPARAMETERS + tuple(own))}")

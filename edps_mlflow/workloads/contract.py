@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from edps_mlflow import goal
+from edps_mlflow.coordinates import Coordinates, invariant_space
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.optimizers import OPTIMIZERS, get_optimizer
 from edps_mlflow.search import SearchSpace
@@ -190,9 +191,16 @@ class Workload:
             return self.loss_sum(outputs, targets)
         return self.errors(outputs, targets)
 
-    def search_space(self, optimizer: str) -> SearchSpace:
-        """What a study of ``optimizer`` tunes here: the workload's own space, else the optimizer's default."""
-        return self.search_spaces[optimizer] if optimizer in self.search_spaces else get_optimizer(optimizer).space
+    def search_space(self, optimizer: str, coordinates: Coordinates = Coordinates.RAW,
+                     batch_size: int = 1) -> SearchSpace:
+        """What a study of ``optimizer`` tunes here: the workload's own space, else the optimizer's default; in
+        batch-invariant coordinates at ``batch_size`` when asked (coordinates.py)."""
+        kind = get_optimizer(optimizer)
+        space = self.search_spaces.get(optimizer, kind.space)
+        if coordinates is Coordinates.RAW:
+            return space
+        settings = {f.name for f in fields(kind.settings_type)}
+        return invariant_space(space, optimizer, settings, batch_size, self.train_size)
 
     def require_data(self, data_dir: str | Path | None) -> None:
         """Refuse early, without loading anything, when the dataset's files are not there."""
