@@ -165,7 +165,7 @@ def _check(client: StoreClient, experiment_id: str, name: str, repair: bool, ful
                   if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
     for subject, text in [*found, *harmless(read.facts)]:
         print(f"{name}: {subject}: {text}", file=out)
-    if not complete:
+    if not complete and any(f.kind == KIND_STUDY for f in read.facts):  # an experiment of no studies needs none
         print(f"{name}: the study index is not complete (study runs made before it): commands also search "
               f"the study runs, more slowly; `edps doctor --repair` completes it", file=out)
     involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, read.facts)})
