@@ -11,6 +11,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from analysis.csv_io import TRIAL_COLUMNS
 from analysis.load import load_studies, load_trials
 from analysis.regimes import fit_table
 from edps_mlflow.errors import EdpsError
@@ -24,6 +25,8 @@ FIT_COLUMNS = tuple(f"{name}{end}" for name in ("s_min", "b_crit", "e_min", "b_c
 
 def _names(experiment: Experiments) -> tuple[str, ...]:
     """The experiment names or patterns, each checked by the rule ``--experiment`` applies."""
+    if not (experiment is None or isinstance(experiment, (str, list, tuple, set, frozenset))):
+        raise EdpsError(f"experiment must be a name, a pattern, a list of them or None, got {experiment!r}")
     names = (experiment,) if isinstance(experiment, str) else tuple(experiment or ())
     for name in names:
         problem = experiment_name_problem(name) if isinstance(name, str) else "must be a string"
@@ -32,19 +35,38 @@ def _names(experiment: Experiments) -> tuple[str, ...]:
     return names
 
 
+def _chosen(tracking_uri: str | None, experiment: Experiments, study_table: pd.DataFrame | None) -> pd.DataFrame:
+    """``study_table`` checked to be a study table, else ``experiment``'s studies."""
+    if study_table is None:
+        return studies(tracking_uri, experiment)
+    _uri(tracking_uri)
+    if not isinstance(study_table, pd.DataFrame):
+        raise EdpsError(f"study_table must be a DataFrame that api.studies returned, got {type(study_table).__name__}")
+    missing = [column for column in ("study_run_id", "study_key") if column not in study_table.columns]
+    if missing and not study_table.empty:
+        raise EdpsError(f"study_table lacks {', '.join(missing)}: pass a table that api.studies returned")
+    return study_table
+
+
+def _uri(tracking_uri: str | None) -> str | None:
+    if not (tracking_uri is None or isinstance(tracking_uri, str)):
+        raise EdpsError(f"tracking_uri must be a string or None, got {tracking_uri!r}")
+    return tracking_uri
+
+
 def studies(tracking_uri: str | None = None, experiment: Experiments = None) -> pd.DataFrame:
     """The study table: one row per measurement (a study, or a goal ladder's rung), the latest per study key,
     with the columns of ``edps-analyze export`` (workload, optimizer, sparsity, batch_size, pruning, goal,
     steps_to_result, trial counts, best metaparameters, ..., study_run_id, study_key)."""
-    return load_studies(_names(experiment), tracking_uri)
+    return load_studies(_names(experiment), _uri(tracking_uri))
 
 
 def trials(tracking_uri: str | None = None, experiment: Experiments = None,
            study_table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every trial of the studies: study_key, trial_index, status, steps_to_result, steps_trained. Of
     ``study_table`` (a table ``studies`` returned, filtered as you like) when given, else of ``experiment``'s."""
-    chosen = studies(tracking_uri, experiment) if study_table is None else study_table
-    return load_trials(chosen, tracking_uri)
+    chosen = _chosen(tracking_uri, experiment, study_table)
+    return pd.DataFrame(columns=list(TRIAL_COLUMNS)) if chosen.empty else load_trials(chosen, tracking_uri)
 
 
 def fits(tracking_uri: str | None = None, experiment: Experiments = None, study_table: pd.DataFrame | None = None,
@@ -58,7 +80,7 @@ def fits(tracking_uri: str | None = None, experiment: Experiments = None, study_
             raise EdpsError(f"{name} must be a whole number from {low:,} to {high:,}, got {value!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 10:
         raise EdpsError(f"tolerance must be a number in (0, 10), got {tolerance!r}")
-    chosen = studies(tracking_uri, experiment) if study_table is None else study_table
+    chosen = _chosen(tracking_uri, experiment, study_table)
     if chosen.empty:
         raise EdpsError("the study table holds no studies (filtered to none?)")
     measured = bootstrap > 0 and "study_run_id" in chosen and chosen["study_run_id"].notna().any()

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.csv_io import csv_text
 from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table, with_curve_axes
-from analysis.report import fit_summary, markdown_table
+from analysis.report import fit_summary, hyperbola_applies, markdown_table
 from edps_mlflow import names as n
 from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import provenance_tags
@@ -34,6 +34,9 @@ _FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_c
                 "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
                 "b_crit_threshold_fit_high", "interval_replicates", "b_crit_threshold_censored_low",
                 "b_crit_threshold_censored_high", "b_crit_threshold_decided")
+# What the hyperbola gives: no metric where its note says it does not apply, as the tables print n/a.
+_HYPERBOLA_METRICS = tuple(f"{name}{end}" for name in ("b_crit", "e_min", "b_crit_threshold_fit")
+                           for end in ("", "_low", "_high"))
 # What the intervals rest on, as a metric (a metric holds numbers): 2 replicates, 1 complete trials, 0 none.
 INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0, "replicates at some points": 0.5}
 
@@ -50,6 +53,8 @@ def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
             values["interval_basis"] = INTERVAL_BASIS_CODES.get(str(row["interval_basis"]), 0.0)
             if not values["interval_basis"]:
                 values["interval_replicates"] = None  # no interval rests on them
+        if not hyperbola_applies(row):
+            values.update(dict.fromkeys(_HYPERBOLA_METRICS))
         for column, value in values.items():
             if value is not None and pd.notna(value):
                 metrics[n.curve_metric(names[index], column, n.METRIC_FIT_PREFIX)] = float(value)

@@ -50,9 +50,11 @@ def trial_outcome(result: TrialResult) -> str:
     return result.status.value.replace("_", " ")
 
 
-def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTrials | None = None) -> str:
+def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTrials | None = None,
+                      unverified_data: str | None = None) -> str:
     """The study run's description (Markdown, shown on its page): its result and the run of the trial that reached
-    it first (the run page lists only its 10 newest trials), then what was studied and how."""
+    it first (the run page lists only its 10 newest trials), whether it trained on unverified data (the tag's key
+    is cut to a few letters on the page), then what was studied and how."""
     best = outcome.best_record()
     words = get_workload(spec.workload).goal_words
     ladder = goals_sentence(spec, goal_results(spec, outcome.records), words)
@@ -62,6 +64,9 @@ def study_description(spec: StudySpec, outcome: StudyOutcome, probed: ProbedTria
               + ", ".join(f"{k} {v:.4g}" for k, v in best.trial.metaparameters.items())
               if best else f"**no trial reached the goal** ({goal} within {spec.max_steps} steps)")
     counts = ", ".join(f"{outcome.count(status)} {status.value.replace('_', ' ')}" for status in TrialStatus)
+    if unverified_data:
+        result += (f".\n\n**Unverified data** (not the published files; `--accept-unverified-data true`): "
+                   f"{unverified_data}")
     return (f"{result}.\n\n{spec.workload}, {spec.optimizer}, batch size {spec.batch_size}, sparsity "
             f"{spec.sparsity:g}{pruned_by(spec)}. {len(outcome.records)} trials ({counts}; {outcome.reused} reused "
             f"from earlier runs). Goal: {goal}, checked every {spec.check_interval} steps; cap {spec.max_steps} "

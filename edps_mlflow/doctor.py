@@ -11,7 +11,7 @@ from edps_mlflow.names import (EXPERIMENT_TAG_CHECKED_UNTIL, EXPERIMENT_TAG_CREA
                                EXPERIMENT_TAG_SEARCHED_KEYLESS, KIND_ANALYSIS, KIND_STUDY, KIND_STUDY_INDEX, KIND_SWEEP,
                                KIND_TRIAL)
 from edps_mlflow.results import RunState
-from edps_mlflow.store.client import StoreClient, open_store
+from edps_mlflow.store.client import StoreClient, open_store, resolve_tracking_uri
 from edps_mlflow.store.experiment import complete_index, record_doctor_check
 from edps_mlflow.store.ownership.claim import mark_dead
 from edps_mlflow.store.ownership.lease import expired_reason, lease_seconds
@@ -20,6 +20,7 @@ from edps_mlflow.store.read.doctor import (RunFacts, doctor_read, experiments, i
 from edps_mlflow.store.read.fence import Fence
 from edps_mlflow.store.read.runs import expired
 from edps_mlflow.store.trouble import store_errors
+from edps_mlflow.uris import require_existing_store
 
 MAX_RECHECK = 500  # the runs of problems a check remembers for the next (a tag); with more, the next reads all
 
@@ -132,7 +133,9 @@ def run_doctor(experiment: str | None, repair: bool, out: TextIO, tracking_uri: 
                full: bool = False) -> int:
     """Print one line per problem (and per repair); the number of problems left. ``full``: search for runs
     without their kind or keys even in an experiment made by edps-mlflow."""
-    client = open_store(tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri)
+    require_existing_store(uri)  # a check never creates the store it was asked to check
+    client = open_store(uri)
     lease = lease_seconds()
     with store_errors(client):
         return sum(_check(client, experiment_id, name, repair, full, lease, out)
@@ -165,7 +168,7 @@ def _check(client: StoreClient, experiment_id: str, name: str, repair: bool, ful
                   if f.kind == KIND_STUDY and f.state is not RunState.RUNNING and not f.indexed]
     for subject, text in [*found, *harmless(read.facts)]:
         print(f"{name}: {subject}: {text}", file=out)
-    if not complete:
+    if not complete and any(f.kind == KIND_STUDY for f in read.facts):  # an experiment of no studies needs none
         print(f"{name}: the study index is not complete (study runs made before it): commands also search "
               f"the study runs, more slowly; `edps doctor --repair` completes it", file=out)
     involved = sorted({run_id for subject, text in found for run_id in _run_ids(subject, text, read.facts)})

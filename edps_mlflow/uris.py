@@ -122,12 +122,13 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def require_existing_store(uri: str) -> None:
-    """Readers (status, analysis) refuse a local store that does not exist, instead of creating an
+    """Readers (status, doctor, analysis) refuse a local store that does not exist, instead of creating an
     empty one as MLflow would: a typo in the URI should not leave a new database behind."""
     path = sqlite_path(uri)
     if path is not None and not path.is_file():
         raise EdpsError(f"no tracking store at {redact_uri(uri)}: {path} does not exist "
-                        "(set MLFLOW_TRACKING_URI or --tracking-uri to the store the studies were written to)")
+                        "(point MLFLOW_TRACKING_URI, or edps-analyze's --tracking-uri, at the store the studies were "
+                        "written to)")
 
 
 # MLflow's tracking URIs without a scheme that are no path.

@@ -49,8 +49,16 @@ def test_errors_are_one_edps_error_line(tmp_path, sqlite_store):
         (lambda: api.fits(sqlite_store, "edps/x", bootstrap=-1), "bootstrap must be a whole number"),
         (lambda: api.fits(sqlite_store, "edps/x", tolerance="0.2"), "tolerance must be a number in"),
         (lambda: api.fits(study_table=pd.DataFrame(columns=["workload"])), "holds no studies"),
+        # Wrong types are told as such, not as an AttributeError or KeyError from inside pandas.
+        (lambda: api.studies(123), "tracking_uri must be a string or None, got 123"),
+        (lambda: api.studies(sqlite_store, 5), "experiment must be a name, a pattern"),
+        (lambda: api.fits(sqlite_store, study_table="x"), "study_table must be a DataFrame"),
+        (lambda: api.trials(sqlite_store, study_table=[1, 2]), "study_table must be a DataFrame"),
+        (lambda: api.trials(sqlite_store, study_table=pd.DataFrame({"batch_size": [16]})),
+         "study_table lacks study_run_id, study_key"),
     ]:
         with pytest.raises(EdpsError, match=message) as raised:
             call()
         assert "\n" not in str(raised.value), str(raised.value)
     assert not (tmp_path / "no-such-folder").exists()  # the analysis never makes a store
+    assert api.trials(sqlite_store, study_table=pd.DataFrame()).empty  # a table filtered to nothing: no trials

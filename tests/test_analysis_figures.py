@@ -112,6 +112,14 @@ def test_one_name_for_the_end_of_perfect_scaling():
     dense = fits[fits["sparsity"] == 0.0].iloc[0]
     assert curve_metrics(fits)["fit/sgd/sp0/perfect_scaling_end"] == dense["perfect_scaling_end"]
     assert summary.loc[0, "perfect_scaling_end"] == str(int(dense["perfect_scaling_end"]))
+    # Where the hyperbola does not apply, the analysis run logs no B_crit (a 1e-21 bar), as the table prints n/a.
+    rising = pd.DataFrame({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": BATCH_SIZES,
+                           "steps_to_result": [100.0 + b for b in BATCH_SIZES]})
+    fit = fit_table(rising, None, repeats=0)
+    assert fit_summary(fit).loc[0, "B_crit"] == "n/a"
+    logged = curve_metrics(fit)
+    assert "fit/sgd/sp0/s_min" in logged and not [m for m in logged if "b_crit_threshold_fit" in m or "e_min" in m
+                                                  or m.startswith("fit/sgd/sp0/b_crit") and "threshold" not in m]
     # A curve that never leaves perfect scaling says so instead of naming a boundary.
     exact = pd.DataFrame({"workload": "w", "optimizer": "sgd", "sparsity": 0.0, "batch_size": BATCH_SIZES,
                           "steps_to_result": [4096.0 / b for b in BATCH_SIZES]})

@@ -296,10 +296,12 @@ def test_tracking_uri_that_cannot_work(uri, main, argv, prefix, store, monkeypat
     assert "tracking store" in line and "u:p@" not in line
 
 
-@pytest.mark.parametrize("main,argv,prefix", [c for c in STORE_COMMANDS if c[1][0] in ("status", "fit")])
+@pytest.mark.parametrize("main,argv,prefix", [c for c in STORE_COMMANDS if c[1][0] in ("status", "fit")]
+                         + [(edps_mlflow.cli.main, ["doctor"], "edps: error: ")])
 def test_readers_do_not_create_a_missing_store(main, argv, prefix, store, capsys):
     line = refused(main, argv, capsys, prefix, "URIs")
     assert "no tracking store at" in line and not store.exists()
+    assert "MLFLOW_TRACKING_URI, or edps-analyze's --tracking-uri," in line  # edps has no --tracking-uri
 
 
 @pytest.mark.parametrize("argv", [TINY_STUDY, TINY_SWEEP])

@@ -84,7 +84,8 @@ def test_the_published_checksum_is_checked(corpus):
     assert remote.md5 is None and remote.sha256 is not None and len(remote.sha256) == 64
     report = dataset_report("tiny-shakespeare", corpus)
     # Generated text loads, but it is not the published file: the report says so.
-    assert report.status is DatasetStatus.PRESENT and "differ from the published files" in report.detail
+    assert report.status is DatasetStatus.PRESENT and report.detail.endswith(
+        f"loads, but {shakespeare.FILE} differs from the published file (checksum)")
     assert not remote.matches(corpus / "tiny-shakespeare" / shakespeare.FILE)
 
 

@@ -154,6 +154,11 @@ def test_an_incomplete_index_is_read_with_the_study_runs_and_repair_completes_it
     out = io.StringIO()
     assert run_doctor("old-store", False, out, sqlite_store) == 0
     assert "the study index is not complete" in out.getvalue(), out.getvalue()
+    # An experiment of no studies (MLflow's Default in a store that README's sweep made) has nothing to index.
+    raw.create_experiment("no-studies")
+    out = io.StringIO()
+    assert run_doctor("no-studies", False, out, sqlite_store) == 0
+    assert "the study index is not complete" not in out.getvalue(), out.getvalue()
     out = io.StringIO()
     assert run_doctor("old-store", True, out, sqlite_store) == 0
     assert "repaired: 1 study runs added to the study index; it is complete" in out.getvalue(), out.getvalue()

@@ -166,3 +166,21 @@ def test_a_packed_supar_trial_equals_its_lone_torch_trial_to_the_bit(name):
     assert setups[0].learning_rate_scales
     for n, parameter in lone[0].items():
         assert torch.equal(packed.params[n][0], parameter), (name, n)
+
+
+def test_a_csv_study_table_reads_its_parameterization(tmp_path):
+    """The study table's CSV column: an empty cell (or none at all) is sp, as every study before the field; an
+    unknown value is refused naming its row."""
+    from analysis.csv_io import read_csv
+    from analysis.regimes import curves
+    from edps_mlflow.errors import EdpsError
+
+    path = tmp_path / "studies.csv"
+    path.write_text("workload,optimizer,sparsity,batch_size,parameterization,steps_to_result\n"
+                    "w,sgd,0.5,64,supar,100\nw,sgd,0.5,64,,120\nw,sgd,0.5,128,SP,60\n")
+    table = read_csv(path)
+    assert list(table["parameterization"]) == ["supar", None, "sp"]
+    assert sorted(key[-1] for key in curves(table)) == ["sp", "supar"]
+    path.write_text("workload,optimizer,sparsity,batch_size,parameterization,steps_to_result\nw,sgd,0.5,64,mup,100\n")
+    with pytest.raises(EdpsError, match="column parameterization, row 2: unknown parameterization 'mup'"):
+        read_csv(path)

@@ -101,7 +101,12 @@ def test_a_workload_is_validated_when_it_is_built(toy_module):
                              ({"goal_error": 1.5}, r"goal_error must be in \(0, 1\)"),
                              ({"search_spaces": {"lbfgs": toy.search_space("sgd")}}, "search_spaces names unknown optimizers lbfgs"),
                              ({"input_layout": "tokens"}, "input_layout must be an InputLayout"),
-                             ({"train_size": 0}, "train_size must be a positive integer")]:
+                             ({"train_size": 0}, "train_size must be a positive integer"),
+                             # Wrong types a user may type: told, not accepted (a truthy "no") or an AttributeError.
+                             ({"search_spaces": []}, "search_spaces must map optimizer names"),
+                             ({"needs_data_dir": "no"}, "needs_data_dir must be True or False, got 'no'"),
+                             ({"description": 3}, "description must be a string, got 3"),
+                             ({"dataset": None}, "dataset must be a string, got None")]:
         with pytest.raises(EdpsError, match=f"^workload '[^']*': {message}"):
             replace(toy, **changes)
     lossy = replace(toy, goal_metric=workloads.GoalMetric.LOSS, goal_error=1.5)  # a loss goal may exceed 1

@@ -312,4 +312,9 @@ def test_short_study_end_to_end_on_generated_files(workload, maker, tmp_path, sq
     runs = [r for r in client.search_runs([outcome.experiment_id])
             if r.data.tags.get(n.TAG_KIND) in (n.KIND_STUDY, n.KIND_TRIAL)]
     assert len(runs) == 3 and all("expected md5" in r.data.tags[n.TAG_UNVERIFIED_DATA] for r in runs)
+    # The run page cuts the tag's key to a few letters: the study's description says it in words, below its result.
+    study_run = next(r for r in runs if r.data.tags[n.TAG_KIND] == n.KIND_STUDY)
+    lines = study_run.data.tags[n.MLFLOW_NOTE].split("\n\n")
+    assert lines[1] == f"**Unverified data** (not the published files; `--accept-unverified-data true`): " \
+                       f"{study_run.data.tags[n.TAG_UNVERIFIED_DATA]}.", lines
     assert "warning: unverified data, recorded on every run: " in out.getvalue()

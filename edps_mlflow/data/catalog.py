@@ -233,7 +233,9 @@ def dataset_report(name: str, data_dir: str | Path | None) -> DatasetReport:
     published = [f for f in source.files if (directory / f.name).is_file()]
     differing = [f.name for f in published if not f.matches(directory / f.name)]
     if differing:
-        check = f"loads, but {', '.join(differing)} differ from the published files (checksum)"
+        one = len(differing) == 1
+        check = (f"loads, but {', '.join(differing)} {'differs' if one else 'differ'} from the published "
+                 f"{'file' if one else 'files'} (checksum)")
     elif published:
         check = "published checksums verified"
     else:

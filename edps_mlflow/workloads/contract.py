@@ -139,6 +139,11 @@ class Workload:
         for name in ("load_data", "build_model", "loss", "errors", "loss_sum", "initialise"):
             if not callable(getattr(self, name)):
                 raise bad(name, "must be callable")
+        for name in ("description", "dataset"):
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, f"must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.needs_data_dir, bool):
+            raise bad("needs_data_dir", f"must be True or False, got {self.needs_data_dir!r}")
         if not isinstance(self.input_layout, InputLayout):
             raise bad("input_layout", f"must be an InputLayout, got {self.input_layout!r}")
         if not isinstance(self.goal_metric, GoalMetric):
@@ -153,7 +158,8 @@ class Workload:
         problem = self.goal_problem(self.goal_error)
         if problem:
             raise bad("goal_error", problem)
-        if not all(isinstance(v, SearchSpace) for v in self.search_spaces.values()):
+        if not isinstance(self.search_spaces, Mapping) or not all(isinstance(v, SearchSpace)
+                                                                  for v in self.search_spaces.values()):
             raise bad("search_spaces", "must map optimizer names to SearchSpace values")
         unknown = sorted(set(self.search_spaces) - set(OPTIMIZERS))
         if unknown:

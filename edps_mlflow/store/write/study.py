@@ -258,7 +258,7 @@ class StudyTracker:
         if pruning:
             metrics.update({n.METRIC_PRUNING_SECONDS: pruning["seconds"],
                             n.METRIC_PRUNING_SECONDS_SAVED: pruning["seconds_saved"]})
-        tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed),
+        tags = {n.MLFLOW_NOTE: study_description(spec, outcome, probed, run_settings.get("unverified_data")),
                 n.MLFLOW_RUN_NAME: study_run_name(spec, outcome)}
         rungs = goal_results(spec, outcome.records)
         metrics.update(study_goal_metrics(spec, rungs))
