@@ -25,8 +25,8 @@ REQUIRED_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "steps_to
 BEST_METAPARAMETERS = ("learning_rate", "momentum", "beta2", "beta2_half_life", "weight_decay", "tau")
 # goal: what the study reached for (an error rate, a loss, or in a CSV any positive label of a target);
 # goal_metric: "error" or "loss" where the workload is known; goal_error: the goal, as older tables have it.
-STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "parameterization", "goal", "goal_metric", "goal_error",
-                 "check_interval", "max_steps", "seed", "steps_to_result", "trials_total", "trials_reached",
+STUDY_COLUMNS = ("workload", "optimizer", "sparsity", "batch_size", "pruning", "parameterization", "goal", "goal_metric",
+                 "goal_error", "check_interval", "max_steps", "seed", "steps_to_result", "trials_total", "trials_reached",
                  "trials_not_reached",
                  "trials_diverged", "trials_superseded", *(f"best_{name}" for name in BEST_METAPARAMETERS),
                  "seconds_per_step",

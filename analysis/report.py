@@ -68,7 +68,8 @@ def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tu
         if goals:  # easiest first: the largest goal, for an error as for a loss
             grid = grid[sorted(grid.columns, key=lambda c: (-c[0], *c[1:]))]
         several = several_methods(group)
-        grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-3:-1], several, c[-1]) for c in grid.columns]
+        grid.columns = [(f"goal {c[0]:g} " if goals else "") + curve_words(*c[-3:-1], several, c[-1])
+                        for c in grid.columns]
         grid.index.name = "batch size"
         grids[(workload, optimizer)] = grid.fillna("-")
     return grids

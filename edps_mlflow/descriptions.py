@@ -10,6 +10,7 @@ from edps_mlflow import names as n
 from edps_mlflow.config import StudySpec, TrialSpec, study_family, trial_families
 from edps_mlflow.curves import CurveId
 from edps_mlflow.ladder import goal_results, goals_sentence
+from edps_mlflow.parameterization import Parameterization
 from edps_mlflow.pruning import method_info
 from edps_mlflow.results import ProbedTrials, StudyOutcome, TrialResult, TrialStatus
 from edps_mlflow.workloads import get_workload
@@ -21,8 +22,10 @@ _SHORT = {"learning_rate": "lr", "momentum": "m", "decay_steps": "decay", "end_l
 
 
 def pruning_words(spec: StudySpec) -> str:
-    """``sp=0.9 random``: the sparsity and the method that pruned it (none named when nothing is pruned)."""
-    return f"sp={spec.sparsity:g}" + (f" {spec.pruning}" if spec.sparsity > 0 else "")
+    """``sp=0.9 random``: the sparsity and the method that pruned it (none named when nothing is pruned), then
+    ``supar`` under SμPar."""
+    return f"sp={spec.sparsity:g}" + (f" {spec.pruning}" if spec.sparsity > 0 else "") + \
+        (f" {spec.parameterization.value}" if spec.parameterization is not Parameterization.SP else "")
 
 
 def study_run_name(spec: StudySpec, outcome: StudyOutcome | None = None) -> str:
@@ -104,7 +107,8 @@ def markdown_table(header: Sequence[object], rows: Iterable[Sequence[object]]) -
 
 def pruned_by(spec: StudySpec) -> str:
     """`` (pruned by snip: weights and biases)``, or nothing for the dense network."""
-    return f" (pruned by {spec.pruning}: {method_info(spec.pruning).prunes.value})" if spec.sparsity > 0 else ""
+    under = ", under SμPar (docs/parameterization.md)" if spec.parameterization is not Parameterization.SP else ""
+    return f" (pruned by {spec.pruning}: {method_info(spec.pruning).prunes.value}{under})" if spec.sparsity > 0 else ""
 
 
 def pruning_params(spec: StudySpec) -> dict[str, str]:
