@@ -26,6 +26,7 @@ from edps_mlflow.engine import EngineSettings, LocalStepBound
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.ladder import goal_results, goals_sentence
 from edps_mlflow.names import KIND_STUDY
+from edps_mlflow.parameterization import Parameterization
 from edps_mlflow.progress import StudyProgress
 from edps_mlflow.pruning.cache import default_score_cache
 from edps_mlflow.pruning.mask import Mask
@@ -39,6 +40,7 @@ from edps_mlflow.store.read.runs import ladder_answer, latest_finished_study
 from edps_mlflow.store.read.trials import StoredTrial, finished_trials, neighbour_best_point
 from edps_mlflow.store.trouble import store_errors
 from edps_mlflow.store.write.study import StudyTracker, create_study_run
+from edps_mlflow.supar import check_network
 from edps_mlflow.trial_workers import TrainingJob, train_in_workers, train_inline
 from edps_mlflow.workloads import Workload, get_workload
 
@@ -239,6 +241,8 @@ def _checked_inputs(spec: StudySpec, options: ExecutionOptions) -> tuple[StudySp
     data files that are not the published ones, when accepted (catalog.require_verified)."""
     workload = get_workload(spec.workload)
     spec.search_space(workload)
+    if spec.parameterization is Parameterization.SUPAR:
+        check_network(workload.build_model())
     device = str(resources.resolve_device(options.device))
     unverified = require_verified(workload.dataset, options.data_dir, options.accept_unverified_data) \
         if workload.needs_data_dir else None

@@ -15,24 +15,30 @@ from edps_mlflow.errors import EdpsError
 from edps_mlflow.optimizers.base import PackedState
 from edps_mlflow.pruning.mask import Mask
 
-_SCALED = (nn.Conv2d, nn.Linear)  # a weight that sums its fan-in: SμPar's fan-in -> density x fan-in
+# A weight that sums its fan-in: SμPar's fan-in -> density x fan-in.
+_SCALED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 _UNSCALED = (nn.Embedding,)  # one row per input: masking removes no term of a sum
 
 
-def weight_densities(model: nn.Module, mask: Mask) -> dict[str, float]:
-    """Each convolution's and linear layer's weight's density (kept / all). A masked weight of another layer kind
-    with two dimensions or more is refused: its fan-in is not known here."""
-    densities: dict[str, float] = {}
+def check_network(model: nn.Module) -> None:
+    """Refuse, in one line, a network with a weight SμPar defines no rule for: two dimensions or more in a layer
+    that is neither a convolution, a linear layer nor an embedding (its fan-in is not known here)."""
     for prefix, layer in model.named_modules():
         for short, parameter in layer.named_parameters(recurse=False):
-            name = f"{prefix}.{short}" if prefix else short
+            if parameter.dim() >= 2 and not isinstance(layer, _SCALED + _UNSCALED):
+                raise EdpsError(f"--parameterization supar defines no rule for the {type(layer).__name__} weight "
+                                f"{prefix}.{short} of this network: only convolutions, linear layers and embeddings "
+                                f"(docs/parameterization.md)")
+
+
+def weight_densities(model: nn.Module, mask: Mask) -> dict[str, float]:
+    """Each convolution's and linear layer's weight's density in ``mask`` (kept / all)."""
+    densities: dict[str, float] = {}
+    for prefix, layer in model.named_modules():
+        if isinstance(layer, _SCALED):
+            name = f"{prefix}.weight" if prefix else "weight"
             kept = mask.tensors[name]
-            density = float(kept.sum()) / kept.numel()
-            if isinstance(layer, _SCALED) and short == "weight":
-                densities[name] = density
-            elif parameter.dim() >= 2 and density < 1.0 and not isinstance(layer, _UNSCALED):
-                raise EdpsError(f"--parameterization supar defines no rule for the pruned {type(layer).__name__} "
-                                f"weight {name}: only convolutions and linear layers (docs/parameterization.md)")
+            densities[name] = float(kept.sum()) / kept.numel()
     return densities
 
 

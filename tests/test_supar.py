@@ -212,3 +212,21 @@ def test_the_first_update_moves_the_network_as_much_as_the_dense_one_under_supar
     dense = _function_change(optimizer, 0.0, "sp", rate)
     supar, sp = (_function_change(optimizer, 0.9, form, rate) / dense for form in ("supar", "sp"))
     assert 0.5 < supar < 2.0 and supar > 1.5 * sp, (supar, sp)
+
+
+def test_a_network_supar_defines_no_rule_for_is_refused_in_one_line():
+    """A weight of two dimensions or more outside convolutions, linear layers and embeddings has no known fan-in:
+    refused before any data is loaded (study._checked_inputs), every built-in network passes."""
+    from edps_mlflow.errors import EdpsError
+    from edps_mlflow.supar import check_network
+    from edps_mlflow.workloads import WORKLOADS, get_workload
+
+    class Bilinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix = torch.nn.Bilinear(4, 4, 2)
+
+    with pytest.raises(EdpsError, match="no rule for the Bilinear weight mix.weight"):
+        check_network(Bilinear())
+    for name in WORKLOADS:
+        check_network(get_workload(name).build_model())
