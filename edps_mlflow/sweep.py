@@ -103,6 +103,10 @@ def prepare(spec: SweepSpec, options: SweepOptions) -> SweepSpec:
         require_verified(workload.dataset, options.data_dir, options.accept_unverified_data)
     if options.device is not None:  # no device asked for: nothing to refuse, and torch stays unloaded
         cuda_devices(options.device, indexed=False)
+    if Parameterization.SUPAR in spec.parameterizations:
+        from edps_mlflow.supar import check_network  # torch, for a supar sweep only: the others stay without it
+
+        check_network(workload.build_model())
     if spec.protocol.data_fingerprint is None:
         fingerprint = workload.data_fingerprint(options.data_dir)
         spec = replace(spec, protocol=replace(spec.protocol, data_fingerprint=fingerprint))
