@@ -11,7 +11,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from analysis.csv_io import TRIAL_COLUMNS
+from analysis.csv_io import INTEGER_COLUMNS, TRIAL_COLUMNS, with_integers
 from analysis.load import load_studies, load_trials
 from analysis.regimes import fit_table
 from edps_mlflow.errors import EdpsError
@@ -36,16 +36,18 @@ def _names(experiment: Experiments) -> tuple[str, ...]:
 
 
 def _chosen(tracking_uri: str | None, experiment: Experiments, study_table: pd.DataFrame | None) -> pd.DataFrame:
-    """``study_table`` checked to be a study table, else ``experiment``'s studies."""
+    """``study_table`` checked to be a study table, else ``experiment``'s studies; its counts as floats again, as
+    the fits read them."""
     if study_table is None:
-        return studies(tracking_uri, experiment)
+        return load_studies(_names(experiment), _uri(tracking_uri))
     _uri(tracking_uri)
     if not isinstance(study_table, pd.DataFrame):
         raise EdpsError(f"study_table must be a DataFrame that api.studies returned, got {type(study_table).__name__}")
     missing = [column for column in ("study_run_id", "study_key") if column not in study_table.columns]
     if missing and not study_table.empty:
         raise EdpsError(f"study_table lacks {', '.join(missing)}: pass a table that api.studies returned")
-    return study_table
+    return study_table.astype({c: float for c in INTEGER_COLUMNS if c in study_table.columns
+                               and isinstance(study_table[c].dtype, pd.Int64Dtype)})
 
 
 def _uri(tracking_uri: str | None) -> str | None:
@@ -57,8 +59,9 @@ def _uri(tracking_uri: str | None) -> str | None:
 def studies(tracking_uri: str | None = None, experiment: Experiments = None) -> pd.DataFrame:
     """The study table: one row per measurement (a study, or a goal ladder's rung), the latest per study key,
     with the columns of ``edps-analyze export`` (workload, optimizer, sparsity, batch_size, pruning, goal,
-    steps_to_result, trial counts, best metaparameters, ..., study_run_id, study_key)."""
-    return load_studies(_names(experiment), _uri(tracking_uri))
+    steps_to_result, trial counts, best metaparameters, ..., study_run_id, study_key), counts and steps as
+    integers where whole (Int64: empty where missing), as ``export`` writes them."""
+    return with_integers(load_studies(_names(experiment), _uri(tracking_uri)))
 
 
 def trials(tracking_uri: str | None = None, experiment: Experiments = None,

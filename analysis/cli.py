@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import json
 import os
@@ -49,6 +50,13 @@ def _tracking_uri(uri: str | None) -> str | None:
     validly percent-encoded."""
     require_encoded_userinfo(uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
     return uri
+
+
+def _output(ctx: click.Context, param: click.Parameter, output: str | None) -> str | None:
+    """An output file refused before any work when its folder does not exist: a typo makes no folders."""
+    if output and not Path(output).expanduser().absolute().parent.is_dir():
+        raise EdpsError(f"cannot write {output}: no folder {Path(output).parent}")
+    return output
 
 
 def _options(*options: Callable) -> Callable:
@@ -101,6 +109,10 @@ def _load(tracking_uri: str | None, experiments: tuple[str, ...], csv_path: str 
     """The study table, filtered, and where it came from in words."""
     if csv_path:
         table, source = read_csv(csv_path), f"CSV {csv_path}"
+        if experiments and table.get("experiment", pd.Series(dtype=object)).isna().all():
+            raise EdpsError(f"--experiment with --csv filters the table's experiment column, which {csv_path} lacks")
+        if experiments:  # names and patterns as they select a store's experiments
+            table = table[[any(fnmatch.fnmatchcase(str(e), p) for p in experiments) for e in table["experiment"]]]
     else:
         table = load_studies(experiments, tracking_uri)
         read = ", ".join(sorted(table["experiment"].dropna().unique()))
@@ -213,7 +225,7 @@ def plot(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, o
 @_SOURCE
 @_FIT
 @_COST
-@click.option("--output", default="report.md", show_default=True, type=click.Path(),
+@click.option("--output", default="report.md", show_default=True, type=click.Path(), callback=_output,
               help="Report file: .md for Markdown, .html for HTML; figures go beside it.")
 @click.option("--svg", is_flag=True,
               help="Also write each figure as SVG beside its PNG (vector, for print; the report shows the PNGs).")
@@ -231,7 +243,6 @@ def report(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     studies, source = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)  # input checked before any write
     directory = path.parent / f"{path.stem}_figures"
-    path.parent.mkdir(parents=True, exist_ok=True)
     figures = _figures(studies, directory, tolerance, fits, formats, (bootstrap, seed))
     against, goal_tables = goal_sections(studies, fits, directory, formats)
     pruning, pruning_tables = pruning_sections(studies, fits, tolerance, directory, formats)
@@ -366,7 +377,8 @@ def tuning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
 
 @cli.command()
 @_SOURCE
-@click.option("--output", default=None, type=click.Path(), help="CSV file (default: standard output).")
+@click.option("--output", default=None, type=click.Path(), callback=_output,
+              help="CSV file (default: standard output).")
 def export(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, output) -> None:
     """The study table as CSV (the columns that --csv reads back)."""
     studies, _ = _load(tracking_uri, experiments, csv_path, workload, optimizer, sparsities)

@@ -218,7 +218,7 @@ INTEGER_COLUMNS = (*(column for column, (*_, integer) in _RANGES.items() if inte
                    "steps_trained")
 
 
-def _with_integers(table: pd.DataFrame) -> pd.DataFrame:
+def with_integers(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with each of INTEGER_COLUMNS that holds only whole numbers as integers (Int64 where some are
     missing)."""
     whole = {}
@@ -233,7 +233,7 @@ def _with_integers(table: pd.DataFrame) -> pd.DataFrame:
 def csv_text(table: pd.DataFrame) -> str:
     """``table`` as every CSV is written: text cells quoted (a newline stays in its cell in every reader) and inert,
     integer columns as integers."""
-    return _with_integers(table.map(spreadsheet_text)).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
+    return with_integers(table.map(spreadsheet_text)).to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
 def write_csv(table: pd.DataFrame, path: str | Path | None = None) -> str:

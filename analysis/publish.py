@@ -1,5 +1,5 @@
 """``--log-to-mlflow``: the analysis as a run (``edps.kind=analysis``, under its sweep when there is one) beside
-the studies it analysed: settings as params, fits as metrics (:func:`curve_metrics`) and description, the runs
+the studies it analysed: settings as params, fits as metrics (analysis.fit_metrics) and description, the runs
 it used as tags, the tables, figures and report as artifacts, and the context tags a study run has.
 """
 
@@ -17,10 +17,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from analysis.csv_io import csv_text
-from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table, with_curve_axes
-from analysis.report import fit_summary, hyperbola_applies, markdown_table
+from analysis.fit_metrics import curve_metrics, curve_names
+from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, is_degenerate, point_table
+from analysis.report import fit_summary, markdown_table
 from edps_mlflow import names as n
-from edps_mlflow.curves import CurveId
 from edps_mlflow.descriptions import provenance_tags
 from edps_mlflow.errors import EdpsError
 from edps_mlflow.process_settings import launcher_run_id
@@ -28,53 +28,12 @@ from edps_mlflow.store.client import log_batch, log_points, resolve_tracking_uri
 from edps_mlflow.store.trouble import store_error_text
 from edps_mlflow.uris import quiet_links_with_credentials, redact_uri
 
-_FIT_METRICS = ("s_min", "s_min_low", "s_min_high", "b_crit", "b_crit_low", "b_crit_high", "e_min", "e_min_low",
-                "e_min_high", "r2_log",
-                "perfect_scaling_end", "maximal_parallelism_start", "b_crit_threshold", "b_crit_threshold_low",
-                "b_crit_threshold_high", "b_crit_threshold_fit", "b_crit_threshold_fit_low",
-                "b_crit_threshold_fit_high", "interval_replicates", "b_crit_threshold_censored_low",
-                "b_crit_threshold_censored_high", "b_crit_threshold_decided")
-# What the hyperbola gives: no metric where its note says it does not apply, as the tables print n/a.
-_HYPERBOLA_METRICS = tuple(f"{name}{end}" for name in ("b_crit", "e_min", "b_crit_threshold_fit")
-                           for end in ("", "_low", "_high"))
-# What the intervals rest on, as a metric (a metric holds numbers): 2 replicates, 1 complete trials, 0 none.
-INTERVAL_BASIS_CODES = {"replicates": 2.0, "complete trials": 1.0, "replicates at some points": 0.5}
-
-
-def curve_metrics(fits: pd.DataFrame) -> dict[str, float]:
-    """``fit/<curve>/<quantity>``, the curve as CurveId.chart_name names it: ``fit/sgd/sp0.9/b_crit``, the workload
-    first when several are analysed, a pruning method other than SNIP's after the sparsity, the protocol values
-    (goal, trials, ...) where curves differ only in them."""
-    names = _curve_names(fits)
-    metrics: dict[str, float] = {}
-    for index, row in fits.iterrows():
-        values = {column: row.get(column) for column in _FIT_METRICS}
-        if "interval_basis" in row.index:  # interval metrics only where the fit table has them: the basis beside
-            values["interval_basis"] = INTERVAL_BASIS_CODES.get(str(row["interval_basis"]), 0.0)
-            if not values["interval_basis"]:
-                values["interval_replicates"] = None  # no interval rests on them
-        if not hyperbola_applies(row):
-            values.update(dict.fromkeys(_HYPERBOLA_METRICS))
-        for column, value in values.items():
-            if value is not None and pd.notna(value):
-                metrics[n.curve_metric(names[index], column, n.METRIC_FIT_PREFIX)] = float(value)
-    return metrics
-
-
-def _curve_names(table: pd.DataFrame) -> dict[Any, str]:
-    """Each row's curve in metric names (CurveId.chart_name), by the table's index."""
-    several = table["workload"].nunique() > 1 if len(table) else False
-    varying = [c for c in PROTOCOL_KEYS if c in table.columns and table[c].nunique(dropna=True) > 1]
-    return {index: CurveId.from_values(row).chart_name({c: row[c] for c in varying}, several)
-            for index, row in with_curve_axes(table).iterrows()}
-
-
 def chart_metrics(studies: pd.DataFrame, fits: pd.DataFrame | None) -> list[tuple[str, float, int]]:
     """(metric, value, batch size): each curve's measured steps-to-result (its point value) and, where its fit
     describes it, the fitted S(B) = S_min (1 + B_crit / B) at the same batch sizes, so that the run's charts draw
     both against the batch size. A point without a value (not reached) has none."""
     points = point_table(studies, repeats=0)
-    names = _curve_names(points)
+    names = curve_names(points)
     keys = [c for c in (*CURVE_KEYS, *PROTOCOL_KEYS) if fits is not None and c in fits.columns and c in points]
     fitted = {tuple(str(row[c]) for c in keys): row for _, row in (fits if keys else pd.DataFrame()).iterrows()}
     found = []

@@ -372,9 +372,8 @@ class Replicator:
             params.update({n.PARAM_SEED: str(trial.init_seed), n.PARAM_TRIAL_INDEX: str(index),
                            n.PARAM_BATCH_SIZE: str(spec.batch_size), n.PARAM_SPARSITY: _display(spec.sparsity),
                            n.PARAM_OPTIMIZER: spec.optimizer, **pruning_params(spec)})
-            metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity}  # hp: params only
             end = self._run(copied, uuid.uuid4().hex, trial_start + index * 20, trial_run_name(trial, words), tags,
-                            params, metrics, drop=(n.METRIC_HP_PREFIX,)).info.end_time
+                            params, {}, drop=(n.METRIC_HP_PREFIX,)).info.end_time
             last_end = max(last_end, end)
             self.trial_runs += 1
         reached = [o for o in outcomes if o.status == "reached"]

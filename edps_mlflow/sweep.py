@@ -345,7 +345,7 @@ def _finish(spec: SweepSpec, options: SweepOptions, sweep: SweepRun, progress: S
     results = {p.spec.study_key: p.steps_to_result for p in final}
     chart_plan(sweep, curves, final)  # studies that another process finished meanwhile
     sweep.tracker.finish(len(final), sum(1 for v in results.values() if v is not None),
-                         time.monotonic() - progress.started, sweep_description(spec, final))
+                         time.monotonic() - progress.started, sweep_description(spec, final), curves.fit_metrics())
     print(f"sweep {spec.sweep_key[:12]} complete: {len(final)} studies; `edps status --experiment "
           f"{sweep.experiment_name}` shows the grid", file=out)
     print(ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.run_id, charts=True), file=out, flush=True)

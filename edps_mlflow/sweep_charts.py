@@ -5,6 +5,7 @@ run's Model metrics tab draws steps against batch size, one chart per curve.
 A point is given once, when every replicate of it has finished, at its point value (analysis.replicates): MLflow
 keeps every value logged at a step, so a value logged again as replicates arrive would draw several values at one
 batch size. A point that did not reach (no trial, or no majority of its replicates) has no value and no point.
+When the sweep finishes, each curve's fit beside it (``fit/sgd/sp0.5/b_crit``), named as the analysis run names it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+import pandas as pd
 
+from analysis.fit_metrics import curve_metrics
+from analysis.regimes import fit_table
 from analysis.replicates import point_value
 from edps_mlflow.config import StudySpec
 from edps_mlflow.curves import CurveId
@@ -51,6 +55,15 @@ class SweepCurves:
                 curve = point[0].chart_name({"goal": goal} if spec.goals else None)
                 values.append((curve_metric(curve, CURVE_STEPS), value, spec.batch_size))
         return values
+
+    def fit_metrics(self) -> dict[str, float]:
+        """Each curve's fit from the studies told of (a curve with too few points: none), without intervals: the
+        analysis run gives those, from the trials."""
+        rows = [{**CurveId.of(spec).as_dict(), "batch_size": spec.batch_size, "goal": goal,
+                 "check_interval": spec.check_interval, "steps_to_result": _steps(steps)}
+                for key, results in self.results.items() for spec in (self.specs[key],)
+                for goal, steps in results.items()]
+        return curve_metrics(fit_table(pd.DataFrame(rows), repeats=0)) if rows else {}
 
 
 def goal_steps(spec: StudySpec, steps_to_result: int | None, rungs: Mapping[float, int | None] | None = None

@@ -352,7 +352,7 @@ def test_cli_against_a_server_with_real_studies(mlflow_server, tmp_path, capsys)
         assert (row["interval_basis"] == "complete trials" and pd.notna(row.get("s_min_low"))) or (
             pd.isna(row["interval_basis"]) and "no intervals: " in row["note"])
     main(["report", "--tracking-uri", mlflow_server, "--experiment", experiment, "--bootstrap", "20",
-          "--output", str(tmp_path / "r" / "report.md"), "--log-to-mlflow"])
+          "--output", str(tmp_path / "report.md"), "--log-to-mlflow"])
     client = MlflowClient(mlflow_server)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
     analyses = client.search_runs([experiment_id], "tags.`edps.kind` = 'analysis'")
@@ -410,7 +410,7 @@ def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
     assert probed and all(s.data.metrics["probe/seconds"] > 0 for s in probed)
     # The analysis run carries the probe tables and the noise-scale figure too.
     main(["report", "--tracking-uri", uri, "--experiment", "probes", "--bootstrap", "0",
-          "--output", str(tmp_path / "r" / "report.html"), "--log-to-mlflow"])
+          "--output", str(tmp_path / "report.html"), "--log-to-mlflow"])
     analysis = client.search_runs([client.get_experiment_by_name("probes").experiment_id],
                                   "tags.`edps.kind` = 'analysis'")[0]
     artifacts = {a.path for a in client.list_artifacts(analysis.info.run_id)}

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis import api
+from analysis.csv_io import with_integers
 from analysis.load import load_studies
 from edps_mlflow.errors import EdpsError
 
@@ -32,7 +33,9 @@ def test_the_documented_notebook_block_runs_on_a_real_store(tmp_path_factory, mo
     exec(compile(notebook_block(), "docs/analysis.md", "exec"), names)
     table, trials, fits = names["table"], names["trials"], names["fits"]
     assert all(isinstance(frame, pd.DataFrame) for frame in (table, trials, fits))
-    pd.testing.assert_frame_equal(table, load_studies(("edps/digits-simple-cnn",), names["store"]))
+    pd.testing.assert_frame_equal(table, with_integers(load_studies(("edps/digits-simple-cnn",), names["store"])))
+    # Counts as export writes them: integers (trials_reached 3, not 3.0), Int64 where a study has none.
+    assert {str(table[c].dtype) for c in ("batch_size", "trials_reached", "steps_to_result")} == {"Int64"}
     assert len(table) == len(GOALS) * len(SIZES) and table["steps_to_result"].notna().any()
     assert set(trials["study_key"]) == set(table["study_key"]) and len(trials) >= len(table)
     assert len(fits) == 1 and fits["goal"].iloc[0] == min(GOALS) and fits["s_min"].iloc[0] > 0
@@ -62,3 +65,13 @@ def test_errors_are_one_edps_error_line(tmp_path, sqlite_store):
         assert "\n" not in str(raised.value), str(raised.value)
     assert not (tmp_path / "no-such-folder").exists()  # the analysis never makes a store
     assert api.trials(sqlite_store, study_table=pd.DataFrame()).empty  # a table filtered to nothing: no trials
+
+
+def test_a_study_table_with_integer_counts_fits_as_its_floats_do():
+    sizes = (16, 64, 256, 1024)
+    table = pd.DataFrame({"workload": "digits-simple-cnn", "optimizer": "sgd", "sparsity": 0.0, "batch_size": sizes,
+                          "steps_to_result": [400.0, 150.0, None, 90.0], "trials_reached": [3.0, 2.0, 0.0, 1.0],
+                          "check_interval": 10.0, "study_run_id": None, "study_key": [f"k{s}" for s in sizes]})
+    integers = with_integers(table)
+    assert str(integers["steps_to_result"].dtype) == "Int64" and integers["steps_to_result"].isna().sum() == 1
+    pd.testing.assert_frame_equal(api.fits(study_table=integers, bootstrap=0), api.fits(study_table=table, bootstrap=0))

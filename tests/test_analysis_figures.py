@@ -15,8 +15,8 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from analysis.cli import main
+from analysis.fit_metrics import curve_metrics
 from analysis.plots import draw_steps, steps_figure
-from analysis.publish import curve_metrics
 from analysis.regimes import fit_table, fit_warnings
 from analysis.report import fit_summary
 from analysis.timing import duration_words

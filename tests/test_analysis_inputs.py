@@ -276,6 +276,21 @@ def test_export_makes_formula_cells_inert_and_reads_back_as_the_same_table(folde
     assert capsys.readouterr().out == exported.read_bytes().decode()
 
 
+def test_experiment_filters_a_csv_and_a_missing_output_folder_is_refused_before_any_work(folder, capsys):
+    steps = write(folder, "steps.csv", STEPS)  # its experiment column: "synthetic"
+    assert run(["export", "--csv", steps, "--experiment", "synth*", "--output", "all.csv"], capsys)[0] == 0
+    assert len(pd.read_csv(folder / "all.csv")) == len(pd.read_csv(steps))
+    assert run(["fit", "--csv", steps, "--experiment", "other"], capsys) == (
+        2, "edps-analyze: error: no studies left after the filters")
+    bare = write(folder, "bare.csv", pd.read_csv(steps).drop(columns="experiment").to_csv(index=False))
+    assert run(["fit", "--csv", bare, "--experiment", "synthetic"], capsys) == (2, (
+        f"edps-analyze: error: --experiment with --csv filters the table's experiment column, which {bare} lacks"))
+    for command, name in (("report", "r.html"), ("export", "s.csv")):  # a typo makes no folders
+        assert run([command, "--csv", steps, "--output", f"typo/{name}"], capsys) == (
+            2, f"edps-analyze: error: cannot write typo/{name}: no folder typo")
+    assert not (folder / "typo").exists()
+
+
 def test_csv_output_of_every_command_is_inert_too(folder, capsys):
     """`table --format csv` (the study table with every column) and `fit --format csv` write as export does."""
     source = write(folder, "formulas.csv", _formula_csv(_formula_table().assign(extra=-0.5)))
@@ -358,6 +373,7 @@ PATH_OPTIMIZER = "../../$\\frac{$\x00" + "x" * 300
 def test_report_draws_every_curve_to_its_own_file(folder, capsys):
     table = pd.concat([_timed_curve(name, PATH_OPTIMIZER) for name in PATH_NAMES], ignore_index=True)
     path = write(folder, "names.csv", table.to_csv(index=False))
+    (folder / "out").mkdir()
     code, _ = run(["report", "--csv", path, "--bootstrap", "0", "--output", "out/report.md", "--svg"], capsys)
     assert code == 0
     files = _figures_in(folder / "out" / "report_figures")

@@ -66,6 +66,7 @@ def test_a_figure_that_cannot_be_written_is_the_commands_one_line_error(tmp_path
         raise OSError(errno.ENOSPC, "No space left on device", str(paths[0]))
 
     monkeypatch.setattr(plots, "_write", disk_full)
+    (tmp_path / "out").mkdir()
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "--csv", str(_steps_csv(tmp_path)), "--bootstrap", "0", "--output",
               str(tmp_path / "out" / "report.md")])
@@ -86,6 +87,7 @@ def test_ctrl_c_during_a_report_ends_it_and_writes_no_report(tmp_path):
     import time
 
     output = tmp_path / "out" / "report.md"
+    output.parent.mkdir()
     process = subprocess.Popen([sys.executable, "-c", "from analysis.cli import main; main()", "report", "--csv",
                                 str(_steps_csv(tmp_path, copies=3)), "--bootstrap", "0", "--output", str(output)],
                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
-from analysis.publish import curve_metrics
+from analysis.fit_metrics import curve_metrics
 from analysis.regimes import fit_table, point_table, sparsity_comparison
 
 BATCH_SIZES = [8, 16, 32, 64, 128, 256, 512, 1024]

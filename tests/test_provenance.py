@@ -61,7 +61,8 @@ def test_a_study_run_says_who_ran_what_on_which_data(sqlite_store, tmp_path):
         assert trial.data.tags["mlflow.source.name"] == tags["mlflow.source.name"]
         metrics, params = trial.data.metrics, trial.data.params
         assert set(metrics) - {"validation/error", "validation/error_minus_goal", "train/loss", "learning_rate"} <= {
-            "batch_size", "sparsity", "steps_trained", "steps_to_result", "best_validation_error"}, metrics
+            "steps_trained", "steps_to_result", "best_validation_error"}, metrics
+        assert params["batch_size"] == "256" and float(params["sparsity"]) == 0.0
         assert {"trial/seconds", "validation/checks_cut_short", "learning_rate"} <= set(params)
         assert float(params["goal"]) == spec.goal_error
         if record.steps_trained:

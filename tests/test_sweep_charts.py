@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from mlflow.tracking import MlflowClient
 
+from analysis.fit_metrics import curve_metrics
 from analysis.publish import chart_metrics
+from analysis.regimes import fit_table
 from analysis.replicates import point_value
 from edps_mlflow import names as n
 from edps_mlflow.executors.base import SweepRun
@@ -89,3 +92,27 @@ def test_the_sweep_run_holds_the_curves_at_their_batch_sizes_and_a_resumed_run_a
     # The link the sweep prints opens the run's Model metrics tab, where those charts are.
     assert ui_link("http://127.0.0.1:5000", experiment_id, run_id, charts=True).endswith(
         f"/#/experiments/{experiment_id}/runs/{run_id}/model-metrics?workflowType=machine_learning")
+
+
+def test_the_finished_sweep_run_holds_each_curves_fit_named_as_the_analysis_run_names_it(sqlite_store):
+    client, raw = StoreClient(sqlite_store), MlflowClient(sqlite_store)
+    experiment_id = resolve_experiment(client, "fits")
+    spec = SweepSpec.build(DIGITS, ("sgd",), (16, 64, 256), (0.0, 0.5, 0.9), goal_error=0.1)
+    # dense: a hyperbola; 0.5: steps rise, so no B_crit; 0.9: one point reached, too few for anything
+    steps = {(0.0, 16): 400, (0.0, 64): 150, (0.0, 256): 100, (0.5, 16): 100, (0.5, 64): 180, (0.5, 256): 500,
+             (0.9, 16): 900, (0.9, 64): None, (0.9, 256): None}
+    token = "0" * 32
+    run_id = create_sweep_run(client, experiment_id, "sweep", spec.sweep_key, DIGITS, token)
+    tracker = SweepTracker(client, experiment_id, OwnedRun(client, run_id, token, "sweep"))
+    curves = SweepCurves(spec.studies())
+    for study in spec.studies():
+        curves.finished(study.study_key, goal_steps(study, steps[study.sparsity, study.batch_size]))
+    tracker.finish(9, 7, 1.0, fits=curves.fit_metrics())
+    logged = {k: v for k, v in raw.get_run(run_id).data.metrics.items() if k.startswith("fit/")}
+    studies = pd.DataFrame([{"workload": DIGITS, "optimizer": "sgd", "sparsity": s.sparsity, "pruning": s.pruning,
+                             "batch_size": s.batch_size, "steps_to_result": steps[s.sparsity, s.batch_size],
+                             "goal_error": 0.1, "check_interval": s.check_interval} for s in spec.studies()])
+    assert logged == pytest.approx(curve_metrics(fit_table(studies, repeats=0)))
+    assert {"fit/sgd/sp0/s_min", "fit/sgd/sp0/b_crit", "fit/sgd/sp0/b_crit_threshold"} <= set(logged)
+    assert "fit/sgd/sp0.5/s_min" in logged and "fit/sgd/sp0.5/b_crit" not in logged
+    assert not [k for k in logged if k.startswith("fit/sgd/sp0.9/")]

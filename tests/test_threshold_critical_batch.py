@@ -13,7 +13,7 @@ import pytest
 from analysis.csv_io import read_csv
 from analysis.fits import (HyperbolaFit, InsufficientData, fit_hyperbola, fitted_threshold, regime_boundaries,
                            threshold_critical_batch)
-from analysis.publish import curve_metrics
+from analysis.fit_metrics import curve_metrics
 from analysis.regimes import fit_table
 from analysis.report import fit_summary
 

@@ -187,6 +187,7 @@ def test_time_on_a_real_sweep(tmp_path, capsys):
     assert "timed in packs of up to" in curve.loc[(16, 1), "note"]  # batch size 32 was timed in a pack of 3
     assert (tmp_path / "figures" / "time_digits-simple-cnn_sgd.png").exists()
 
+    (tmp_path / "r").mkdir()
     main(["report", "--tracking-uri", uri, "--experiment", "t", "--bootstrap", "0", "--devices", "1,2,4",
           "--output", str(tmp_path / "r" / "report.html")])
     page = (tmp_path / "r" / "report.html").read_text()

@@ -330,14 +330,13 @@ class StudyTracker:
                   **pruning_params(spec)}
         # One-value facts of a trial are params (its metaparameters are already): the chart view draws a metric
         # as a chart, sections in alphabetical order, and constants would lead it (read/trials.py reads both).
-        metrics = {n.METRIC_BATCH_SIZE: spec.batch_size, n.METRIC_SPARSITY: spec.sparsity}
         if pruning is not None:
             params[n.PARAM_PRUNING_SCORES] = pruning.source.value
             if pruning.source is not ScoreSource.NONE:
                 params[n.METRIC_PRUNING_SECONDS] = pruning.seconds
             if pruning.source is ScoreSource.CACHED:
                 params[n.METRIC_PRUNING_SECONDS_SAVED] = pruning.seconds_saved
-        log_batch(self.client, run_id, params=params, metrics=metrics)
+        log_batch(self.client, run_id, params=params)
         if mask is None:
             return
         mask_dir = self._scratch / f"trial-{trial.index}" / n.ARTIFACT_MASK_DIR

@@ -66,10 +66,13 @@ class SweepTracker:
             log_batch(self.client, self.run_id, tags=tags, metrics=metrics)
             log_text(self.client, self.run_id, name, text)
 
-    def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "") -> None:
-        """The sweep's summary and FINISHED, if the run is still ours (else ``LeaseLost``, nothing written)."""
+    def finish(self, studies_done: int, studies_with_result: int, seconds: float, description: str = "",
+               fits: dict[str, float] | None = None) -> None:
+        """The sweep's summary (``fits``: its curves' fit metrics) and FINISHED, if the run is still ours (else
+        ``LeaseLost``, nothing written)."""
         self.owned.require()
         log_batch(self.client, self.run_id, metrics={
             n.METRIC_STUDIES_DONE: studies_done, n.METRIC_STUDIES_WITH_RESULT: studies_with_result,
-            n.METRIC_SWEEP_SECONDS: seconds}, tags={n.MLFLOW_NOTE: description[:20_000]} if description else None)
+            n.METRIC_SWEEP_SECONDS: seconds, **(fits or {})},
+            tags={n.MLFLOW_NOTE: description[:20_000]} if description else None)
         self.owned.finish()
