@@ -125,7 +125,10 @@ def require_existing_store(uri: str) -> None:
     """Readers (status, doctor, analysis) refuse a local store that does not exist, instead of creating an
     empty one as MLflow would: a typo in the URI should not leave a new database behind."""
     path = sqlite_path(uri)
-    if path is not None and not path.is_file():
+    # A store another process began to build (its creation lock or half-built file) is there: doctor takes it over.
+    building = path is not None and (path.with_name(f"{path.name}.lock").exists()
+                                     or any(path.parent.glob(f".{path.name}.*.new*")))
+    if path is not None and not path.is_file() and not building:
         raise EdpsError(f"no tracking store at {redact_uri(uri)}: {path} does not exist "
                         "(point MLFLOW_TRACKING_URI, or edps-analyze's --tracking-uri, at the store the studies were "
                         "written to)")

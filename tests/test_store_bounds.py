@@ -101,9 +101,10 @@ def _temporaries(database: Path) -> list[Path]:
 
 
 def _stopped_builder(tmp_path: Path, database: Path) -> tuple[_Command, Path]:
-    """`edps doctor` building the new store ``database``, stopped once its temporary file has content: in the
+    """`edps study` building the new store ``database``, stopped once its temporary file has content: in the
     middle of MLflow's migrations (they take seconds), holding the creation lock. The builder and its file."""
-    builder = _Command([*EDPS, "doctor"], tmp_path, MLFLOW_TRACKING_URI=f"sqlite:///{database}")
+    builder = _Command([*EDPS, "study", "--trials", "1", "--max-steps", "20", "--bs", "64"], tmp_path,
+                       MLFLOW_TRACKING_URI=f"sqlite:///{database}")
     deadline = time.monotonic() + 120
     while True:
         assert builder.process.poll() is None and time.monotonic() < deadline, builder.lines
@@ -158,6 +159,7 @@ def test_a_stopped_builder_is_named_waited_for_at_most_the_bound_then_taken_over
     never replaces a file: main's rename would put its empty store over the experiment written since) and ends
     well; the store is whole and every command works on it."""
     database = tmp_path / "new" / "mlflow.db"
+    database.parent.mkdir()  # a store is built only in a folder that exists
     uri = f"sqlite:///{database}"
     builder, half_built = _stopped_builder(tmp_path, database)
     pid = builder.process.pid

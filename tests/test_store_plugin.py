@@ -68,6 +68,7 @@ def test_four_mlflow_clients_released_at_once_on_a_new_store_build_it_once(tmp_p
     """Four processes, MLflow imported, released together to open one new store (plain MLflow: all four fail
     inside its migration and leave the file half-migrated): all open it, and it is built once, complete."""
     database = tmp_path / "new" / "mlflow.db"
+    database.parent.mkdir()  # a store is built only in a folder that exists
     uri = f"sqlite:///{database}"
     go = tmp_path / "go"
     script = ("import sys, time; from pathlib import Path; from mlflow.tracking import MlflowClient\n"
@@ -110,6 +111,7 @@ def test_an_mlflow_run_two_studies_and_a_server_at_once_on_a_new_store_all_succe
     commands (edps's own initialisation): all succeed, and the store is built once, complete. Four MLflow
     clients at once through the plugin alone: the test above."""
     database = tmp_path / "new" / "mlflow.db"
+    database.parent.mkdir()  # a store is built only in a folder that exists
     uri = f"sqlite:///{database}"
     environment = _plugin_environment(tmp_path, MLFLOW_TRACKING_URI=uri)
     protocol = ["trials=1", "goal_error=0.06", "max_steps=60", "check_interval=20", "workers=1"]
