@@ -169,7 +169,7 @@ METRIC_PROBE_LIPSCHITZ = "probe/lipschitz"
 METRIC_PROBE_NOISE_SCALE = "probe/noise_scale"
 METRIC_PROBE_GRAD_NORM_SQ = "probe/grad_norm_sq"
 METRIC_PROBE_TRACE_SIGMA = "probe/trace_sigma"
-METRIC_FIT_PREFIX = "fit/"  # + <optimizer>/sp<sparsity>/<quantity>, on an analysis run
+METRIC_FIT_PREFIX = "fit/"  # + <curve>/<quantity> (curve_metric), on an analysis run and a finished sweep run
 
 # ---- curves in MLflow's charts: a sweep run's and an analysis run's ---------------------------
 # One metric per curve, its step the batch size: a run's Model metrics tab draws steps against batch size.

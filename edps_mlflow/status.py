@@ -37,8 +37,8 @@ def status_text(experiment: str | None, tracking_uri: str | None = None) -> str:
 
 
 def status_tables(experiment: str, tracking_uri: str | None = None) -> dict[tuple, pd.DataFrame]:
-    """One table per curve family (workload, optimizer, pruning method), keyed by their values; batch sizes down,
-    sparsities across, the dense column in each table of its workload and optimizer."""
+    """One table per curve family (workload, optimizer, pruning method, parameterization), keyed by their values;
+    batch sizes down, sparsities across, the dense column in each table of its workload and optimizer."""
     rows = study_rows(experiment, lease_seconds(), tracking_uri)
     if not rows:
         raise EdpsError(f"experiment {experiment!r} has no study runs")
