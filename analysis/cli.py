@@ -350,10 +350,10 @@ def time_to_result(tracking_uri, experiments, csv_path, workload, optimizer, spa
 @_TOLERANCE
 @_RESAMPLES
 @_format("table", "csv", "json")
-@click.option("--output-dir", default=None, type=click.Path(), help="Also draw the best learning rate against "
+@click.option("--out-dir", default=None, type=click.Path(), help="Also draw the best learning rate against "
                                                                      "batch size here (PNG and SVG).")
 def tuning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities, tolerance, bootstrap, seed,
-           output_format, output_dir) -> None:
+           output_format, out_dir) -> None:
     """What the tuning found: per curve the best learning rate (and each other tuned metaparameter) against batch
     size, its log-log slope in perfect scaling with a 95% interval over replicates, and per batch size each sparse
     curve's best learning rate relative to the dense one's under each parameterization (csv/json: a row per
@@ -368,10 +368,10 @@ def tuning(tracking_uri, experiments, csv_path, workload, optimizer, sparsities,
     table = points.merge(slopes.drop(columns=["points"]), how="left").merge(
         ratios.drop(columns=["best_learning_rate"]), how="left")
     _emit(table, output_format, tuning_text(source, points, slopes, ratios))
-    if output_dir:
+    if out_dir:
         from analysis.tuning_plot import tuning_figure
 
-        for path in tuning_figure(points, slopes, Path(output_dir)):
+        for path in tuning_figure(points, slopes, Path(out_dir)):
             click.echo(str(path), err=True)
 
 

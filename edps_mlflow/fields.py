@@ -126,8 +126,8 @@ STUDY_FIELDS: tuple[StudyField, ...] = (
          "of the hardest alone (instead of --goal-error).", key_default=()),
     # Studies searched the optimizer's own metaparameters before the choice existed: "raw" is the value keys lack.
     _key("search_coordinates", "coordinates", "raw", "What the search tunes: raw (the optimizer's own "
-         "metaparameters) or invariant (Adam's and Lion's beta2 as a half-life in examples, a decoupled weight decay "
-         "as its timescale tau in epochs; docs/studies.md).", key_default="raw"),
+         "metaparameters) or invariant (Adam's, AdamW's and Lion's beta2 as a half-life in examples, a decoupled "
+         "weight decay as its timescale tau in epochs; docs/studies.md).", key_default="raw"),
     # Studies made before the choice were SP's. At sparsity 0 SμPar is SP to the bit: one dense study, spelled "sp".
     _key("parameterization", "parameterization", "sp", "sp (the paper's standard parameterisation) or supar "
          "(SμPar: each masked layer's initial variance and learning rate divided by its density; "

@@ -97,7 +97,7 @@ def test_the_command_prints_writes_csv_and_json_and_draws_the_figure(tmp_path, m
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, "studies.csv", pd.DataFrame(_curve(0.0, seeds=3, jitter=0.1)
                                                        + _curve(0.5, 2.0, seeds=3, jitter=0.1)).to_csv(index=False))
-    assert run(["tuning", "--csv", path, "--output-dir", "figures"], capsys) == (0, "")
+    assert run(["tuning", "--csv", path, "--out-dir", "figures"], capsys) == (0, "")
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["best_learning_rate.png",
                                                                        "best_learning_rate.svg"]
     main(["tuning", "--csv", path, "--bootstrap", "50"])
