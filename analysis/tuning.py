@@ -83,7 +83,8 @@ def log_slope(sizes: np.ndarray, values: np.ndarray) -> float:
     found = np.isfinite(values) & (values > 0)
     if found.sum() < MIN_SLOPE_POINTS:
         return math.nan
-    return float(np.polyfit(np.log(sizes[found]), np.log(values[found]), 1)[0])
+    # Rounded so that equal values give a slope of 0, not a float residue such as -2.95e-15.
+    return round(float(np.polyfit(np.log(sizes[found]), np.log(values[found]), 1)[0]), 9) + 0.0
 
 
 def _slope(replicates: dict[int, np.ndarray], lr: pd.Series, sizes: list[int], repeats: int, seed: int
@@ -292,7 +293,7 @@ def tuning_text(source: str, points: pd.DataFrame, slopes: pd.DataFrame, ratios:
     several, varying = several_methods(ratios), varying_columns(ratios)
     for (workload, optimizer), group in ratios.groupby(["workload", "optimizer"], sort=True):
         grid = group.assign(curve=group.apply(lambda row: curve_label(row, varying, several), axis=1)).pivot_table(
-            index="batch_size", columns="curve", values="relative_to_dense", aggfunc="first", sort=False)
+            index="batch_size", columns="curve", values="relative_to_dense", aggfunc="first", sort=False).sort_index()
         grid.index.name, grid.columns.name = "batch size", None
         blocks.append(f"{workload} / {optimizer}: best learning rate relative to the dense curve's\n"
                       + grid.map(lambda v: f"{v:.3g}x" if np.isfinite(v) else "-").to_string(line_width=TERMINAL_WIDTH)

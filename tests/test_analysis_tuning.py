@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
-from analysis.tuning import ratio_lines, slope_table, sparsity_ratios, tuning_input, tuning_points, tuning_text
+from analysis.tuning import log_slope, ratio_lines, slope_table, sparsity_ratios, tuning_input, tuning_points, tuning_text
 from analysis.tuning_plot import tuning_figure
 
 from conftest import built_once
@@ -141,3 +141,15 @@ def test_each_pruning_method_is_its_own_sparse_curve_against_one_dense_curve():
     _, _, ratios = _analysed(rows, repeats=0)
     line = ratio_lines(ratios)[0]
     assert "0.5 random: 2x" in line and "0.5 snip: 0.5x" in line and "span a factor 4" in line
+
+
+def test_a_flat_learning_rate_has_slope_zero_and_the_ratios_go_by_batch_size():
+    """Equal best learning rates give a slope of exactly 0 (not a float residue printed as -2.95e-15), and the
+    ratio grid lists batch sizes in order even where the curves cover different ones."""
+    assert log_slope(np.array([8.0, 32.0, 128.0]), np.array([0.1, 0.1, 0.1])) == 0.0
+    # A curve at some batch sizes (random-erk, listed first) beside one at all of them.
+    some = [row for row in _curve(0.5, pruning="random-erk") if row["batch_size"] in (8, 32, 128)]
+    points, slopes, ratios = _analysed(_curve(0.0) + some + _curve(0.5))
+    grid = tuning_text("a table", points, slopes, ratios).split("relative to the dense curve's\n")[1]
+    sizes = [int(line.split()[0]) for line in grid.splitlines()[2:] if line.split() and line.split()[0].isdigit()]
+    assert sizes == sorted(sizes) and set(sizes) >= {8, 32, 128}
