@@ -284,13 +284,16 @@ def compare_pruning(tracking_uri, experiments, csv_path, workload, optimizer, sp
     fits = _fits(studies, tracking_uri, trials_csv, bootstrap, seed, tolerance)
     _, summary, paths = compared(studies, fits, tolerance, Path(out_dir))
     footnote = intervals_footnote(summary)
-    human = summary_for_people(summary).to_string(index=False) + (f"\n{footnote}" if footnote else "")
+    human = summary_for_people(summary).to_string(index=False, line_width=TERMINAL_WIDTH) + (
+        f"\n{footnote}" if footnote else "")
     ratios = sparsity_comparison(studies, bootstrap, seed)
     ratios = ratios[ratios["sparsity"] > 0].assign(cell=lambda t: [with_interval(row, "relative_to_dense")
                                                                    for _, row in t.iterrows()])
+    columns = ["pruning", *(["parameterization"] if ratios["parameterization"].nunique() > 1 else [])]
     human += ("\n\nsteps relative to dense, per batch size (95% intervals where both points have 3 replicates or "
-              "more):\n" + ratios.pivot_table(index=["optimizer", "sparsity", "batch_size"], columns="pruning",
-                                             values="cell", aggfunc="first").fillna("-").to_string())
+              "more):\n" + ratios.pivot_table(index=["optimizer", "sparsity", "batch_size"], columns=columns,
+                                             values="cell", aggfunc="first").fillna("-").to_string(
+                                                 line_width=TERMINAL_WIDTH))
     human += "\n\nfigures:\n" + "\n".join(str(p) for p in paths if p.suffix == ".png")
     _emit(summary, output_format, human)
 

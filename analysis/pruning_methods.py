@@ -146,12 +146,15 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with values and intervals as text, one row per pruned curve, the dense curve's fit first."""
     rows = []
     head = [c for c in ("workload", "optimizer") if c in summary.columns]
+    several_parameterizations = "parameterization" in summary.columns and summary["parameterization"].nunique() > 1
     for _, row in summary.iterrows():
         ratio = _number(row.get("relative_to_dense"))
         shuffle = _number(row.get("relative_to_shuffle"))
         overlap = _number(row.get("b_crit_overlaps_dense"))  # 1, 0, or NaN: not judged
         rows.append({
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
+            # Under supar too, a curve says so (sp's and supar's curves of one method read alike otherwise).
+            **({"param.": row["parameterization"]} if several_parameterizations else {}),
             "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
             "dense B_crit": _interval(row, "dense_b_crit"),
             "B_crit overlaps dense": ("yes" if overlap else "no") if not math.isnan(overlap) else

@@ -355,3 +355,18 @@ def test_compare_pruning_prints_the_sparse_dense_ratio_with_its_interval(tmp_pat
     cells = re.findall(r"(\d+\.?\d*) \[(\d+\.?\d*), (\d+\.?\d*)\]", ratios)
     assert len(cells) == len(BATCH_SIZES)  # every batch size's ratio, about 2, with its interval
     assert all(float(low) < float(value) * 1.05 and float(low) < 2 < float(high) * 1.5 for value, low, high in cells)
+
+
+def test_compare_pruning_keeps_sp_and_supar_curves_apart(tmp_path, capsys):
+    """A method's sp and supar curves are two rows of the summary and two columns of the ratios, each labelled
+    (they read alike before: the same method twice, no word of which was which)."""
+    sparse = [_replicated(seed=2, sparsity=0.5, s_min=2 * S_MIN).assign(parameterization="sp"),
+              _replicated(seed=3, sparsity=0.5, s_min=3 * S_MIN).assign(parameterization="supar")]
+    table = pd.concat([_replicated(seed=1).assign(parameterization="sp"), *sparse], ignore_index=True)
+    source = tmp_path / "steps.csv"
+    table.to_csv(source, index=False)
+    main(["compare-pruning", "--csv", str(source), "--out-dir", str(tmp_path / "figures")])
+    summary, ratios = capsys.readouterr().out.split("steps relative to dense, per batch size")
+    assert "param." in summary and re.search(r"\bsupar\b", summary) and re.search(r"\bsp\b", summary)
+    assert re.search(r"parameterization\s+sp\s+supar", ratios)
+    assert all(len(line) <= 100 for line in summary.splitlines())
