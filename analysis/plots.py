@@ -315,13 +315,15 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path,
     figure, axis = plt.subplots(figsize=(6.4, 4.4), layout="tight")
     by_study = with_curve_axes(by_study)
     several = several_methods(by_study)
-    for (workload, optimizer, sparsity, pruning), group in by_study.groupby(list(CURVE_KEYS), sort=True):
+    for key, group in by_study.groupby(list(CURVE_KEYS), sort=True):
+        curve = dict(zip(CURVE_KEYS, key))
         group = group.sort_values("batch_size")
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
+        under = f", {curve['parameterization']}" if curve["parameterization"] != "sp" else ""
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
-                      capsize=3, label=f"{literal(workload)}, {literal(optimizer)}, "
-                                        f"{curve_words(sparsity, literal(pruning), several)}")
+                      capsize=3, label=f"{literal(curve['workload'])}, {literal(curve['optimizer'])}, "
+                                        f"{curve_words(curve['sparsity'], literal(curve['pruning']), several)}{under}")
     style_axes(axis, "Lipschitz constant of the gradient", "along the best trial's run: median over probe steps (bar: "
           "maximum)", y_base=10, xlabel="batch size")
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))

@@ -68,8 +68,8 @@ def test_studies_log_their_method_reuse_its_scores_and_are_compared(sqlite_store
 
     # edps status: a grid per method, each with the dense column.
     tables = status_tables(EXPERIMENT, sqlite_store)
-    assert set(tables) == {("digits-simple-cnn", "sgd", m) for m in ("grasp", "shuffle(grasp)")}
-    assert list(tables[("digits-simple-cnn", "sgd", "grasp")].columns) == ["sparsity 0", "sparsity 0.9"]
+    assert set(tables) == {("digits-simple-cnn", "sgd", m, "sp") for m in ("grasp", "shuffle(grasp)")}
+    assert list(tables[("digits-simple-cnn", "sgd", "grasp", "sp")].columns) == ["sparsity 0", "sparsity 0.9"]
     assert "digits-simple-cnn / sgd / pruned by shuffle(grasp):" in format_status(tables)
 
     # The analysis: a curve per (method, sparsity), and the comparison against the dense curve.
