@@ -20,6 +20,7 @@ from analysis.regimes import (CURVE_KEYS, UNBOUNDED_FACTOR, curve_columns, curve
                               with_curve_axes)
 from analysis.report import curve_words, several_methods  # noqa: E402
 from analysis.timing import TIME_COLUMNS, duration_unit  # noqa: E402
+from edps_mlflow.parameterization import Parameterization  # noqa: E402
 
 FIGURE_FORMATS = ("png", "svg")  # the PNG that reports show, the SVG for print
 PNG_DPI = 150
@@ -320,7 +321,7 @@ def lipschitz_figure(by_study: pd.DataFrame, directory: Path,
         group = group.sort_values("batch_size")
         median = group["lipschitz_median"].to_numpy()
         upper = group["lipschitz_max"].to_numpy() - median
-        under = f", {curve['parameterization']}" if curve["parameterization"] != "sp" else ""
+        under = f", {curve['parameterization']}" if curve["parameterization"] != Parameterization.SP else ""
         axis.errorbar(group["batch_size"], median, yerr=np.vstack([np.zeros_like(median), upper]), fmt="o-",
                       capsize=3, label=f"{literal(curve['workload'])}, {literal(curve['optimizer'])}, "
                                         f"{curve_words(curve['sparsity'], literal(curve['pruning']), several)}{under}")
