@@ -15,6 +15,7 @@ import pandas as pd
 from analysis.bootstrap import BASIS_COLUMNS, interval_basis_warning
 from analysis.regimes import curve_columns, dense_in_every_parameterization, fit_of, matching, with_curve_axes
 from analysis.replicates import point_steps
+from analysis.report import hyperbola_applies, with_interval
 from edps_mlflow.curves import TAG_DEFAULTS
 from edps_mlflow.pruning import SHUFFLE_PREFIX, shuffled
 
@@ -59,7 +60,11 @@ def pruning_comparison(table: pd.DataFrame) -> pd.DataFrame:
 def _fit_of(fits: pd.DataFrame | None, head: dict, sparsity: float, pruning: str) -> dict:
     dense = {"parameterization": TAG_DEFAULTS["parameterization"]} if sparsity == 0.0 else {}  # StudySpec's "sp"
     row = fit_of(fits, {**head, "sparsity": sparsity, "pruning": pruning, **dense})
-    return {} if row is None else {c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in row.index}
+    if row is None:
+        return {}
+    # A B_crit the hyperbola does not give is no answer (the fit table prints n/a): nothing to compare either.
+    return {**{c: row.get(c) for c in (*SUMMARY_COLUMNS, *BASIS_COLUMNS) if c in row.index},
+            "b_crit_applies": hyperbola_applies(row)}
 
 
 def _number(value: object) -> float:
@@ -112,8 +117,9 @@ def pruning_summary(table: pd.DataFrame, fits: pd.DataFrame | None = None, toler
                                                               ("dense", interval_basis_warning(dense_fit))) if warning]
         low, high, dense_low, dense_high = (_number(f.get(f"b_crit_{end}")) for f in (fit, dense_fit)
                                             for end in ("low", "high"))
-        row["b_crit_overlaps_dense"] = (None if little or any(map(math.isnan, (low, high, dense_low, dense_high)))
-                                        else bool(low <= dense_high and dense_low <= high))
+        undecidable = little or any(map(math.isnan, (low, high, dense_low, dense_high))) or not (
+            fit.get("b_crit_applies", True) and dense_fit.get("b_crit_applies", True))
+        row["b_crit_overlaps_dense"] = None if undecidable else bool(low <= dense_high and dense_low <= high)
         row["note"] = "; ".join(little)
         row["relative_to_shuffle"] = _relative_to_shuffle(comparison, head, sparsity, pruning)
         rows.append(row)
@@ -133,13 +139,11 @@ def _relative_to_shuffle(comparison: pd.DataFrame, head: dict, sparsity: float, 
     return _geometric_mean(joined["mine"] / joined["theirs"])
 
 
-def _interval(row: pd.Series, name: str) -> str:
-    value, low, high = (_number(row.get(f"{name}{suffix}")) for suffix in ("", "_low", "_high"))
-    if math.isnan(value):
+def _interval(row: pd.Series, name: str, applies: object = True) -> str:
+    """As the fit table writes it: ``value [low, high]``, ``-`` without a fit, ``n/a`` where it does not apply."""
+    if math.isnan(_number(row.get(name))):
         return "-"
-    text = f"{value:.4g}"  # never [x, x]: ends that read alike are no interval to show
-    return text if math.isnan(low) or math.isnan(high) or f"{low:.4g}" == f"{high:.4g}" else \
-        f"{text} [{low:.4g}, {high:.4g}]"
+    return with_interval(row, name) if pd.isna(applies) or bool(applies) else "n/a"
 
 
 def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
@@ -155,8 +159,8 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
             # Under supar too, a curve says so (sp's and supar's curves of one method read alike otherwise).
             **({"param.": row["parameterization"]} if several_parameterizations else {}),
-            "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit"),
-            "dense B_crit": _interval(row, "dense_b_crit"),
+            "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit", row.get("b_crit_applies")),
+            "dense B_crit": _interval(row, "dense_b_crit", row.get("dense_b_crit_applies")),
             "B_crit overlaps dense": ("yes" if overlap else "no") if not math.isnan(overlap) else
             NOT_JUDGED if row.get("note") else "-",
             "steps / dense": "-" if math.isnan(ratio) else

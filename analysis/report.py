@@ -97,6 +97,9 @@ def with_interval(row: pd.Series, name: str) -> str:
     low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
     if not (_present(low) and _present(high)):
         return value
+    # A resample's fit can put an end a billionth of the value from zero (B_crit 1.5e-21): that is zero.
+    scale = abs(float(row.get(name))) if _present(row.get(name)) else 0.0
+    low, high = (0.0 if abs(float(end)) < 1e-9 * scale else end for end in (low, high))
     for digits in (3, 5, 8):
         ends = _number(low, digits), _number(high, digits)
         if ends[0] != ends[1]:

@@ -379,6 +379,14 @@ def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_pat
     assert "one reaching trial" in unjudged.set_index("pruning").loc["magnitude", "note"]
     assert set(summary_for_people(unjudged)["B_crit overlaps dense"]) == {"not judged*"}
     assert intervals_footnote(unjudged).startswith("* not judged: the B_crit intervals of 3 curve(s)")
+    # A B_crit the hyperbola does not give reads n/a, as in the fit table, and is compared with nothing; the
+    # others in three significant figures (an interval end of 1.5e-21 once printed as such).
+    outside = fits.assign(note=lambda f: f["pruning"].map({"magnitude": "B_crit 1e+05 lies far outside the measured "
+                                                                        "batch sizes 16..1024: ..."}).fillna(""),
+                          b_crit_low=lambda f: f["b_crit"].where(f["pruning"] != "snip", 1.5e-21))
+    people = summary_for_people(pruning_summary(table, outside)).set_index("method")
+    assert people.loc["magnitude", "B_crit"] == "n/a" and people.loc["magnitude", "B_crit overlaps dense"] == "-"
+    assert "e-21" not in people.loc["snip", "B_crit"] and people.loc["snip", "B_crit"].endswith(" [0, 64]")
     # A CSV written before methods existed is SNIP's; a name that is no method is refused with its row.
     legacy = tmp_path / "legacy.csv"
     pd.DataFrame(rows).drop(columns="pruning").to_csv(legacy, index=False)
