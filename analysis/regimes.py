@@ -267,7 +267,11 @@ def _interval_warnings(row: dict) -> list[str]:
         low, high, value = row.get(f"{name}_low"), row.get(f"{name}_high"), row.get(name)
         if value is None or pd.isna(value) or low is None or high is None or pd.isna(low) or pd.isna(high):
             continue
-        if any(unbounded(value, low, high)):
+        below, above = unbounded(value, low, high)
+        if below and not above and low < value * 1e-9:
+            # a resample's fit at B_crit 3.86e-22 is a curve flat from the smallest batch size on
+            warnings.append(f"the {name} interval reaches 0 (0 .. {high:.3g}): these points cannot tell it from 0")
+        elif below or above:
             warnings.append(f"the {name} interval is practically unbounded ({low:.3g} .. {high:.3g})")
         if not contains_estimate(low, value, high):
             # a basic interval reflects the resamples about the estimate: with nearly every resample's

@@ -417,3 +417,13 @@ def test_probe_commands_on_studies_with_probes(tmp_path, capsys):
     assert {"noise_scale.csv", "lipschitz.csv"} <= artifacts
     figures = {a.path for a in client.list_artifacts(analysis.info.run_id, "figures")}
     assert {"figures/noise_scale.png", "figures/lipschitz.png"} <= figures
+
+
+def test_an_interval_that_reaches_zero_is_named_so_not_printed_at_1e_minus_22():
+    """Seen on the SμPar digits store: a resample flat from the smallest batch size fits B_crit 3.86e-22."""
+    from analysis.regimes import _interval_warnings
+
+    notes = _interval_warnings({"b_crit": 5.49, "b_crit_low": 3.86e-22, "b_crit_high": 19.6})
+    assert notes == ["the b_crit interval reaches 0 (0 .. 19.6): these points cannot tell it from 0"]
+    assert _interval_warnings({"b_crit": 5.49, "b_crit_low": 0.01, "b_crit_high": 19.6}) == [
+        "the b_crit interval is practically unbounded (0.01 .. 19.6)"]
