@@ -283,19 +283,28 @@ def comparison_figures(comparison: pd.DataFrame, workload: str, optimizer: str, 
 
 def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, sparsity: float,
                    directory: Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
-    """The methods at one sparsity beside the dense curve (a shuffled mask dashed, in its method's colour)."""
+    figure = draw_pruning(comparison, workload, optimizer, sparsity)
+    return save_figure(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"), formats)
+
+
+def draw_pruning(comparison: pd.DataFrame, workload: str, optimizer: str, sparsity: float) -> plt.Figure:
+    """The methods at one sparsity beside the dense curve: a line per method and parameterization (a shuffled
+    mask dashed, in its method's colour; supar dotted, with triangles)."""
     group = comparison[(comparison["workload"] == workload) & (comparison["optimizer"] == optimizer)
                        & np.isclose(comparison["sparsity"].astype(float), sparsity)]
+    group = group.assign(parameterization=group.get("parameterization", Parameterization.SP.value))
     figure, (steps_axis, relative_axis, shape_axis) = plt.subplots(1, 3, figsize=(14.5, 4.4), layout="tight")
     dense = group.drop_duplicates("batch_size").sort_values("batch_size").dropna(subset=["dense_steps_to_result"])
     for axis, column in ((steps_axis, "dense_steps_to_result"), (shape_axis, "dense_normalised_by_first")):
         axis.plot(dense["batch_size"], dense[column], "o-", color="black", linewidth=2, label="dense")
     bases = sorted({m[len("shuffle("):-1] if m.startswith("shuffle(") else m for m in group["pruning"]})
     palette = dict(zip(bases, plt.cm.tab10(np.arange(len(bases)) % 10)))
-    for method, curve in group.groupby("pruning", sort=True):
-        shuffle = method.startswith("shuffle(")
-        style = dict(color=palette[method[len("shuffle("):-1] if shuffle else method], label=literal(method),
-                     linestyle="--" if shuffle else "-", marker="s" if shuffle else "o")
+    for (method, parameterization), curve in group.groupby(["pruning", "parameterization"], sort=True):
+        shuffle, supar = method.startswith("shuffle("), parameterization != Parameterization.SP
+        style = dict(color=palette[method[len("shuffle("):-1] if shuffle else method],
+                     label=literal(method) + (f" {parameterization}" if supar else ""),
+                     linestyle={(False, False): "-", (True, False): "--", (False, True): ":"}.get((shuffle, supar), "-."),
+                     marker="s" if shuffle else "^" if supar else "o")
         valid = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         steps_axis.plot(valid["batch_size"], valid["steps_to_result"], **style)
         relative = valid.dropna(subset=["relative_to_dense"])
@@ -305,9 +314,10 @@ def pruning_figure(comparison: pd.DataFrame, workload: str, optimizer: str, spar
     style_axes(shape_axis, "steps / steps at the smallest batch size", "normalised curves (same shape: same scaling)")
     _relative_axes(relative_axis, "cost of each method at each batch size")
     shape_axis.legend(fontsize=7, **LEGEND_BESIDE)
+    dotted = ", dotted: supar" if (group["parameterization"] != Parameterization.SP).any() else ""
     figure.suptitle(f"{literal(workload)}, {literal(optimizer)}, sparsity {sparsity:g}: pruning methods against the "
-                    f"dense network (dashed: the method's mask shuffled within each tensor)", fontsize=10)
-    return save_figure(figure, directory, file_stem("pruning", workload, optimizer, f"sp{sparsity:g}"), formats)
+                    f"dense network (dashed: the method's mask shuffled within each tensor{dotted})", fontsize=10)
+    return figure
 
 
 def lipschitz_figure(by_study: pd.DataFrame, directory: Path,

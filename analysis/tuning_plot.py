@@ -31,7 +31,8 @@ def _slope_words(slope: pd.Series) -> str:
     if pd.notna(slope["slope"]):
         return f"slope {with_interval(slope, 'slope')}"
     every = f"; every B: {with_interval(slope, 'slope_all')}" if pd.notna(slope.get("slope_all")) else ""
-    return f"no slope ({slope['regime_points']} points in perfect scaling){every}"
+    count = int(slope['regime_points'])
+    return f"no slope ({count} point{'' if count == 1 else 's'} in perfect scaling){every}"
 
 
 def tuning_figure(points: pd.DataFrame, slopes: pd.DataFrame, directory: Path,

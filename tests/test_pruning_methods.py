@@ -395,3 +395,25 @@ def test_compare_pruning_relates_each_method_to_dense_and_to_its_shuffle(tmp_pat
     pd.DataFrame(rows).assign(pruning="prune-it").to_csv(bad, index=False)
     with pytest.raises(EdpsError, match="column pruning, row 2: unknown pruning method 'prune-it'"):
         read_csv(bad)
+
+
+def test_the_pruning_figure_draws_sp_and_supar_of_one_method_as_two_lines():
+    """Seen on the SμPar digits store: one line per method zig-zagged between its sp and supar points."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from analysis.plots import draw_pruning
+    from analysis.pruning_methods import pruning_comparison
+
+    sizes = (8, 32, 128)
+    rows = [{"workload": "digits-simple-cnn", "optimizer": "sgd", "sparsity": s, "pruning": "snip",
+             "parameterization": p, "batch_size": b, "steps_to_result": 100.0 * factor * (1 + 16 / b)}
+            for s, p, factor in ((0.0, "sp", 1), (0.9, "sp", 8), (0.9, "supar", 16)) for b in sizes]
+    figure = draw_pruning(pruning_comparison(pd.DataFrame(rows)), "digits-simple-cnn", "sgd", 0.9)
+    steps_axis = figure.axes[0]
+    lines = {line.get_label(): line for line in steps_axis.get_lines()}
+    assert set(lines) == {"dense", "snip", "snip supar"}
+    assert list(lines["snip"].get_ydata()) == pytest.approx([800 * (1 + 16 / b) for b in sizes])
+    assert list(lines["snip supar"].get_ydata()) == pytest.approx([1600 * (1 + 16 / b) for b in sizes])
+    assert lines["snip supar"].get_linestyle() == ":" and "dotted: supar" in figure._suptitle.get_text()
+    plt.close(figure)
