@@ -89,8 +89,10 @@ def test_ctrl_c_during_a_report_ends_it_and_writes_no_report(tmp_path):
     output = tmp_path / "out" / "report.md"
     output.parent.mkdir()
     process = subprocess.Popen([sys.executable, "-c", "from analysis.cli import main; main()", "report", "--csv",
-                                str(_steps_csv(tmp_path, copies=3)), "--bootstrap", "0", "--output", str(output)],
+                                str(_steps_csv(tmp_path, copies=10)), "--bootstrap", "0", "--output", str(output)],
                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # 60 figures: seconds between the first and the report, so a test process starved on a loaded machine
+    # (CI once saw it finish between poll() and killpg with 18) still interrupts it mid-way
     figures = output.parent / "report_figures"
     deadline = time.monotonic() + 60
     while not (figures.is_dir() and any(figures.iterdir())) and process.poll() is None \
