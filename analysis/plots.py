@@ -303,7 +303,7 @@ def draw_pruning(comparison: pd.DataFrame, workload: str, optimizer: str, sparsi
         shuffle, supar = method.startswith("shuffle("), parameterization != Parameterization.SP
         style = dict(color=palette[method[len("shuffle("):-1] if shuffle else method],
                      label=literal(method) + (f" {parameterization}" if supar else ""),
-                     linestyle={(False, False): "-", (True, False): "--", (False, True): ":"}.get((shuffle, supar), "-."),
+                     linestyle=("--" if shuffle else "-") if not supar else ("-." if shuffle else ":"),
                      marker="s" if shuffle else "^" if supar else "o")
         valid = curve.sort_values("batch_size").dropna(subset=["steps_to_result"])
         steps_axis.plot(valid["batch_size"], valid["steps_to_result"], **style)

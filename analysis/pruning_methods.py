@@ -159,7 +159,8 @@ def summary_for_people(summary: pd.DataFrame) -> pd.DataFrame:
             **{c: row[c] for c in head}, "sparsity": f"{row['sparsity']:g}", "method": row["pruning"],
             # Under supar too, a curve says so (sp's and supar's curves of one method read alike otherwise).
             **({"param.": row["parameterization"]} if several_parameterizations else {}),
-            "points": row["points"], "S_min": _interval(row, "s_min"), "B_crit": _interval(row, "b_crit", row.get("b_crit_applies")),
+            "points": row["points"], "S_min": _interval(row, "s_min"),
+            "B_crit": _interval(row, "b_crit", row.get("b_crit_applies")),
             "dense B_crit": _interval(row, "dense_b_crit", row.get("dense_b_crit_applies")),
             "B_crit overlaps dense": ("yes" if overlap else "no") if not math.isnan(overlap) else
             NOT_JUDGED if row.get("note") else "-",
