@@ -10,7 +10,7 @@ import io
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -87,10 +87,9 @@ def read_csv(path: str | Path, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> p
         if bad.any():
             raise EdpsError(f"{path}: column status must be one of {', '.join(sorted(known))}; "
                             f"row {_line(bad)} has {table['status'].iloc[_line(bad) - 2]!r}")
-    if "pruning" in table.columns:
-        table["pruning"] = _checked_methods(path, table["pruning"])
-    if "parameterization" in table.columns:  # an empty cell: a study before the choice, "sp" (regimes.with_curve_axes)
-        table["parameterization"] = _checked_parameterizations(path, table["parameterization"])
+    for column, parse in _AXIS_NAMES.items():
+        if column in table.columns:
+            table[column] = _checked_names(path, table[column], parse)
     if "batch_size" in table.columns:
         table["batch_size"] = table["batch_size"].astype(int)
         for column in STUDY_COLUMNS:
@@ -121,25 +120,22 @@ def _header(path: str | Path, text: str, columns: tuple[str, ...]) -> list[str]:
     return header
 
 
-def _checked_methods(path: str | Path, column: pd.Series) -> pd.Series:
-    """Each pruning method named in its canonical spelling; an unknown one is an EdpsError naming the row."""
+# The curve axes whose cells are names, each with its parser to the canonical spelling.
+_AXIS_NAMES: dict[str, Callable[[str], str]] = {"pruning": parse_method,
+                                                "parameterization": lambda text: parse_parameterization(text).value}
+
+
+def _checked_names(path: str | Path, column: pd.Series, parse: Callable[[str], str]) -> pd.Series:
+    """Each name of an axis (a pruning method, a parameterization) in its canonical spelling; an empty cell stays
+    empty (a study before the axis existed: with_curve_axes gives its default); an unknown name is an EdpsError
+    naming the row."""
     names = []
     for row, value in enumerate(column, 2):
         try:
-            names.append(parse_method(str(value)) if pd.notna(value) and str(value).strip() else None)
+            names.append(parse(str(value)) if pd.notna(value) and str(value).strip() else None)
         except EdpsError as error:
-            raise EdpsError(f"{path}: column pruning, row {row}: {error}") from None
+            raise EdpsError(f"{path}: column {column.name}, row {row}: {error}") from None
     return pd.Series(names, index=column.index, dtype=object)
-
-
-def _checked_parameterizations(path: str | Path, column: pd.Series) -> pd.Series:
-    values = []
-    for row, value in enumerate(column, 2):
-        try:
-            values.append(parse_parameterization(str(value)).value if pd.notna(value) and str(value).strip() else None)
-        except EdpsError as error:
-            raise EdpsError(f"{path}: column parameterization, row {row}: {error}") from None
-    return pd.Series(values, index=column.index, dtype=object)
 
 
 def _read_text(path: Path) -> str:

@@ -15,6 +15,7 @@ from analysis.intervals import HOW_TO_GET_ONE, NO_FIT_INTERVALS, some_points_wor
 from analysis.regimes import CURVE_KEYS, PROTOCOL_KEYS, family_columns, point_table
 from analysis.timing import TIME_COLUMNS, duration_words
 from edps_mlflow import descriptions
+from edps_mlflow.parameterization import Parameterization
 
 
 # The width the text tables wrap their columns to, their notes and certainty lines too.
@@ -35,11 +36,14 @@ def _number(value: object, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def curve_words(sparsity: float, pruning: str, several_methods: bool, parameterization: str = "sp") -> str:
+SP = Parameterization.SP.value  # the paper's, which curve names leave unsaid
+
+
+def curve_words(sparsity: float, pruning: str, several_methods: bool, parameterization: str = SP) -> str:
     """``sparsity 0.9``, or ``sparsity 0.9 random`` beside other methods (the dense curve names none), then
     ``supar`` for a curve under SμPar (sp's, the paper's, names none)."""
     return f"sparsity {sparsity:g}" + (f" {pruning}" if several_methods and sparsity > 0 else "") + \
-        (f" {parameterization}" if parameterization not in ("sp", None) and pd.notna(parameterization) else "")
+        (f" {parameterization}" if parameterization not in (SP, None) and pd.notna(parameterization) else "")
 
 
 def several_methods(table: pd.DataFrame) -> bool:
@@ -49,7 +53,7 @@ def several_methods(table: pd.DataFrame) -> bool:
 
 def any_supar(table: pd.DataFrame) -> bool:
     """Whether ``table`` holds a curve under SμPar (its tables then name each curve's parameterisation)."""
-    return "parameterization" in table.columns and bool((table["parameterization"].fillna("sp") != "sp").any())
+    return "parameterization" in table.columns and bool((table["parameterization"].fillna(SP) != SP).any())
 
 
 def steps_grids(table: pd.DataFrame, repeats: int = 0, seed: int = 0) -> dict[tuple[str, str], pd.DataFrame]:
@@ -212,7 +216,7 @@ def time_summary(table: pd.DataFrame, fastest: pd.DataFrame) -> tuple[pd.DataFra
 
 def _curve_name(row: pd.Series, varying: list[str], several: bool) -> str:
     return " ".join([str(row["workload"]), str(row["optimizer"]),
-                     curve_words(row["sparsity"], row.get("pruning", ""), several, row.get("parameterization", "sp"))]
+                     curve_words(row["sparsity"], row.get("pruning", ""), several, row.get("parameterization", SP))]
                     + [f"{column} {_number(row[column])}" for column in varying])
 
 

@@ -13,13 +13,14 @@ import pandas as pd
 
 from analysis.bootstrap import Interval, percentile_interval
 from analysis.intervals import Basis, grounds, resampled_points
-from analysis.regimes import CURVE_KEYS, curve_columns, fit_of, fit_table, fit_value, matching, with_curve_axes
+from analysis.regimes import curve_columns, fit_of, fit_table, fit_value, matching, with_curve_axes
 from analysis.replicates import MIN_REPLICATES, point_steps, replicate_steps, spread
 from analysis.report import (TERMINAL_WIDTH, curve_words, end_words, several_methods, terminal_tables,
                              with_interval, wrapped)
+from edps_mlflow.curves import TAG_DEFAULTS
 from edps_mlflow.errors import EdpsError
 
-PARAMETERIZATION, DEFAULT_PARAMETERIZATION = "parameterization", "sp"  # a table without the column: all SP
+PARAMETERIZATION = "parameterization"  # a curve axis (with_curve_axes fills it: "sp" where a table lacks it)
 LEARNING_RATE = "best_learning_rate"
 MIN_SLOPE_POINTS = 3  # two points always lie on a line: a slope of two says nothing about the power law
 
@@ -32,26 +33,17 @@ def tuned_columns(table: pd.DataFrame) -> list[str]:
 
 
 def tuning_input(table: pd.DataFrame) -> pd.DataFrame:
-    """The study table with every curve axis and a parameterization; refused in one line where it has no best
-    learning rates or no curve with two batch sizes."""
+    """The study table with every curve axis (the parameterization among them); refused in one line where it has
+    no best learning rates or no curve with two batch sizes."""
     table = with_curve_axes(table)
-    present = table[PARAMETERIZATION].fillna(DEFAULT_PARAMETERIZATION) if PARAMETERIZATION in table.columns \
-        else DEFAULT_PARAMETERIZATION
-    table = table.assign(**{PARAMETERIZATION: present})
     if LEARNING_RATE not in tuned_columns(table):
         raise EdpsError("the studies have no best learning rate (column best_learning_rate; a study run records "
                         "it as the param best.learning_rate when a trial reaches the goal): nothing to analyse")
-    if table.groupby(tuning_keys(table), dropna=False)["batch_size"].nunique().max() < 2:
+    if table.groupby(curve_columns(table), dropna=False)["batch_size"].nunique().max() < 2:
         sizes = ", ".join(map(str, sorted(table["batch_size"].unique())))
         raise EdpsError(f"every curve has one batch size only ({sizes}): the best learning rate against batch size "
                         f"needs two or more; measure more batch sizes")
     return table
-
-
-def tuning_keys(table: pd.DataFrame) -> list[str]:
-    """What identifies a curve here: the fit table's curve columns, with the parameterization among them."""
-    keys = curve_columns(table)
-    return keys if PARAMETERIZATION in keys else [*keys[:len(CURVE_KEYS)], PARAMETERIZATION, *keys[len(CURVE_KEYS):]]
 
 
 def _reached_values(group: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -64,7 +56,7 @@ def _reached_values(group: pd.DataFrame, column: str) -> pd.DataFrame:
 def tuning_points(table: pd.DataFrame) -> pd.DataFrame:
     """One row per curve and batch size: its replicates, those that reached, and per best metaparameter the
     geometric mean over the replicates that reached (NaN where half or fewer did), with their min and max."""
-    keys, columns, frames = tuning_keys(table), tuned_columns(table), []
+    keys, columns, frames = curve_columns(table), tuned_columns(table), []
     for key, group in table.groupby(keys, sort=True, dropna=False):
         frame = point_steps(group)[["batch_size", "replicates", "replicates_reached"]].assign(**dict(zip(keys, key)))
         for column in columns:
@@ -110,18 +102,13 @@ def _slope(replicates: dict[int, np.ndarray], lr: pd.Series, sizes: list[int], r
     return values, found.note
 
 
-def _fits(table: pd.DataFrame, tolerance: float) -> pd.DataFrame:
-    """The fit table (no intervals) per parameterization: the regime boundaries of each curve on its own."""
-    return pd.concat([fit_table(part, None, tolerance, repeats=0).assign(**{PARAMETERIZATION: name})
-                      for name, part in table.groupby(PARAMETERIZATION, sort=True)], ignore_index=True)
-
-
 def slope_table(table: pd.DataFrame, points: pd.DataFrame, tolerance: float = 0.2, repeats: int = 200,
                 seed: int = 0) -> pd.DataFrame:
     """Per curve: the log-log slope of the best learning rate against batch size over the points below the fit's
     perfect_scaling_end (all, where perfect scaling holds throughout), with its interval or why none; and over
     every batch size with a best learning rate, for comparison."""
-    keys, fits, rows = tuning_keys(table), _fits(table, tolerance), []
+    # the regime boundaries of each curve on its own (no intervals)
+    keys, fits, rows = curve_columns(table), fit_table(table, None, tolerance, repeats=0), []
     for key, group in table.groupby(keys, sort=True, dropna=False):
         curve = dict(zip(keys, key))
         fit = fit_of(fits, curve)
@@ -174,7 +161,7 @@ def sparsity_ratios(table: pd.DataFrame, points: pd.DataFrame, repeats: int = 20
     parameterization has no dense curve, the ``sp`` one's (SμPar changes nothing at density 1), said in
     ``reference``. Per curve too: the geometric mean ratio over batch sizes, with its 95% interval over
     replicates where both curves have MIN_REPLICATES at every shared point."""
-    keys = tuning_keys(table)
+    keys = curve_columns(table)
     family = [c for c in keys if c not in ("sparsity", "pruning", PARAMETERIZATION)]
     frames = []
     for head, group in points.groupby(family, sort=True, dropna=False):
@@ -182,7 +169,7 @@ def sparsity_ratios(table: pd.DataFrame, points: pd.DataFrame, repeats: int = 20
         dense_of = {name: part.groupby("batch_size")[LEARNING_RATE].first()
                     for name, part in group[group["sparsity"] == 0.0].groupby(PARAMETERIZATION)}
         for (name, _, _), sparse in group[group["sparsity"] > 0].groupby([PARAMETERIZATION, "sparsity", "pruning"]):
-            reference = name if name in dense_of else DEFAULT_PARAMETERIZATION
+            reference = name if name in dense_of else TAG_DEFAULTS[PARAMETERIZATION]
             if reference not in dense_of:
                 continue  # no dense curve at all: nothing to compare with
             dense = dense_of[reference].reindex(sparse["batch_size"]).to_numpy(float)
@@ -238,7 +225,7 @@ def _text(value: object) -> str:
 
 def varying_columns(table: pd.DataFrame) -> list[str]:
     """The curve columns beyond workload, optimizer, sparsity and method whose values differ in ``table``."""
-    return [c for c in tuning_keys(table) if c not in ("workload", "optimizer", "sparsity", "pruning")
+    return [c for c in curve_columns(table) if c not in ("workload", "optimizer", "sparsity", "pruning")
             and table[c].nunique(dropna=False) > 1]
 
 

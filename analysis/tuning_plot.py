@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.plots import FIGURE_FORMATS, literal, plt, save_figure, style_axes
-from analysis.regimes import matching
+from analysis.regimes import curve_columns, matching
 from analysis.report import several_methods, with_interval
-from analysis.tuning import LEARNING_RATE, PARAMETERIZATION, curve_label, tuning_keys, varying_columns
+from analysis.tuning import LEARNING_RATE, PARAMETERIZATION, curve_label, varying_columns
 
 
 def _draw_slope(axis: plt.Axes, curve: pd.DataFrame, slope: pd.Series, colour: object) -> None:
@@ -38,7 +38,7 @@ def _slope_words(slope: pd.Series) -> str:
 def tuning_figure(points: pd.DataFrame, slopes: pd.DataFrame, directory: Path,
                   formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
     """best_learning_rate.png (and .svg): a panel per (optimizer, parameterization)."""
-    keys, varying, several = tuning_keys(points), varying_columns(points), several_methods(points)
+    keys, varying, several = curve_columns(points), varying_columns(points), several_methods(points)
     varying = [c for c in varying if c != PARAMETERIZATION]
     workloads = points["workload"].nunique() > 1
     panels = list(points.groupby(["optimizer", PARAMETERIZATION], sort=True))

@@ -243,12 +243,6 @@ class PackedTrainer:
             group.state.keep(positions)
             group.scales = [group.scales[k] for k in positions]
 
-    @property
-    def state(self) -> PackedState:
-        """The packed trials' optimizer state where they train as one group (under SP)."""
-        (group,) = self.groups
-        return group.state
-
     def probe_view(self) -> ProbeView:
         return self.template, lambda: self.params, self.masks
 

@@ -254,10 +254,9 @@ def sweep_description(spec: SweepSpec, plan: list[PlannedStudy]) -> str:
         steps.setdefault((s.spec.optimizer, s.spec.sparsity, s.spec.pruning, s.spec.parameterization,
                           s.spec.batch_size), []).append(s.steps_to_result)
     header = ["batch size", *(f"sparsity {s:g}" for s in spec.sparsities)]
+    dense = (DEFAULT_METHOD, Parameterization.SP)  # the dense study's spelling (StudySpec): every table's sparsity 0
     for optimizer, pruning, form in ((o, m, f) for o in spec.optimizers for m in spec.prunings
                                      for f in spec.parameterizations):
-        # The dense study is spelled snip and sp (StudySpec): every table's sparsity 0.
-        dense = (DEFAULT_METHOD, Parameterization.SP)
         rows = [[b, *(_point_cell(steps.get((optimizer, s, *((pruning, form) if s > 0 else dense), b), []))
                       for s in spec.sparsities)] for b in spec.batch_sizes]
         title = optimizer + (f", pruned by {pruning}" if spec.prunings != (DEFAULT_METHOD,) else "") + \

@@ -106,7 +106,8 @@ def test_pruned_weights_and_momentum_stay_zero_at_every_step(optimizer):
         for position, setup in enumerate(setups):
             for name, mask in setup.mask.tensors.items():
                 assert torch.all(packed.params[name][position][mask == 0] == 0), (step, position, name)
-                assert torch.all(packed.state.buffers[name][0][position][mask == 0] == 0), (step, position, name)
+                (group,) = packed.groups  # SP: every parameter in one group
+                assert torch.all(group.state.buffers[name][0][position][mask == 0] == 0), (step, position, name)
     for name, parameter in single.model.named_parameters():
         # Kept weights did move.
         assert not torch.equal(parameter.detach()[~pruned[name]], setups[0].initial_parameters[name][~pruned[name]]) \
